@@ -1,0 +1,84 @@
+# spanserve - build, test, run.
+#
+#   make            bin/spanserve (CPU; the CUDA core too when nvcc is found)
+#   make test       every test; ends with "N passed, N failed"
+#   make asan       the tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make fuzz       the safetensors header parser under libFuzzer (FUZZ_SECONDS)
+#
+# Missing system packages are installed by deploy/deps.sh (apt-get as root,
+# otherwise it prints the command to run).
+
+CC       ?= gcc
+BUILD    ?= build
+SAN      ?=
+OPT      ?= -O2
+PKGS     := jansson openblas
+CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Icore -Iserver $(SAN) \
+            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
+LDFLAGS  += $(SAN)
+
+CORE_SRC := $(wildcard core/*.c)
+SRV_SRC  := $(wildcard server/*.c)
+TEST_SRC := $(wildcard tests/test_*.c)
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
+SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BIN      := $(if $(filter build,$(BUILD)),bin/spanserve,$(BUILD)/bin/spanserve)
+
+# The CUDA core (kernels/) is built only where nvcc exists; a CPU build never
+# needs CUDA.
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CU_SRC   := $(wildcard kernels/*.cu)
+ifneq ($(and $(NVCC),$(CU_SRC)),)
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
+CFLAGS   += -DSPANSERVE_CUDA
+LDLIBS   += -L$(dir $(NVCC))../lib64 -lcudart -lcublas -lstdc++
+endif
+
+.PHONY: all deps test asan fuzz clean
+all: deps $(BIN)
+
+deps:
+	@sh deploy/deps.sh
+
+$(BUILD)/%.o: %.c $(wildcard core/*.h server/*.h tests/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -arch=sm_90 -Icore -c $< -o $@
+
+$(BUILD)/libcore.a: $(CORE_OBJ) $(CU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(SRV_OBJ) $(BUILD)/libcore.a
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $(SRV_OBJ) $(BUILD)/libcore.a $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libcore.a tests/harness.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libcore.a $(LDFLAGS) $(LDLIBS) -o $@
+
+test: deps $(BIN) $(TEST_BIN)
+	@sh tests/run.sh $(BUILD) $(BIN)
+
+# Sanitized build in its own tree; OpenBLAS's own threads are kept to one so
+# the sanitizers see all of the work.
+asan: deps
+	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	    $(if $(CU_OBJ),NVCC=) test
+
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@mkdir -p $(BUILD)/fuzz
+	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -Icore $$(pkg-config --cflags jansson) \
+	    tests/fuzz/fuzz_st.c core/st.c $$(pkg-config --libs jansson) -o $(BUILD)/fuzz/fuzz_st
+	@mkdir -p $(BUILD)/fuzz/corpus
+	cp tests/fuzz/corpus/* $(BUILD)/fuzz/corpus/
+	$(BUILD)/fuzz/fuzz_st -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus
+
+clean:
+	rm -rf build bin

@@ -1,0 +1,136 @@
+/*
+ * aspan.c - CPU forward of the adaptive-span Transformer (Sukhbaatar et al.
+ * 2019), equal to the reference `TransformerSeq` in eval mode.
+ *
+ * Per layer, with H = K heads of D dims, S the maximum span, R the ramp:
+ *   q, k, v = h Wq^T, h Wk^T, h Wv^T            (no biases)
+ *   for a query at position t and distance d = 1..S (keys strictly before t):
+ *     s(d) = (q_t . k_{t-d} + q_t . pe[:, S-d]) / sqrt(D)
+ *     a = softmax_d(s);  a(d) *= m(d) = clamp((1 - d + z)/R + 1, 0, 1)
+ *     a = a / (sum a + 1e-8);  out_t = sum_d a(d) v_{t-d}
+ *   h = LN1(h + out Wo^T);  h = LN2(h + fc2(relu(fc1(h))))
+ *   logprobs = log_softmax(h Wout^T + b)
+ *
+ * The memory trick: m(d) is zero past each head's reach (z + R), so a head
+ * keeps values of only its last `reach` positions in a ring. Keys have no
+ * bias and no position term (the position term is on the query side,
+ * q . pe), so a key computed once stays valid: nothing is recomputed from
+ * hidden states. Positions past the reach still enter the softmax's
+ * denominator, and through the renormalisation's 1e-8 the output: in
+ * MEM_EXACT a head keeps keys for the layer's whole window (S - trim_len, as
+ * the reference attends) to reproduce that; in MEM_SPAN it keeps keys of its
+ * reach only (model.h).
+ * The reference's memory starts as zeros and is attended to; unwritten ring
+ * rows are zeros too, so the first block sees exactly what it sees.
+ */
+#include "err.h"
+#include "forward.h"
+#include "ops.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Ring row of absolute position P (may be negative: the zeros before the
+ * start) in a ring of R rows. */
+static inline int ring_slot(int64_t p, int r)
+{
+    int64_t s = p % r;
+    return (int)(s < 0 ? s + r : s);
+}
+
+int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
+                  fwd_ws *ws, char *err)
+{
+    const int H = m->d_model, K = m->n_head, D = m->d_head, S = m->span, I = m->d_inner, V = m->V;
+    const size_t N = (size_t)B * M;
+    int maxr = 0;   /* the most rows any head's window holds */
+    for (int l = 0; l < m->n_layers; l++)
+        for (int h = 0; h < K; h++) maxr = m->layers[l].krows[h] > maxr ? m->layers[l].krows[h] : maxr;
+    float *x = ws_get(ws, WS_H, N * H), *q = ws_get(ws, WS_Q, N * H), *k = ws_get(ws, WS_K, N * H),
+          *v = ws_get(ws, WS_V, N * H), *att = ws_get(ws, WS_ATT, N * H), *tmp = ws_get(ws, WS_TMP, N * H),
+          *ff = ws_get(ws, WS_FF, N * I), *kwin = ws_get(ws, WS_KWIN, (size_t)(maxr + M) * D),
+          *vwin = ws_get(ws, WS_VWIN, (size_t)(maxr + M) * D), *sc = ws_get(ws, WS_SC, (size_t)M * (maxr + M)),
+          *pe = ws_get(ws, WS_PE, (size_t)M * (maxr ? maxr : 1)), *p = ws_get(ws, WS_P, (size_t)maxr + 1);
+    float *out = logprobs ? logprobs : ws_get(ws, WS_LOGITS, N * V);
+    if (!x || !q || !k || !v || !att || !tmp || !ff || !kwin || !vwin || !sc || !pe || !p || !out)
+        return err_set(err, "out of memory for a block of %d x %d tokens", B, M);
+    const float scale = sqrtf((float)D);
+
+    for (size_t n = 0; n < N; n++) memcpy(x + n * H, m->emb + (size_t)tokens[n] * H, (size_t)H * sizeof *x);
+
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_t *y = &m->layers[l];
+        ops_linear(q, x, y->wq, NULL, (int)N, H, H);
+        ops_linear(k, x, y->wk, NULL, (int)N, H, H);
+        ops_linear(v, x, y->wv, NULL, (int)N, H, H);
+        for (int b = 0; b < B; b++) {
+            mem_t *s = mems[b];
+            const int64_t p0 = s->pos;
+            const size_t row0 = (size_t)b * M;
+            for (int h = 0; h < K; h++) {
+                const int r = y->reach[h], kw = y->krows[h];
+                const float *mask = y->mask[h];
+                float *kr = s->buf + s->off[l * K + h], *vr = kr + (size_t)kw * D;
+                if (r == 0) {   /* a head whose mask is zero everywhere outputs zeros */
+                    for (int i = 0; i < M; i++) memset(att + (row0 + i) * H + h * D, 0, (size_t)D * sizeof *att);
+                    continue;
+                }
+                /* key window rows 0..kw-1: positions p0-kw .. p0-1 from the ring, then this block;
+                 * value window likewise with r rows of memory */
+                for (int j = 0; j < kw; j++)
+                    memcpy(kwin + (size_t)j * D, kr + (size_t)ring_slot(p0 - kw + j, kw) * D, (size_t)D * sizeof *kwin);
+                for (int j = 0; j < r; j++)
+                    memcpy(vwin + (size_t)j * D, vr + (size_t)ring_slot(p0 - r + j, r) * D, (size_t)D * sizeof *vwin);
+                for (int i = 0; i < M; i++) {
+                    memcpy(kwin + (size_t)(kw + i) * D, k + (row0 + i) * H + h * D, (size_t)D * sizeof *kwin);
+                    memcpy(vwin + (size_t)(r + i) * D, v + (row0 + i) * H + h * D, (size_t)D * sizeof *vwin);
+                }
+                const float *qh = q + row0 * H + h * D;
+                /* sc[i][c] = q_i . kwin_c;  pe[i][j] = q_i . key_pe[:, S-kw+j] (distance kw-j) */
+                ops_gemm_nt(sc, kw + M, qh, H, kwin, D, M, kw + M, D);
+                ops_gemm_nn(pe, kw, qh, H, m->key_pe + (S - kw), S, M, kw, D);
+                for (int i = 0; i < M; i++) {
+                    /* query i, distance d = kw - j: key row i + j of the window */
+                    const float *si = sc + (size_t)i * (kw + M) + i, *pi = pe + (size_t)i * kw;
+                    float mx = -INFINITY;
+                    for (int j = 0; j < kw; j++) {
+                        p[j] = (si[j] + pi[j]) / scale;
+                        mx = p[j] > mx ? p[j] : mx;
+                    }
+                    double z = 0, zm = 0;
+                    for (int j = 0; j < kw; j++) {
+                        p[j] = expf(p[j] - mx);
+                        z += p[j];
+                    }
+                    /* distances 1..r keep a nonzero mask: p[kw - d] */
+                    float *pr = p + (kw - r);
+                    for (int j = 0; j < r; j++) {
+                        pr[j] = (float)(pr[j] / z) * mask[r - j - 1];
+                        zm += pr[j];
+                    }
+                    const float inv = (float)(1.0 / (zm + 1e-8));
+                    float *o = att + (row0 + i) * H + h * D;
+                    memset(o, 0, (size_t)D * sizeof *o);
+                    for (int j = 0; j < r; j++) {   /* distance r - j: value row i + j */
+                        const float a = pr[j] * inv, *vv = vwin + (size_t)(i + j) * D;
+                        for (int c = 0; c < D; c++) o[c] += a * vv[c];
+                    }
+                }
+                /* the block's keys and values enter the rings (the last kw and r of them) */
+                for (int i = M > kw ? M - kw : 0; i < M; i++)
+                    memcpy(kr + (size_t)ring_slot(p0 + i, kw) * D, kwin + (size_t)(kw + i) * D, (size_t)D * sizeof *kr);
+                for (int i = M > r ? M - r : 0; i < M; i++)
+                    memcpy(vr + (size_t)ring_slot(p0 + i, r) * D, vwin + (size_t)(r + i) * D, (size_t)D * sizeof *vr);
+            }
+        }
+        ops_linear(tmp, att, y->wo, NULL, (int)N, H, H);
+        ops_add_layernorm(x, tmp, y->ln1_w, y->ln1_b, (int)N, H);
+        ops_linear(ff, x, y->fc1_w, y->fc1_b, (int)N, H, I);
+        ops_relu(ff, N * I);
+        ops_linear(tmp, ff, y->fc2_w, y->fc2_b, (int)N, I, H);
+        ops_add_layernorm(x, tmp, y->ln2_w, y->ln2_b, (int)N, H);
+    }
+    ops_linear(out, x, m->out_w, m->out_b, (int)N, H, V);
+    ops_log_softmax(out, (int)N, V);
+    return 0;
+}

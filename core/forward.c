@@ -1,0 +1,44 @@
+/*
+ * forward.c - the CPU forward's entry point and its workspace.
+ */
+#include "forward.h"
+#include "err.h"
+
+#include <stdlib.h>
+
+fwd_ws *ws_new(void) { return calloc(1, sizeof(fwd_ws)); }
+
+void ws_free(fwd_ws *w)
+{
+    if (!w) return;
+    for (int i = 0; i < WS_N; i++) free(w->buf[i]);
+    free(w);
+}
+
+float *ws_get(fwd_ws *w, int i, size_t n)
+{
+    if (n > w->cap[i]) {
+        size_t cap = n + n / 4 + 64;
+        float *p = realloc(w->buf[i], cap * sizeof *p);
+        if (!p) return NULL;
+        w->buf[i] = p;
+        w->cap[i] = cap;
+    }
+    return w->buf[i];
+}
+
+int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
+                  fwd_ws *ws, char *err)
+{
+    if (B <= 0 || M <= 0) return err_set(err, "empty batch (%d streams x %d tokens)", B, M);
+    for (int b = 0; b < B; b++)
+        if (!mems[b] || mems[b]->m != m) return err_set(err, "stream %d's memory belongs to another model", b);
+    for (long i = 0; i < (long)B * M; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->V)
+            return err_set(err, "token id %d at %ld is outside the vocabulary [0, %d)", tokens[i], i, m->V);
+    int rc = m->fam == FAM_ASPAN ? aspan_forward(m, mems, B, tokens, M, logprobs, ws, err)
+                                 : par_forward(m, mems, B, tokens, M, logprobs, ws, err);
+    if (rc == 0)
+        for (int b = 0; b < B; b++) mems[b]->pos += M;
+    return rc;
+}

@@ -1,0 +1,187 @@
+/*
+ * mem.c - the memory of a stream (see model.h): allocation, size accounting,
+ * and a portable serialised form for session export and snapshots.
+ */
+#include "err.h"
+#include "model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int mem_slots(const model_t *m)
+{
+    return m->fam == FAM_ASPAN ? m->n_layers * m->n_head : m->n_layers;
+}
+
+/* Rows of the K ring and of the V ring of slot I (V follows K). */
+static int slot_krows(const model_t *m, int i)
+{
+    if (m->fam == FAM_ASPAN) return m->layers[i / m->n_head].krows[i % m->n_head];
+    return m->layers[i].kind == BLK_ATTN ? m->mem_len : 0;
+}
+
+static int slot_vrows(const model_t *m, int i)
+{
+    if (m->fam == FAM_ASPAN) return m->layers[i / m->n_head].reach[i % m->n_head];
+    return m->layers[i].kind == BLK_ATTN ? m->mem_len : 0;
+}
+
+static int slot_width(const model_t *m)
+{
+    return m->fam == FAM_ASPAN ? m->d_head : m->n_head * m->d_head;
+}
+
+static size_t mem_floats(const model_t *m)
+{
+    size_t n = 0;
+    for (int i = 0; i < mem_slots(m); i++) n += ((size_t)slot_krows(m, i) + slot_vrows(m, i)) * slot_width(m);
+    return n;
+}
+
+size_t mem_bytes(const model_t *m) { return mem_floats(m) * sizeof(float); }
+
+size_t mem_bytes_reference(const model_t *m)
+{
+    size_t n = 0;
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->fam == FAM_ASPAN) n += (size_t)m->layers[l].cache_size * m->d_model;
+        else if (m->layers[l].kind == BLK_ATTN) n += (size_t)m->mem_len * m->d_model;
+    return n * sizeof(float);
+}
+
+size_t mem_bytes_full(const model_t *m)
+{
+    if (m->fam == FAM_PAR) return (size_t)m->n_layers * m->mem_len * m->d_model * sizeof(float);
+    return (size_t)m->n_layers * m->span * m->d_model * sizeof(float);
+}
+
+mem_t *mem_new(const model_t *m)
+{
+    mem_t *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->m = m;
+    s->n_floats = mem_floats(m);
+    s->buf = calloc(s->n_floats ? s->n_floats : 1, sizeof(float));
+    s->off = calloc((size_t)mem_slots(m), sizeof *s->off);
+    s->len = calloc((size_t)m->n_layers, sizeof *s->len);
+    if (!s->buf || !s->off || !s->len) {
+        mem_free(s);
+        return NULL;
+    }
+    size_t at = 0;
+    for (int i = 0; i < mem_slots(m); i++) {
+        s->off[i] = at;
+        at += ((size_t)slot_krows(m, i) + slot_vrows(m, i)) * slot_width(m);
+    }
+    s->pending = -1;
+    return s;
+}
+
+void mem_free(mem_t *s)
+{
+    if (!s) return;
+    free(s->buf);
+    free(s->off);
+    free(s->len);
+    free(s);
+}
+
+void mem_reset(mem_t *s)
+{
+    memset(s->buf, 0, s->n_floats * sizeof(float));
+    memset(s->len, 0, (size_t)s->m->n_layers * sizeof *s->len);
+    s->pos = 0;
+    s->pending = -1;
+}
+
+int mem_copy(mem_t *dst, const mem_t *src)
+{
+    if (dst->m != src->m) return -1;
+    memcpy(dst->buf, src->buf, src->n_floats * sizeof(float));
+    memcpy(dst->len, src->len, (size_t)src->m->n_layers * sizeof *src->len);
+    dst->pos = src->pos;
+    dst->pending = src->pending;
+    return 0;
+}
+
+/* ------------------------------------------------------------ serialised form
+ *
+ *   0  8  magic "SPSMEM1\0"
+ *   8  8  model fingerprint (little-endian u64)
+ *  16  8  positions consumed (i64)
+ *  24  4  pending token (i32, -1 for none)
+ *  28  4  number of layers (u32)
+ *  32  8  number of floats (u64)
+ *  40  4*n_layers  rows held per layer (par) or zeros
+ *  ... floats, little-endian IEEE 754
+ *
+ * Written on the host's byte order, which every supported machine shares
+ * (x86-64, aarch64): little-endian.
+ */
+#define MEM_MAGIC "SPSMEM1"
+#define MEM_HDR 40
+
+size_t mem_serial_size(const mem_t *s)
+{
+    return MEM_HDR + 4 * (size_t)s->m->n_layers + s->n_floats * sizeof(float);
+}
+
+int mem_serialize(const mem_t *s, void *buf, size_t cap)
+{
+    if (cap < mem_serial_size(s)) return -1;
+    unsigned char *p = buf;
+    uint32_t nl = (uint32_t)s->m->n_layers;
+    uint64_t nf = s->n_floats;
+    int32_t pend = s->pending;
+    memcpy(p, MEM_MAGIC, 8);
+    memcpy(p + 8, &s->m->fingerprint, 8);
+    memcpy(p + 16, &s->pos, 8);
+    memcpy(p + 24, &pend, 4);
+    memcpy(p + 28, &nl, 4);
+    memcpy(p + 32, &nf, 8);
+    for (uint32_t l = 0; l < nl; l++) {
+        int32_t len = s->len[l];
+        memcpy(p + MEM_HDR + 4 * l, &len, 4);
+    }
+    memcpy(p + MEM_HDR + 4 * nl, s->buf, s->n_floats * sizeof(float));
+    return 0;
+}
+
+int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err)
+{
+    const unsigned char *p = buf;
+    const model_t *m = s->m;
+    if (len < MEM_HDR || memcmp(p, MEM_MAGIC, 8) != 0)
+        return err_set(err, "not a spanserve session state (bad magic)");
+    uint64_t fp, nf;
+    int64_t pos;
+    int32_t pend;
+    uint32_t nl;
+    memcpy(&fp, p + 8, 8);
+    memcpy(&pos, p + 16, 8);
+    memcpy(&pend, p + 24, 4);
+    memcpy(&nl, p + 28, 4);
+    memcpy(&nf, p + 32, 8);
+    if (fp != m->fingerprint)
+        return err_set(err, "the state belongs to another model (fingerprint %016llx, this model %016llx)",
+                       (unsigned long long)fp, (unsigned long long)m->fingerprint);
+    if (nl != (uint32_t)m->n_layers || nf != s->n_floats || len != mem_serial_size(s))
+        return err_set(err, "the state's size does not match the model (%zu bytes, expected %zu)", len,
+                       mem_serial_size(s));
+    if (pos < 0 || pend < -1 || pend >= m->V) return err_set(err, "the state's position or pending token is invalid");
+    for (uint32_t l = 0; l < nl; l++) {
+        int32_t k;
+        memcpy(&k, p + MEM_HDR + 4 * l, 4);
+        int cap = m->fam == FAM_PAR && m->layers[l].kind == BLK_ATTN ? m->mem_len : 0;
+        if (k < 0 || k > cap || (int64_t)k > pos) return err_set(err, "the state's memory length of layer %u is invalid", l);
+    }
+    for (uint32_t l = 0; l < nl; l++) {
+        int32_t k;
+        memcpy(&k, p + MEM_HDR + 4 * l, 4);
+        s->len[l] = k;
+    }
+    memcpy(s->buf, p + MEM_HDR + 4 * nl, s->n_floats * sizeof(float));
+    s->pos = pos;
+    s->pending = pend;
+    return 0;
+}

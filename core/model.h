@@ -1,0 +1,154 @@
+/*
+ * model.h - the two model families behind one model type, the memory of a
+ * stream, and the CPU forward.
+ *
+ *   adaptive-span  Sukhbaatar et al. 2019, the reference `TransformerSeq`:
+ *                  post-LN layers, each head attends to the S positions before
+ *                  it under a soft mask of learned length z.
+ *   par-transformer-xl
+ *                  Mandava et al. 2020: a Transformer-XL whose blocks are each
+ *                  attention, feed-forward or identity (config.arch).
+ *
+ * ../shared/fixtures/README.md is the specification of tensor names and
+ * semantics. Weights live in one float arena laid out at load.
+ */
+#ifndef SPANSERVE_MODEL_H
+#define SPANSERVE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vocab.h"
+
+typedef enum { FAM_ASPAN, FAM_PAR } model_family;
+typedef enum { BLK_ATTN, BLK_FFN, BLK_SKIP } blk_kind;
+
+/* How an adaptive-span head keeps its memory.
+ *   MEM_EXACT: keys of the layer's whole attention window (S - trim_len, as
+ *     the reference attends), values of the head's reach only. The reference
+ *     softmaxes over the whole window before the mask and renormalises with
+ *     a / (sum a + 1e-8): positions past the reach enter through that 1e-8,
+ *     which moves a logprob by up to ~1e-4 on heads whose span was cut short.
+ *     This mode reproduces it.
+ *   MEM_SPAN: keys and values of the head's reach only: the least memory;
+ *     outputs differ from the reference only through that 1e-8 term. */
+typedef enum { MEM_EXACT, MEM_SPAN } mem_mode;
+
+/* Sizes past these are refused at load: they bound every allocation that a
+ * config can cause and are far past any model of these families. */
+#define MODEL_MAX_DIM 65536
+#define MODEL_MAX_LAYERS 1024
+#define MODEL_MAX_HEADS 1024
+#define MODEL_MAX_SPAN (1 << 20)
+#define MODEL_MAX_VOCAB (1 << 20)
+#define MODEL_MAX_PARAMS (16LL << 30)
+
+typedef struct {
+    /* adaptive-span layer, or a PAR block (kind says which parts are set) */
+    blk_kind kind;
+    const float *wq, *wk, *wv, *wo;          /* aspan: H x H each */
+    const float *qkv, *rnet, *onet;          /* par: 3*nh*dh x D, nh*dh x D, D x nh*dh */
+    const float *ln1_w, *ln1_b;              /* aspan norm1; par attention layer_norm */
+    const float *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    const float *ln2_w, *ln2_b;              /* aspan norm2; par ff layer_norm */
+    const float *alpha;                      /* par: 3 architecture logits, or NULL */
+    /* adaptive-span spans, as the reference computes them */
+    float *zfrac;                            /* K: current_val = z / S */
+    const float *mask_tpl;                   /* S: the stored mask_template, checked at load */
+    int *reach;                              /* K: farthest distance with a nonzero mask (values kept) */
+    int *krows;                              /* K: distances whose keys are kept (window or reach) */
+    float **mask;                            /* K: mask[h][d-1], d = 1..reach[h] */
+    int max_span, avg_span, cache_size, trim_len;
+    /* par: r_net of the sinusoid at distance t, rows t = 0..rk_len-1 */
+    float *rk;
+    int rk_len;
+} layer_t;
+
+typedef struct model {
+    model_family fam;
+    mem_mode mem_mode;
+    char *path;
+    char *config_json;     /* __metadata__.config as found */
+    char *vocab_json;      /* __metadata__.vocab as found */
+    vocab_t vocab;
+    int V;                 /* vocabulary size */
+    int n_layers;          /* aspan layers, or PAR blocks */
+    int d_model;           /* H or D */
+    int n_head, d_head, d_inner;
+    int block_len;         /* block_size (aspan) or tgt_len (par) */
+    /* adaptive-span */
+    int span;              /* S, the maximum span */
+    int ramp;              /* R */
+    const float *key_pe;   /* D x S, column c <-> distance S - c */
+    /* par */
+    int mem_len, tie_weight;
+    const float *r_w_bias, *r_r_bias;
+    /* both */
+    const float *emb;      /* V x d_model */
+    const float *out_w;    /* V x d_model (== emb when tied) */
+    const float *out_b;    /* V */
+    layer_t *layers;
+    float *arena;          /* every weight, one allocation */
+    int64_t n_params;
+    uint64_t fingerprint;  /* FNV-1a of config, vocab and weights: names a model in saved memories */
+} model_t;
+
+
+/* Loads and validates a checkpoint. Every problem is an error naming the
+ * file, the tensor, and what was expected against what was found. */
+model_t *model_load(const char *path, char *err);
+model_t *model_load_mode(const char *path, mem_mode mode, char *err);
+void model_free(model_t *m);
+const char *model_family_name(model_family f);
+const char *blk_kind_name(blk_kind k);
+
+/* ------------------------------------------------------------------ memory
+ * The memory of a stream: what the model carries from one block to the next,
+ * plus the one token fed last but not yet consumed ("pending").
+ *
+ * adaptive-span: per layer and head, a ring of the keys and values of the
+ *   last reach[h] positions: only what that head's span can reach (the
+ *   reference keeps the layer's input hidden states for the longest span of
+ *   the layer). Starts as zeros, as the reference's memory does.
+ * par: per attention block, a ring of the keys and values of the last
+ *   mem_len positions; starts empty. Feed-forward and skip blocks keep none.
+ */
+typedef struct mem {
+    const model_t *m;
+    float *buf;            /* all rings */
+    size_t n_floats;
+    size_t *off;           /* per layer*head (aspan) or layer (par): offset of K ring; V follows */
+    int64_t pos;           /* positions consumed so far */
+    int *len;              /* par: rows held per layer (<= mem_len) */
+    int32_t pending;       /* the last token, not yet fed; -1 if none */
+} mem_t;
+
+mem_t *mem_new(const model_t *m);
+void mem_free(mem_t *s);
+void mem_reset(mem_t *s);
+int mem_copy(mem_t *dst, const mem_t *src);
+size_t mem_bytes(const model_t *m);             /* what this project keeps per stream */
+size_t mem_bytes_reference(const model_t *m);   /* what the reference keeps (hidden states) */
+size_t mem_bytes_full(const model_t *m);        /* the reference at the full span */
+
+/* Serialised memory (for session export and snapshots): a header naming the
+ * model's shape, then the rings. */
+size_t mem_serial_size(const mem_t *s);
+int mem_serialize(const mem_t *s, void *buf, size_t cap);
+int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err);
+
+/* ------------------------------------------------------------------ forward
+ * Scratch buffers, grown on first use of a larger shape and reused after:
+ * the decode step allocates nothing once warm. One per thread. */
+typedef struct fwd_ws fwd_ws;
+fwd_ws *ws_new(void);
+void ws_free(fwd_ws *w);
+
+/* Feeds tokens[b*M + i] (B streams, M tokens each) through the model with
+ * each stream's memory, advancing the memories. Writes log-probabilities of
+ * the next token, B*M rows of V, to LOGPROBS (if not NULL). Returns 0, or -1
+ * with ERR set (out of memory, bad token id). */
+int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
+                  float *logprobs, fwd_ws *ws, char *err);
+
+#endif

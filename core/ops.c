@@ -1,0 +1,74 @@
+/*
+ * ops.c - CPU numeric building blocks (see ops.h). Matrix products go to the
+ * BLAS; the rest accumulates in double so that float32 results stay within
+ * rounding of the reference.
+ */
+#include "ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+void ops_gemm_nt(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k)
+{
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) {
+        for (int i = 0; i < m; i++) memset(C + (size_t)i * ldc, 0, (size_t)n * sizeof *C);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}
+
+void ops_gemm_nn(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k)
+{
+    if (m <= 0 || n <= 0) return;
+    if (k <= 0) {
+        for (int i = 0; i < m; i++) memset(C + (size_t)i * ldc, 0, (size_t)n * sizeof *C);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
+}
+
+void ops_linear(float *y, const float *x, const float *W, const float *b, int n, int in, int out)
+{
+    ops_gemm_nt(y, out, x, in, W, in, n, out, in);
+    if (b)
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < out; j++) y[(size_t)i * out + j] += b[j];
+}
+
+void ops_add_layernorm(float *x, const float *r, const float *w, const float *b, int n, int d)
+{
+    for (int i = 0; i < n; i++) {
+        float *row = x + (size_t)i * d;
+        if (r)
+            for (int j = 0; j < d; j++) row[j] += r[(size_t)i * d + j];
+        double mean = 0, var = 0;
+        for (int j = 0; j < d; j++) mean += row[j];
+        mean /= d;
+        for (int j = 0; j < d; j++) var += (row[j] - mean) * (row[j] - mean);
+        var /= d;
+        double inv = 1.0 / sqrt(var + 1e-5);
+        for (int j = 0; j < d; j++) row[j] = (float)((row[j] - mean) * inv) * w[j] + b[j];
+    }
+}
+
+void ops_relu(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (x[i] < 0) x[i] = 0;
+}
+
+void ops_log_softmax(float *x, int n, int d)
+{
+    for (int i = 0; i < n; i++) {
+        float *row = x + (size_t)i * d;
+        float mx = row[0];
+        for (int j = 1; j < d; j++)
+            if (row[j] > mx) mx = row[j];
+        double s = 0;
+        for (int j = 0; j < d; j++) s += exp((double)row[j] - mx);
+        double lse = mx + log(s);
+        for (int j = 0; j < d; j++) row[j] = (float)((double)row[j] - lse);
+    }
+}

@@ -1,0 +1,22 @@
+/*
+ * ops.h - the small numeric building blocks of the CPU forward: matrix
+ * products through cblas, LayerNorm, ReLU, log-softmax.
+ */
+#ifndef SPANSERVE_OPS_H
+#define SPANSERVE_OPS_H
+
+#include <stddef.h>
+
+/* y[n x out] = x[n x in] W^T (+ b), W is out x in (PyTorch's Linear layout). */
+void ops_linear(float *y, const float *x, const float *W, const float *b, int n, int in, int out);
+/* C[m x n] = A[m x k] B[n x k]^T, with leading dimensions. */
+void ops_gemm_nt(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k);
+/* C[m x n] = A[m x k] B[k x n], with leading dimensions. */
+void ops_gemm_nn(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k);
+/* x[n x d] = LayerNorm(x + r) * w + b (eps 1e-5, biased variance); r may be NULL. */
+void ops_add_layernorm(float *x, const float *r, const float *w, const float *b, int n, int d);
+void ops_relu(float *x, size_t n);
+/* Row-wise log-softmax of x[n x d], in place. */
+void ops_log_softmax(float *x, int n, int d);
+
+#endif

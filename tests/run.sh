@@ -1,0 +1,27 @@
+#!/bin/sh
+# Runs every test binary and script, adds their counts up, and ends with
+# "N passed, N failed". Usage: tests/run.sh BUILD_DIR SPANSERVE_BINARY
+build=${1:-build}
+export SPANSERVE_BIN=${2:-bin/spanserve}
+export SPANSERVE_SHARED=${SPANSERVE_SHARED:-../shared}
+pass=0; fail=0
+log=$(mktemp)
+for t in "$build"/tests/test_* tests/test_*.sh; do
+    [ -e "$t" ] || continue
+    case "$t" in *.sh) cmd="sh $t" ;; *) cmd="$t" ;; esac
+    $cmd >"$log" 2>&1
+    rc=$?
+    line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed, ([0-9]+) failed.*/\1/')
+    f=$(echo "$line" | sed -E 's/.* ([0-9]+) passed, ([0-9]+) failed.*/\2/')
+    [ -n "$line" ] || { p=0; f=1; }
+    [ $rc -ne 0 ] && [ "$f" = 0 ] && f=1
+    grep -E '^(FAIL|SKIP|note)' "$log"
+    grep -E 'ERROR: (Address|Undefined|Leak)Sanitizer|runtime error' "$log" && f=$((f + 1))
+    if [ "$f" != 0 ]; then echo "--- $t (exit $rc) ---"; tail -n 30 "$log"; fi
+    echo "$(basename "$t"): $p passed, $f failed"
+    pass=$((pass + p)); fail=$((fail + f))
+done
+rm -f "$log"
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
