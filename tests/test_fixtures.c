@@ -5,7 +5,9 @@
  */
 #include "err.h"
 #include "harness.h"
+#include "infer.h"
 #include "model.h"
+#include "report.h"
 #include "st.h"
 
 #include <jansson.h>
@@ -84,9 +86,147 @@ static void check_vectors(const char *name)
     model_free(m);
 }
 
+/* The validation text: the last 10% of tiny_shakespeare.txt by characters,
+ * as token ids. */
+static int32_t *val_tokens(const model_t *m, size_t *n)
+{
+    char p[1024], err[ERR_LEN];
+    snprintf(p, sizeof p, "%s/data/tiny_shakespeare.txt", shared_dir());
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)len);
+    size_t got = fread(text, 1, (size_t)len, f);
+    fclose(f);
+    /* the file is ASCII, so characters are bytes */
+    size_t start = (size_t)(0.9 * (double)got);
+    int32_t *t = NULL;
+    if (vocab_encode(&m->vocab, text + start, got - start, &t, n, err)) printf("note: %s\n", err);
+    free(text);
+    return t;
+}
+
+/* expected.json's val_bpc_full_eval: the validation text truncated to
+ * val_tokens_scored + 1 tokens, scored block by block from a fresh memory. */
+static void check_bpc(const char *name, mem_mode mode, double tol)
+{
+    char err[ERR_LEN];
+    json_t *e = json_load_file(fx(name, "expected.json"), 0, NULL);
+    model_t *m = model_load_mode(fx(name, "model.safetensors"), mode, err);
+    CHECK(e && m, "%s", err);
+    if (!e || !m) { json_decref(e); model_free(m); return; }
+    size_t n = 0;
+    int32_t *t = val_tokens(m, &n);
+    long want = (long)json_integer_value(json_object_get(e, "val_tokens_scored"));
+    CHECK(t && n > (size_t)want, "validation text of %zu tokens", n);
+    if (t && n > (size_t)want) {
+        mem_t *s = mem_new(m);
+        fwd_ws *ws = ws_new();
+        score_t sc = {0, 0};
+        CHECK(infer_score(m, s, ws, t, (size_t)want + 1, &sc, NULL, err) == 0, "%s", err);
+        double bpc = sc.nll_sum / sc.tokens / log(2.0), ref = json_real_value(json_object_get(e, "val_bpc_full_eval"));
+        printf("%s (%s memory): bpc %.7f, reference %.7f\n", name, mode == MEM_EXACT ? "exact" : "span", bpc, ref);
+        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
+        CHECK_NEAR(bpc, ref, tol, "val_bpc_full_eval");
+        mem_free(s);
+        ws_free(ws);
+    }
+    free(t);
+    model_free(m);
+    json_decref(e);
+}
+
+/* `spans` against expected.json: z, span, and the reference's derived sizes. */
+static void check_spans(void)
+{
+    char err[ERR_LEN];
+    json_t *e = json_load_file(fx("aspan-small", "expected.json"), 0, NULL);
+    model_t *m = model_load(fx("aspan-small", "model.safetensors"), err);
+    CHECK(e && m, "%s", err);
+    if (!e || !m) { json_decref(e); model_free(m); return; }
+    json_t *r = report_spans(m), *layers = json_object_get(r, "layers"), *exp = json_object_get(e, "spans");
+    CHECK(json_array_size(layers) == json_array_size(exp) && json_array_size(exp) == 4, "layer count");
+    for (size_t l = 0; l < json_array_size(exp) && l < json_array_size(layers); l++) {
+        json_t *x = json_array_get(exp, l), *y = json_array_get(layers, l);
+        static const char *ints[][2] = {{"current_max_span", "max_span"}, {"current_avg_span", "avg_span"},
+                                        {"cache_size", "cache_size"}, {"trim_len", "trim_len"}};
+        for (int k = 0; k < 4; k++)
+            CHECK(json_integer_value(json_object_get(x, ints[k][0])) == json_integer_value(json_object_get(y, ints[k][1])),
+                  "layer %zu %s: %lld vs %lld", l, ints[k][1], (long long)json_integer_value(json_object_get(x, ints[k][0])),
+                  (long long)json_integer_value(json_object_get(y, ints[k][1])));
+        json_t *heads = json_object_get(y, "heads");
+        for (size_t h = 0; h < json_array_size(heads); h++) {
+            json_t *hd = json_array_get(heads, h);
+            CHECK_NEAR(json_real_value(json_object_get(hd, "z")), json_real_value(json_array_get(json_object_get(x, "z"), h)), 1e-7, "z");
+            CHECK_NEAR(json_real_value(json_object_get(hd, "span")), json_real_value(json_array_get(json_object_get(x, "span"), h)), 1e-4, "span");
+            /* a head keeps values for exactly the distances its mask reaches: z + R, rounded up */
+            double z = json_real_value(json_object_get(hd, "span"));
+            CHECK(json_integer_value(json_object_get(hd, "reach")) == (json_int_t)ceil(z + m->ramp - 1e-9),
+                  "layer %zu head %zu reach %lld for span %.3f", l, h, (long long)json_integer_value(json_object_get(hd, "reach")), z);
+        }
+    }
+    /* memory: span mode keeps less than the reference; exact mode keeps keys
+     * of the reference's window and values of each head's reach */
+    model_t *ms = model_load_mode(fx("aspan-small", "model.safetensors"), MEM_SPAN, err);
+    CHECK(ms != NULL, "%s", err);
+    if (ms) {
+        printf("aspan-small memory per stream: exact %zu, span %zu, reference %zu, full span %zu bytes\n", mem_bytes(m),
+               mem_bytes(ms), mem_bytes_reference(m), mem_bytes_full(m));
+        size_t exact = 0, span = 0;
+        for (int l = 0; l < m->n_layers; l++)
+            for (int h = 0; h < m->n_head; h++) {
+                int r = m->layers[l].reach[h];
+                exact += (size_t)(m->span - m->layers[l].trim_len + r) * m->d_head * sizeof(float);
+                span += (size_t)2 * r * m->d_head * sizeof(float);
+            }
+        CHECK(mem_bytes(m) == exact, "exact mode %zu vs %zu", mem_bytes(m), exact);
+        CHECK(mem_bytes(ms) == span, "span mode %zu vs %zu", mem_bytes(ms), span);
+        CHECK(mem_bytes(ms) < mem_bytes_reference(ms) * 2 / 3, "span mode %zu vs reference %zu", mem_bytes(ms), mem_bytes_reference(ms));
+        model_free(ms);
+    }
+    json_decref(r);
+    model_free(m);
+    json_decref(e);
+}
+
+/* PAR: the chosen blocks and the softmax of alpha against expected.json */
+static void check_arch(void)
+{
+    char err[ERR_LEN];
+    json_t *e = json_load_file(fx("par-small", "expected.json"), 0, NULL);
+    model_t *m = model_load(fx("par-small", "model.safetensors"), err);
+    CHECK(e && m, "%s", err);
+    if (!e || !m) { json_decref(e); model_free(m); return; }
+    json_t *r = report_spans(m), *blocks = json_object_get(r, "blocks");
+    json_t *arch = json_object_get(e, "arch"), *sm = json_object_get(e, "alpha_softmax");
+    CHECK(json_array_size(blocks) == json_array_size(arch), "block count");
+    for (size_t b = 0; b < json_array_size(arch) && b < json_array_size(blocks); b++) {
+        json_t *o = json_array_get(blocks, b), *a = json_object_get(o, "alpha_softmax");
+        CHECK(strcmp(json_string_value(json_object_get(o, "kind")), json_string_value(json_array_get(arch, b))) == 0,
+              "block %zu kind", b);
+        static const char *k[3] = {"attn", "ffn", "skip"};
+        for (int i = 0; i < 3; i++)
+            CHECK_NEAR(json_real_value(json_object_get(a, k[i])), json_real_value(json_array_get(json_array_get(sm, b), i)),
+                       1e-6, "alpha_softmax");
+    }
+    /* three attention blocks of eight: memory for those three only */
+    CHECK(mem_bytes(m) == 3 * 2 * (size_t)m->mem_len * m->n_head * m->d_head * sizeof(float), "par memory %zu", mem_bytes(m));
+    json_decref(r);
+    model_free(m);
+    json_decref(e);
+}
+
 int main(void)
 {
     check_vectors("aspan-small");
     check_vectors("par-small");
+    check_spans();
+    check_arch();
+    check_bpc("aspan-small", MEM_EXACT, 1e-4);
+    check_bpc("par-small", MEM_EXACT, 1e-4);
+    /* span-only memory: the 1e-8 renormalisation term is all it drops */
+    check_bpc("aspan-small", MEM_SPAN, 2e-3);
     return test_summary("test_fixtures");
 }
