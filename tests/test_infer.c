@@ -185,7 +185,8 @@ static void check_generate(void)
           "stop: '%s' (finish %d) vs '%.*s'", r4.text, r4.finish, (int)(e ? e - r1.text : 0), r1.text);
     /* an empty prompt continues from the pending token; without one it is an error */
     mem_reset(a);
-    CHECK(infer_generate(m, a, ws, NULL, 0, &gp, NULL, NULL, &r3 /* unused */, err) != 0 && strstr(err, "empty"),
+    gen_result_free(&r3);
+    CHECK(infer_generate(m, a, ws, NULL, 0, &gp, NULL, NULL, &r3, err) != 0 && strstr(err, "empty"),
           "empty prompt: %s", err);
     gen_result_free(&r1);
     gen_result_free(&r2);
