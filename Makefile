@@ -11,11 +11,14 @@
 CC       ?= gcc
 BUILD    ?= build
 SAN      ?=
-OPT      ?= -O2
+OPT      ?= -O3
 PKGS     := jansson openblas
-CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Icore -Iserver $(SAN) \
-            $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS   += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lm -lpthread
+# Recursive (=) so that pkg-config is asked at compile time, after `deps` has
+# installed what was missing.
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Icore -Iserver $(SAN) $(PKG_CFLAGS)
+LDLIBS   += $(PKG_LIBS) -lm -lpthread
 LDFLAGS  += $(SAN)
 
 CORE_SRC := $(wildcard core/*.c)
@@ -74,7 +77,7 @@ asan: deps
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	@mkdir -p $(BUILD)/fuzz
-	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -Icore $$(pkg-config --cflags jansson) \
+	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Icore $$(pkg-config --cflags jansson) \
 	    tests/fuzz/fuzz_st.c core/st.c $$(pkg-config --libs jansson) -o $(BUILD)/fuzz/fuzz_st
 	@mkdir -p $(BUILD)/fuzz/corpus
 	cp tests/fuzz/corpus/* $(BUILD)/fuzz/corpus/

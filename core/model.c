@@ -53,6 +53,7 @@ typedef struct {
     int64_t shape[3];
     const float **dst;
     int need;
+    st_dtype dtype;     /* as found in the file */
 } want_t;
 
 typedef struct {
@@ -184,6 +185,7 @@ static int bind_tensors(model_t *m, st_file *f, wantlist *L, char *err)
                 goto out;
             }
         *L->w[i].dst = at;
+        L->w[i].dtype = t->dtype;
         at += n;
     }
     rc = 0;
@@ -250,14 +252,19 @@ static float span_mask(float zfrac, int S, int R, int d)
     return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x;
 }
 
-static int aspan_derive(model_t *m, char *err)
+static int aspan_derive(model_t *m, const wantlist *L, char *err)
 {
+    for (int i = 0; i < L->n; i++)
+        for (int l = 0; l < m->n_layers; l++)
+            if (L->w[i].dst == &m->layers[l].mask_tpl)
+                m->layers[l].mask_tpl_bits = L->w[i].dtype == ST_BF16 ? 8 : L->w[i].dtype == ST_F16 ? 11 : 24;
     int S = m->span, R = m->ramp, K = m->n_head;
     for (int l = 0; l < m->n_layers; l++) {
         layer_t *y = &m->layers[l];
         /* the mask template is derived, not learned: it must be linspace(1-S, 0, S) */
+        /* to the rounding of the file's dtype: bf16 holds -511 as -510 */
         for (int j = 0; j < S; j++)
-            if (y->mask_tpl[j] != (float)(1 - S + j))
+            if (fabsf(y->mask_tpl[j] - (float)(1 - S + j)) > ldexpf((float)(S - 1 - j), -y->mask_tpl_bits))
                 return err_set(err, "%s: tensor 'layers.%d.attn.attn.adaptive_span._mask.mask_template' is not "
                                "linspace(1-S, 0, S): [%d] = %g", m->path, l, j, (double)y->mask_tpl[j]);
         float zmax = 0, zsum = 0;
@@ -452,7 +459,7 @@ model_t *model_load_mode(const char *path, mem_mode mode, char *err)
     m->vocab_json = strdup(vj);
     if (!m->config_json || !m->vocab_json) { err_set(err, "out of memory"); goto fail; }
     m->V = m->vocab.n;
-    int vs;
+    int vs = 0;
     if (cfg_int(path, cfg, "vocab_size", 1, MODEL_MAX_VOCAB, 0, m->V, &vs, err)) goto fail;
     if (vs != m->V) {
         err_set(err, "%s: config vocab_size %d but the vocabulary lists %d characters", path, vs, m->V);
@@ -474,7 +481,7 @@ model_t *model_load_mode(const char *path, mem_mode mode, char *err)
         goto fail;
     }
     if (bind_tensors(m, f, &L, err)) goto fail;
-    if (m->fam == FAM_ASPAN ? aspan_derive(m, err) : par_derive(m, err)) goto fail;
+    if (m->fam == FAM_ASPAN ? aspan_derive(m, &L, err) : par_derive(m, err)) goto fail;
     if (m->fam == FAM_ASPAN) m->n_params -= (int64_t)m->n_layers * m->span;   /* mask templates are buffers */
     if (m->n_params > MODEL_MAX_PARAMS) { err_set(err, "%s: too many parameters", path); goto fail; }
     m->fingerprint = fnv1a(fnv1a(fnv1a(1469598103934665603ULL, m->config_json, strlen(m->config_json)),

@@ -55,6 +55,7 @@ typedef struct {
     /* adaptive-span spans, as the reference computes them */
     float *zfrac;                            /* K: current_val = z / S */
     const float *mask_tpl;                   /* S: the stored mask_template, checked at load */
+    int mask_tpl_bits;                       /* its dtype's significand bits (24, 11 or 8) */
     int *reach;                              /* K: farthest distance with a nonzero mask (values kept) */
     int *krows;                              /* K: distances whose keys are kept (window or reach) */
     float **mask;                            /* K: mask[h][d-1], d = 1..reach[h] */

@@ -42,6 +42,10 @@ size_t st_dtype_size(st_dtype d) { return d < ST_NDTYPES ? dtypes[d].size : 0; }
 
 int64_t st_numel(const st_tensor *t)
 {
+    /* A zero extent makes the count 0 whatever the others are, and the reader
+     * bounds the others only when none is zero: multiply only then. */
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0) return 0;
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     return n;
