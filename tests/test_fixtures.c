@@ -3,6 +3,7 @@
  * (../shared/fixtures): logprobs of every block, the single-token step, the
  * full-evaluation bpc, the spans, and chunked scoring.
  */
+#define _POSIX_C_SOURCE 200809L
 #include "err.h"
 #include "harness.h"
 #include "infer.h"
@@ -11,6 +12,8 @@
 #include "st.h"
 
 #include <jansson.h>
+#include <stdint.h>
+#include <unistd.h>
 
 static char path[1024];
 
@@ -218,8 +221,65 @@ static void check_arch(void)
     json_decref(e);
 }
 
+/* A checkpoint written entirely in BF16 (the mask template included, which
+ * bf16 cannot hold exactly) loads and scores close to the F32 one. */
+static void check_bf16(void)
+{
+    char err[ERR_LEN], out[] = "/tmp/spanserve-bf16-XXXXXX";
+    int fd = mkstemp(out);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    st_file *f = st_open(fx("aspan-small", "model.safetensors"), err);
+    CHECK(f != NULL, "%s", err);
+    if (!f) return;
+    st_writer *w = st_writer_new();
+    uint16_t **halves = calloc((size_t)st_count(f), sizeof *halves);
+    for (int i = 0; i < st_count(f); i++) {
+        const st_tensor *t = st_at(f, i);
+        int64_t n = st_numel(t);
+        halves[i] = malloc((size_t)n * 2 + 2);
+        for (int64_t j = 0; j < n; j++) {
+            float x;
+            uint32_t b;
+            memcpy(&x, (const char *)t->data + 4 * j, 4);
+            memcpy(&b, &x, 4);
+            halves[i][j] = (uint16_t)((b + 0x7FFF + ((b >> 16) & 1)) >> 16);   /* round to nearest even */
+        }
+        st_writer_add(w, t->name, ST_BF16, t->ndim, t->shape, halves[i]);
+    }
+    st_writer_meta(w, "config", st_meta(f, "config"));
+    st_writer_meta(w, "vocab", st_meta(f, "vocab"));
+    CHECK(st_writer_save(w, out, err) == 0, "%s", err);
+    model_t *a = model_load(fx("aspan-small", "model.safetensors"), err), *b = model_load(out, err);
+    CHECK(a && b, "bf16 checkpoint: %s", err);
+    if (a && b) {
+        size_t n = 0;
+        int32_t *t = val_tokens(a, &n);
+        mem_t *ma = mem_new(a), *mb = mem_new(b);
+        fwd_ws *ws = ws_new();
+        score_t sa = {0, 0}, sb = {0, 0};
+        CHECK(infer_score(a, ma, ws, t, 2000, &sa, NULL, err) == 0 && infer_score(b, mb, ws, t, 2000, &sb, NULL, err) == 0,
+              "%s", err);
+        printf("aspan-small bf16 weights: bpc %.5f vs %.5f in f32\n", sb.nll_sum / sb.tokens / log(2.0), sa.nll_sum / sa.tokens / log(2.0));
+        CHECK_NEAR(sb.nll_sum / sb.tokens, sa.nll_sum / sa.tokens, 0.02, "bf16 mean nll");
+        free(t);
+        mem_free(ma);
+        mem_free(mb);
+        ws_free(ws);
+    }
+    model_free(a);
+    model_free(b);
+    for (int i = 0; i < st_count(f); i++) free(halves[i]);
+    free(halves);
+    st_writer_free(w);
+    st_close(f);
+    unlink(out);
+}
+
 int main(void)
 {
+    check_bf16();
     check_vectors("aspan-small");
     check_vectors("par-small");
     check_spans();
