@@ -4,6 +4,9 @@
 build=${1:-build}
 export SPANSERVE_BIN=${2:-bin/spanserve}
 export SPANSERVE_SHARED=${SPANSERVE_SHARED:-../shared}
+if [ ! -d "$SPANSERVE_SHARED/fixtures" ]; then
+    echo "note: no reference fixtures at $SPANSERVE_SHARED/fixtures (set SPANSERVE_SHARED): the fixture tests will fail"
+fi
 pass=0; fail=0
 log=$(mktemp)
 for t in "$build"/tests/test_* tests/test_*.sh; do
