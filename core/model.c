@@ -21,6 +21,15 @@
 #include <string.h>
 
 const char *model_family_name(model_family f) { return f == FAM_ASPAN ? "adaptive-span" : "par-transformer-xl"; }
+int model_alpha_softmax(const layer_t *y, double p[3])
+{
+    if (!y->alpha) return -1;
+    double mx = fmax(y->alpha[0], fmax(y->alpha[1], y->alpha[2])), z = 0;
+    for (int i = 0; i < 3; i++) z += p[i] = exp(y->alpha[i] - mx);
+    for (int i = 0; i < 3; i++) p[i] /= z;
+    return 0;
+}
+
 const char *blk_kind_name(blk_kind k) { return k == BLK_ATTN ? "attn" : k == BLK_FFN ? "ffn" : "skip"; }
 
 /* ------------------------------------------------------------ config */

@@ -101,6 +101,9 @@ model_t *model_load(const char *path, char *err);
 model_t *model_load_mode(const char *path, mem_mode mode, char *err);
 void model_free(model_t *m);
 const char *model_family_name(model_family f);
+/* PAR: the softmax of a block's architecture logits (attn, ffn, skip);
+ * returns -1 when the checkpoint has none. */
+int model_alpha_softmax(const layer_t *y, double p[3]);
 const char *blk_kind_name(blk_kind k);
 
 /* ------------------------------------------------------------------ memory

@@ -3,7 +3,6 @@
  */
 #include "report.h"
 
-#include <math.h>
 
 json_t *report_memory(const model_t *m)
 {
@@ -37,12 +36,10 @@ json_t *report_spans(const model_t *m)
         for (int b = 0; b < m->n_layers; b++) {
             const layer_t *y = &m->layers[b];
             json_t *o = json_pack("{s:i, s:s}", "block", b, "kind", blk_kind_name(y->kind));
-            if (y->alpha) {
-                double mx = fmax(y->alpha[0], fmax(y->alpha[1], y->alpha[2])), z = 0, e[3];
-                for (int i = 0; i < 3; i++) z += e[i] = exp(y->alpha[i] - mx);
+            double e[3];
+            if (model_alpha_softmax(y, e) == 0)
                 json_object_set_new(o, "alpha_softmax",
-                                    json_pack("{s:f, s:f, s:f}", "attn", e[0] / z, "ffn", e[1] / z, "skip", e[2] / z));
-            }
+                                    json_pack("{s:f, s:f, s:f}", "attn", e[0], "ffn", e[1], "skip", e[2]));
             json_array_append_new(blocks, o);
         }
         json_object_set_new(r, "mem_len", json_integer(m->mem_len));

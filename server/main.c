@@ -240,11 +240,8 @@ static int cmd_spans(int argc, char **argv)
         for (int b = 0; b < m->n_layers; b++) {
             const layer_t *y = &m->layers[b];
             printf("%5d  %-5s", b, blk_kind_name(y->kind));
-            if (y->alpha) {
-                double mx = fmax(y->alpha[0], fmax(y->alpha[1], y->alpha[2])), z = 0, e[3];
-                for (int i = 0; i < 3; i++) z += e[i] = exp(y->alpha[i] - mx);
-                printf("  %7.3f %7.3f %7.3f", e[0] / z, e[1] / z, e[2] / z);
-            }
+            double e[3];
+            if (model_alpha_softmax(y, e) == 0) printf("  %7.3f %7.3f %7.3f", e[0], e[1], e[2]);
             printf("\n");
         }
         printf("\n");
