@@ -4,6 +4,7 @@
 #include "infer.h"
 #include "err.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,79 +75,182 @@ static size_t held_back(const char *text, size_t len, const gen_params *p)
     return hold;
 }
 
+void top_tokens(const float *lp, int V, int n, int32_t *ids, float *lps)
+{
+    for (int k = 0; k < n; k++) {
+        int best = -1;
+        for (int i = 0; i < V; i++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++) taken |= ids[j] == i;
+            if (!taken && (best < 0 || lp[i] > lp[best])) best = i;
+        }
+        ids[k] = best;
+        lps[k] = best >= 0 ? lp[best] : -INFINITY;
+    }
+}
+
+int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, size_t n_prompt,
+              const gen_params *p, int top_n, int echo, char *err)
+{
+    memset(g, 0, sizeof *g);
+    if (n_prompt == 0 && s->pending < 0)
+        return err_set(err, "nothing to continue from: the prompt is empty and the stream has no previous token");
+    const int V = m->V, maxt = p->max_tokens > 0 ? p->max_tokens : 0;
+    g->m = m;
+    g->s = s;
+    g->p = *p;
+    g->p.max_tokens = maxt;
+    g->top_n = top_n < 0 ? 0 : top_n > GEN_MAX_TOP ? GEN_MAX_TOP : top_n;
+    g->echo = echo;
+    g->has_pending_in = s->pending >= 0;
+    g->n_in = n_prompt + (size_t)g->has_pending_in;
+    rng_seed(&g->rng, p->seed);
+    size_t tn = (size_t)(g->top_n ? g->top_n : 1);
+    g->in = malloc(g->n_in * sizeof *g->in);
+    g->cur = malloc((size_t)V * sizeof *g->cur);
+    g->scratch = malloc(2 * (size_t)V * sizeof *g->scratch);
+    g->block = malloc((size_t)m->block_len * V * sizeof *g->block);
+    g->res.tokens = malloc(((size_t)maxt + 1) * sizeof *g->res.tokens);
+    g->res.logprobs = malloc(((size_t)maxt + 1) * sizeof *g->res.logprobs);
+    g->res.text = malloc((size_t)maxt * 4 + 1);
+    g->top = malloc(((size_t)maxt + 1) * tn * sizeof *g->top);
+    g->top_lp = malloc(((size_t)maxt + 1) * tn * sizeof *g->top_lp);
+    if (echo) {
+        g->prompt_lp = malloc((n_prompt + 1) * sizeof *g->prompt_lp);
+        g->prompt_top = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top);
+        g->prompt_top_lp = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top_lp);
+    }
+    if (!g->in || !g->cur || !g->scratch || !g->block || !g->res.tokens || !g->res.logprobs || !g->res.text ||
+        !g->top || !g->top_lp || (echo && (!g->prompt_lp || !g->prompt_top || !g->prompt_top_lp))) {
+        gen_result r;
+        gen_end(g, &r);
+        gen_result_free(&r);
+        return err_set(err, "out of memory");
+    }
+    if (g->has_pending_in) g->in[0] = s->pending;
+    memcpy(g->in + g->has_pending_in, prompt, n_prompt * sizeof *g->in);
+    for (size_t i = 0; echo && i < n_prompt; i++) g->prompt_lp[i] = NAN;
+    g->res.text[0] = 0;
+    g->res.prompt_tokens = (int)n_prompt;
+    g->res.finish = FINISH_LENGTH;
+    return 0;
+}
+
+/* Inputs the prefill feeds: all of them when tokens follow, else all but the
+ * last, which stays pending. */
+static size_t prefill_total(const gen_state *g)
+{
+    return g->p.max_tokens > 0 ? g->n_in : g->n_in - 1;
+}
+
+long gen_prefill(gen_state *g, fwd_ws *ws, char *err)
+{
+    const model_t *m = g->m;
+    const int V = m->V;
+    size_t total = prefill_total(g);
+    if (g->fed < total) {
+        int k = total - g->fed < (size_t)m->block_len ? (int)(total - g->fed) : m->block_len;
+        if (model_forward(m, &g->s, 1, g->in + g->fed, k, g->block, ws, err)) return -1;
+        g->s->pending = -1;
+        for (int i = 0; g->echo && i < k; i++) {
+            /* row i predicts input fed+i+1, which is prompt token fed+i+1-has_pending */
+            size_t r = g->fed + (size_t)i + 1;
+            if (r >= g->n_in) break;
+            size_t j = r - (size_t)g->has_pending_in;
+            const float *row = g->block + (size_t)i * V;
+            g->prompt_lp[j] = row[g->in[r]];
+            if (g->top_n) top_tokens(row, V, g->top_n, g->prompt_top + j * g->top_n, g->prompt_top_lp + j * g->top_n);
+        }
+        g->fed += (size_t)k;
+        if (g->fed == total && g->p.max_tokens > 0)
+            memcpy(g->cur, g->block + (size_t)(k - 1) * V, (size_t)V * sizeof *g->cur);
+    }
+    if (g->fed == total && g->p.max_tokens == 0 && g->n_in > 0) g->s->pending = g->in[g->n_in - 1];
+    return (long)(total - g->fed);
+}
+
+int gen_sample(gen_state *g)
+{
+    gen_result *r = &g->res;
+    const model_t *m = g->m;
+    if (r->finish != FINISH_LENGTH || r->n_tokens >= g->p.max_tokens) return 0;
+    int32_t x = sample_token(g->cur, m->V, &g->p.sp, &g->rng, g->scratch);
+    int t = r->n_tokens++;
+    r->tokens[t] = x;
+    r->logprobs[t] = g->cur[x];
+    if (g->top_n) top_tokens(g->cur, m->V, g->top_n, g->top + (size_t)t * g->top_n, g->top_lp + (size_t)t * g->top_n);
+    g->s->pending = x;
+    size_t l = strlen(m->vocab.tok[x]);
+    memcpy(r->text + r->text_len, m->vocab.tok[x], l);
+    r->text_len += l;
+    r->text[r->text_len] = 0;
+    for (int i = 0; i < g->p.n_stop; i++) {
+        const char *hit = g->p.stop[i][0] ? strstr(r->text, g->p.stop[i]) : NULL;
+        if (hit) {
+            r->text_len = (size_t)(hit - r->text);
+            r->text[r->text_len] = 0;
+            r->finish = FINISH_STOP;
+        }
+    }
+    if (r->finish == FINISH_STOP || r->n_tokens == g->p.max_tokens) return 0;
+    g->next = x;
+    return 1;
+}
+
+void gen_accept(gen_state *g, const float *logprobs)
+{
+    g->s->pending = -1;
+    memcpy(g->cur, logprobs, (size_t)g->m->V * sizeof *g->cur);
+}
+
+void gen_take_text(gen_state *g, const char **text, size_t *len)
+{
+    const gen_result *r = &g->res;
+    int settled = r->finish != FINISH_LENGTH || r->n_tokens >= g->p.max_tokens;
+    size_t ready = settled ? r->text_len : r->text_len - held_back(r->text, r->text_len, &g->p);
+    if (ready < g->emitted) ready = g->emitted;
+    *text = r->text + g->emitted;
+    *len = ready - g->emitted;
+    g->emitted = ready;
+}
+
+void gen_end(gen_state *g, gen_result *out)
+{
+    *out = g->res;
+    free(g->in);
+    free(g->cur);
+    free(g->scratch);
+    free(g->block);
+    free(g->top);
+    free(g->top_lp);
+    free(g->prompt_lp);
+    free(g->prompt_top);
+    free(g->prompt_top_lp);
+    memset(g, 0, sizeof *g);
+}
+
 int infer_generate(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *prompt, size_t n_prompt,
                    const gen_params *p, gen_emit emit, void *ctx, gen_result *res, char *err)
 {
+    gen_state g;
     memset(res, 0, sizeof *res);
-    const int V = m->V, L = m->block_len, maxt = p->max_tokens > 0 ? p->max_tokens : 0;
-    if (n_prompt == 0 && s->pending < 0)
-        return err_set(err, "nothing to continue from: the prompt is empty and the stream has no previous token");
-    res->prompt_tokens = (int)n_prompt;
-    if (maxt == 0) {   /* feed the prompt, keep its last token pending */
-        score_t sc = {0, 0};
-        return infer_score(m, s, ws, prompt, n_prompt, &sc, NULL, err);
+    if (gen_begin(&g, m, s, prompt, n_prompt, p, 0, 0, err)) return -1;
+    long left;
+    while ((left = gen_prefill(&g, ws, err)) > 0) {}
+    int rc = left < 0 ? -1 : 0;
+    const char *piece;
+    size_t len;
+    while (rc == 0 && gen_sample(&g)) {
+        gen_take_text(&g, &piece, &len);
+        if (emit && len && emit(ctx, piece, len)) { g.res.finish = FINISH_CANCELLED; break; }
+        if (model_forward(m, &s, 1, &g.next, 1, g.block, ws, err)) { rc = -1; break; }
+        gen_accept(&g, g.block);
     }
-    size_t n_in = n_prompt + (s->pending >= 0);
-    int32_t *in = malloc(n_in * sizeof *in);
-    float *lp = malloc((size_t)L * V * sizeof *lp), *scratch = malloc(2 * (size_t)V * sizeof *scratch);
-    res->tokens = malloc((size_t)maxt * sizeof *res->tokens);
-    res->logprobs = malloc((size_t)maxt * sizeof *res->logprobs);
-    res->text = malloc((size_t)maxt * 4 + 1);
-    int rc = -1;
-    if (!in || !lp || !scratch || !res->tokens || !res->logprobs || !res->text) {
-        err_set(err, "out of memory");
-        goto out;
+    if (rc == 0 && emit && g.res.finish != FINISH_CANCELLED) {
+        gen_take_text(&g, &piece, &len);
+        if (len) emit(ctx, piece, len);
     }
-    if (s->pending >= 0) in[0] = s->pending;
-    memcpy(in + (s->pending >= 0), prompt, n_prompt * sizeof *in);
-    /* the prompt in blocks; the last row gives the first prediction */
-    int last = 0;
-    for (size_t at = 0; at < n_in; at += (size_t)last) {
-        last = n_in - at < (size_t)L ? (int)(n_in - at) : L;
-        if (model_forward(m, &s, 1, in + at, last, lp, ws, err)) goto out;
-    }
-    const float *cur = lp + (size_t)(last - 1) * V;
-    rng_t rng;
-    rng_seed(&rng, p->seed);
-    size_t emitted = 0;
-    res->finish = FINISH_LENGTH;
-    res->text[0] = 0;
-    for (int t = 0; t < maxt; t++) {
-        int32_t x = sample_token(cur, V, &p->sp, &rng, scratch);
-        res->tokens[t] = x;
-        res->logprobs[t] = cur[x];
-        res->n_tokens = t + 1;
-        s->pending = x;
-        size_t l = strlen(m->vocab.tok[x]);
-        memcpy(res->text + res->text_len, m->vocab.tok[x], l);
-        res->text_len += l;
-        res->text[res->text_len] = 0;
-        for (int i = 0; i < p->n_stop; i++) {
-            const char *hit = p->stop[i][0] ? strstr(res->text, p->stop[i]) : NULL;
-            if (hit && (size_t)(hit - res->text) <= res->text_len) {
-                res->text_len = (size_t)(hit - res->text);
-                res->text[res->text_len] = 0;
-                res->finish = FINISH_STOP;
-            }
-        }
-        size_t ready = res->finish == FINISH_STOP ? res->text_len : res->text_len - held_back(res->text, res->text_len, p);
-        if (emit && ready > emitted) {
-            if (emit(ctx, res->text + emitted, ready - emitted)) { res->finish = FINISH_CANCELLED; break; }
-            emitted = ready;
-        }
-        if (res->finish == FINISH_STOP || t + 1 == maxt) break;
-        /* feed the sampled token: it leaves `pending` for the memory */
-        if (model_forward(m, &s, 1, &x, 1, lp, ws, err)) goto out;
-        s->pending = -1;
-        cur = lp;
-    }
-    if (emit && res->finish == FINISH_LENGTH && res->text_len > emitted)
-        emit(ctx, res->text + emitted, res->text_len - emitted);
-    rc = 0;
-out:
-    free(in);
-    free(lp);
-    free(scratch);
+    gen_end(&g, res);
     if (rc) gen_result_free(res);
     return rc;
 }
