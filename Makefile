@@ -1,6 +1,6 @@
 # spanserve - build, test, run.
 #
-#   make            bin/spanserve (CPU; the CUDA core too when nvcc is found)
+#   make            bin/spanserve (CPU; the CUDA core too when nvcc is found), bin/spanctl
 #   make test       every test; ends with "N passed, N failed"
 #   make asan       the tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make fuzz       the safetensors header parser under libFuzzer (FUZZ_SECONDS)
@@ -12,12 +12,13 @@ CC       ?= gcc
 BUILD    ?= build
 SAN      ?=
 OPT      ?= -O3
-PKGS     := jansson openblas
+PKGS     := jansson openblas libmicrohttpd libcurl
 # Recursive (=) so that pkg-config is asked at compile time, after `deps` has
 # installed what was missing.
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
-CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Icore -Iserver $(SAN) $(PKG_CFLAGS)
+# (messages are cut to their buffers on purpose: no format-truncation warning)
+CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -Icore -Iserver $(SAN) $(PKG_CFLAGS)
 LDLIBS   += $(PKG_LIBS) -lm -lpthread
 LDFLAGS  += $(SAN)
 
@@ -25,9 +26,14 @@ CORE_SRC := $(wildcard core/*.c)
 SRV_SRC  := $(wildcard server/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
-SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/%.o)
+SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/openapi.o
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BIN      := $(if $(filter build,$(BUILD)),bin/spanserve,$(BUILD)/bin/spanserve)
+# The client, clients/spanctl.c: HTTP only, so libcurl and jansson, no core.
+CTL      := $(dir $(BIN))spanctl
+CTL_PKGS := libcurl jansson
+CTL_CFLAGS = $(shell pkg-config --cflags $(CTL_PKGS) 2>/dev/null)
+CTL_LIBS   = $(shell pkg-config --libs $(CTL_PKGS) 2>/dev/null)
 
 # The CUDA core (kernels/) is built only where nvcc exists; a CPU build never
 # needs CUDA.
@@ -40,13 +46,21 @@ LDLIBS   += -L$(dir $(NVCC))../lib64 -lcudart -lcublas -lstdc++
 endif
 
 .PHONY: all deps test asan fuzz clean
-all: deps $(BIN)
+all: deps $(BIN) $(CTL)
 
 deps:
 	@sh deploy/deps.sh
 
 $(BUILD)/%.o: %.c $(wildcard core/*.h server/*.h tests/*.h)
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+# The OpenAPI document, embedded as a C string.
+$(BUILD)/server/openapi.c: server/openapi.json
+	@mkdir -p $(dir $@)
+	{ printf 'const char openapi_json[] =\n'; sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; printf ';\n'; } > $@
+
+$(BUILD)/server/openapi.o: $(BUILD)/server/openapi.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.cu
@@ -61,11 +75,15 @@ $(BIN): $(SRV_OBJ) $(BUILD)/libcore.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(SRV_OBJ) $(BUILD)/libcore.a $(LDLIBS) -o $@
 
+$(CTL): clients/spanctl.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(CTL_CFLAGS) $< $(LDFLAGS) $(CTL_LIBS) -o $@
+
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libcore.a tests/harness.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libcore.a $(LDFLAGS) $(LDLIBS) -o $@
 
-test: deps $(BIN) $(TEST_BIN)
+test: deps $(BIN) $(CTL) $(TEST_BIN)
 	@sh tests/run.sh $(BUILD) $(BIN)
 
 # Sanitized build in its own tree; OpenBLAS's own threads are kept to one so

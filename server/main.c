@@ -14,6 +14,8 @@
 #include "model.h"
 #include "report.h"
 
+int cmd_serve(int argc, char **argv);
+
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -28,7 +30,7 @@
 
 static const char *prog = "spanserve";
 
-static double now_s(void)
+static double clock_s(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -157,11 +159,11 @@ static int cmd_score(int argc, char **argv)
     mem_t *s = mem_new(m);
     fwd_ws *ws = ws_new();
     score_t sc = {0, 0};
-    double t0 = now_s();
+    double t0 = clock_s();
     if (!s || !ws || infer_score(m, s, ws, toks, n, &sc, NULL, err)) {
         fprintf(stderr, "%s: %s\n", prog, s && ws ? err : "out of memory");
     } else {
-        double dt = now_s() - t0, nll = sc.nll_sum / (double)sc.tokens;
+        double dt = clock_s() - t0, nll = sc.nll_sum / (double)sc.tokens;
         if (json) printf("{\"tokens\":%ld,\"nll\":%.9g,\"bpc\":%.9g,\"ppl\":%.9g}\n", sc.tokens, nll, nll / M_LN2, exp(nll));
         else {
             printf("tokens  %ld\nnll     %.6f nats\nbpc     %.6f\nppl     %.4f\n", sc.tokens, nll, nll / M_LN2, exp(nll));
@@ -338,11 +340,11 @@ static int cmd_generate(int argc, char **argv)
     } else if (s && ws) {
         gen_params gp = {{(float)temp, (int)top_k, (float)top_p}, (uint64_t)seed, (int)max_tokens, stop, n_stop};
         gen_result res;
-        double t0 = now_s();
+        double t0 = clock_s();
         if (infer_generate(m, s, ws, toks, n, &gp, emit_stdout, NULL, &res, err)) {
             fprintf(stderr, "%s: %s\n", prog, err);
         } else {
-            double dt = now_s() - t0;
+            double dt = clock_s() - t0;
             printf("\n");
             fprintf(stderr, "[%d tokens, finish %s, %.0f tokens/s]\n", res.n_tokens, finish_name(res.finish),
                     res.n_tokens / (dt > 0 ? dt : 1e-9));
@@ -365,6 +367,7 @@ static const char main_usage[] =
     "Serves adaptive-span Transformers and PAR Transformer-XL models.\n"
     "\n"
     "commands:\n"
+    "  serve      the HTTP service (docs/API.md)\n"
     "  score      bits per character and perplexity of a text\n"
     "  spans      what a model learned: spans per head, PAR block choices, memory\n"
     "  generate   sample text from a model\n"
@@ -385,7 +388,7 @@ int main(int argc, char **argv)
         return 0;
     }
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
-        {"score", cmd_score}, {"spans", cmd_spans}, {"generate", cmd_generate}};
+        {"serve", cmd_serve}, {"score", cmd_score}, {"spans", cmd_spans}, {"generate", cmd_generate}};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
         if (strcmp(cmd, cmds[i].name) == 0) return cmds[i].fn(argc - 1, argv + 1);
     return usage_error(main_usage, "unknown command '%s'", cmd);

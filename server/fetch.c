@@ -1,0 +1,79 @@
+/*
+ * fetch.c - downloads a checkpoint over https with libcurl, into a file,
+ * refusing anything past a size limit.
+ */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <curl/curl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct { FILE *f; size_t got, max; int over; } sink_t;
+
+static size_t on_data(char *p, size_t size, size_t n, void *cls)
+{
+    sink_t *s = cls;
+    size_t k = size * n;
+    if (s->got + k > s->max) {
+        s->over = 1;
+        return 0;   /* aborts the transfer */
+    }
+    s->got += k;
+    return fwrite(p, 1, k, s->f);
+}
+
+int fetch_url(const char *url, const char *dest, size_t max, char *err, int *status)
+{
+    if (strncmp(url, "https://", 8) != 0) {
+        *status = 400;
+        return snprintf(err, 512, "url must be https://"), -1;
+    }
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.download", dest);
+    sink_t s = {fopen(tmp, "wb"), 0, max, 0};
+    if (!s.f) {
+        *status = 500;
+        return snprintf(err, 512, "cannot write %s", tmp), -1;
+    }
+    CURL *c = curl_easy_init();
+    char cerr[CURL_ERROR_SIZE] = "";
+    curl_easy_setopt(c, CURLOPT_URL, url);
+#if LIBCURL_VERSION_NUM >= 0x075500
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "https");
+#else
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS, CURLPROTO_HTTPS);
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS, CURLPROTO_HTTPS);
+#endif
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 600L);
+    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)max);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &s);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    CURLcode rc = curl_easy_perform(c);
+    curl_easy_cleanup(c);
+    int bad = fclose(s.f) != 0;
+    if (s.over || rc == CURLE_FILESIZE_EXCEEDED) {
+        unlink(tmp);
+        *status = 413;
+        return snprintf(err, 512, "the download is over --max-download (%zu bytes)", max), -1;
+    }
+    if (rc != CURLE_OK || bad) {
+        unlink(tmp);
+        *status = 400;
+        return snprintf(err, 512, "cannot fetch %s: %s", url, *cerr ? cerr : curl_easy_strerror(rc)), -1;
+    }
+    if (rename(tmp, dest) != 0) {
+        unlink(tmp);
+        *status = 500;
+        return snprintf(err, 512, "cannot move the download to %s", dest), -1;
+    }
+    return 0;
+}

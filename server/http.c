@@ -1,0 +1,445 @@
+/*
+ * http.c - the libmicrohttpd daemon: one table maps (method, path pattern)
+ * to a handler; bodies are gathered under --max-body; authentication,
+ * content types and errors are handled here once, in one JSON error shape;
+ * one log line per request.
+ */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+/* ------------------------------------------------------------ routes */
+
+typedef enum MHD_Result (*handler_fn)(request_t *r);
+
+typedef struct {
+    const char *method;
+    const char *pattern;         /* segments; "*" matches one */
+    handler_fn fn;
+    int open;                    /* no API key needed */
+    int json;                    /* the body must be application/json */
+} route_t;
+
+static const route_t routes[] = {
+    {"GET", "/healthz", route_healthz, 1, 0},
+    {"GET", "/readyz", route_readyz, 1, 0},
+    {"GET", "/metrics", route_metrics, 0, 0},
+    {"GET", "/openapi.json", route_openapi, 0, 0},
+    {"GET", "/v1/models", route_models_list, 0, 0},
+    {"POST", "/v1/models", route_models_post, 0, 1},
+    {"GET", "/v1/models/*", route_models_get, 0, 0},
+    {"DELETE", "/v1/models/*", route_models_delete, 0, 0},
+    {"GET", "/v1/models/*/spans", route_models_spans, 0, 0},
+    {"POST", "/v1/generate", route_generate, 0, 1},
+    {"POST", "/v1/score", route_score, 0, 1},
+    {"POST", "/v1/completions", route_completions, 0, 1},
+    {"POST", "/v1/sessions", route_sessions_post, 0, 1},
+    {"GET", "/v1/sessions", route_sessions_list, 0, 0},
+    {"GET", "/v1/sessions/*", route_sessions_get, 0, 0},
+    {"DELETE", "/v1/sessions/*", route_sessions_delete, 0, 0},
+    {"GET", "/v1/sessions/*/state", route_sessions_state_get, 0, 0},
+    {"PUT", "/v1/sessions/*/state", route_sessions_state_put, 0, 0},
+};
+#define N_ROUTES (sizeof routes / sizeof *routes)
+
+/* Splits the URL path into segments (in R->path); -1 if it is too long or
+ * too deep to be any route. */
+static int split_path(request_t *r, const char *url)
+{
+    if (strlen(url) >= sizeof r->path) return -1;
+    strcpy(r->path, url);
+    r->nseg = 0;
+    for (char *p = r->path; *p;) {
+        while (*p == '/') *p++ = 0;
+        if (!*p) break;
+        if (r->nseg == 8) return -1;
+        r->seg[r->nseg++] = p;
+        while (*p && *p != '/') p++;
+    }
+    return 0;
+}
+
+static int pattern_match(const request_t *r, const char *pattern)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", pattern);
+    int i = 0;
+    for (char *tok = strtok(buf, "/"); tok; tok = strtok(NULL, "/"), i++) {
+        if (i >= r->nseg) return 0;
+        if (strcmp(tok, "*") != 0 && strcmp(tok, r->seg[i]) != 0) return 0;
+    }
+    return i == r->nseg;
+}
+
+/* ------------------------------------------------------------ replies */
+
+static void add_common_headers(struct MHD_Response *resp)
+{
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+}
+
+enum MHD_Result reply_bytes(request_t *r, int status, const char *type, const void *data, size_t len)
+{
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", type);
+    add_common_headers(resp);
+    if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+    if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
+    enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    r->status = status;
+    r->responded = 1;
+    return rc;
+}
+
+enum MHD_Result reply_json(request_t *r, int status, json_t *body)
+{
+    char *s = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(body);
+    if (!s) return reply_bytes(r, 500, "application/json", "{}", 2);
+    enum MHD_Result rc = reply_bytes(r, status, "application/json", s, strlen(s));
+    free(s);
+    return rc;
+}
+
+static const char *error_type(int status)
+{
+    switch (status) {
+    case 400: return "invalid_request";
+    case 401: return "unauthorized";
+    case 404: return "not_found";
+    case 405: return "method_not_allowed";
+    case 409: return "conflict";
+    case 413: return "payload_too_large";
+    case 415: return "unsupported_media_type";
+    case 422: return "unprocessable";
+    case 429: return "rate_limited";
+    case 503: return "unavailable";
+    default: return "internal";
+    }
+}
+
+enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    json_t *e = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", status, "type", error_type(status), "message", msg);
+    return reply_json(r, status, e);
+}
+
+/* ------------------------------------------------------------ request data */
+
+json_t *body_json(request_t *r)
+{
+    json_error_t je;
+    json_t *j = json_loadb(r->body ? r->body : "", r->len, JSON_REJECT_DUPLICATES, &je);
+    if (!j) {
+        reply_error(r, 400, "the body is not valid JSON: %s (byte %d)", je.text, je.position);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        json_decref(j);
+        reply_error(r, 400, "the body must be a JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+const char *query_arg(request_t *r, const char *key)
+{
+    return MHD_lookup_connection_value(r->conn, MHD_GET_ARGUMENT_KIND, key);
+}
+
+int field_int(json_t *o, const char *k, long long lo, long long hi, long long dflt, long long *out, char *err)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) { *out = dflt; return 0; }
+    /* integral reals (16.0) are integers too; anything else is refused */
+    double d = json_is_real(v) ? json_real_value(v) : 0;
+    if (json_is_integer(v)) *out = json_integer_value(v);
+    else if (json_is_real(v) && d == floor(d) && fabs(d) < 9e15) *out = (long long)d;
+    else return snprintf(err, 512, "%s must be an integer in [%lld, %lld]", k, lo, hi), -1;
+    if (*out < lo || *out > hi) return snprintf(err, 512, "%s must be an integer in [%lld, %lld]", k, lo, hi), -1;
+    return 0;
+}
+
+int field_num(json_t *o, const char *k, double lo, double hi, double dflt, double *out, char *err)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) { *out = dflt; return 0; }
+    if (!json_is_number(v)) return snprintf(err, 512, "%s must be a number in [%g, %g]", k, lo, hi), -1;
+    *out = json_number_value(v);
+    if (!isfinite(*out) || *out < lo || *out > hi) return snprintf(err, 512, "%s must be a number in [%g, %g]", k, lo, hi), -1;
+    return 0;
+}
+
+int field_bool(json_t *o, const char *k, int dflt, int *out, char *err)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) { *out = dflt; return 0; }
+    if (!json_is_boolean(v)) return snprintf(err, 512, "%s must be true or false", k), -1;
+    *out = json_is_true(v);
+    return 0;
+}
+
+int field_str(json_t *o, const char *k, const char **out, char *err)
+{
+    json_t *v = json_object_get(o, k);
+    *out = NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return snprintf(err, 512, "%s must be a string", k), -1;
+    *out = json_string_value(v);
+    return 0;
+}
+
+/* ------------------------------------------------------------ waiting on tasks */
+
+void http_wait(request_t *r, task_t *t)
+{
+    r->task = t;
+    MHD_suspend_connection(r->conn);
+}
+
+/* SSE: the scheduler appends to t->sse; this hands it out, and suspends the
+ * connection while there is nothing new (sched.c resumes it). */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    task_t *t = cls;
+    ssize_t n;
+    pthread_mutex_lock(&srv.lock);
+    if (pos < t->sse_len) {
+        n = (ssize_t)(t->sse_len - pos < max ? t->sse_len - pos : max);
+        memcpy(buf, t->sse + pos, (size_t)n);
+    } else if (t->done) {
+        n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else {
+        t->reader_waiting = 1;
+        MHD_suspend_connection(t->conn);
+        n = 0;
+    }
+    pthread_mutex_unlock(&srv.lock);
+    return n;
+}
+
+static void stream_free(void *cls)
+{
+    task_t *t = cls;
+    pthread_mutex_lock(&srv.lock);
+    if (!t->done) t->cancelled = 1;   /* the client went away */
+    task_release(t);
+    pthread_mutex_unlock(&srv.lock);
+}
+
+enum MHD_Result reply_stream(request_t *r, task_t *t)
+{
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, t, stream_free);
+    if (!resp) return MHD_NO;
+    t->refs++;   /* the response's reference, dropped by stream_free (srv.lock held by the caller) */
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-store");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    r->status = 200;
+    r->responded = 1;
+    return rc;
+}
+
+/* ------------------------------------------------------------ the handler */
+
+static int authorized(struct MHD_Connection *c)
+{
+    if (srv.cfg.n_api_keys == 0) return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
+    h += 7;
+    while (*h == ' ') h++;
+    for (int i = 0; i < srv.cfg.n_api_keys; i++) {
+        /* compare the whole key whatever the first difference, so timing
+         * says nothing of the key */
+        const char *k = srv.cfg.api_keys[i];
+        size_t a = strlen(h), b = strlen(k);
+        unsigned diff = (unsigned)(a != b);
+        for (size_t j = 0; j < b; j++) diff |= (unsigned)(k[j] ^ (j < a ? h[j] : 0));
+        if (!diff) return 1;
+    }
+    return 0;
+}
+
+static int is_json_type(struct MHD_Connection *c)
+{
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (!ct) return 0;
+    while (*ct == ' ') ct++;
+    return strncasecmp(ct, "application/json", 16) == 0 && (ct[16] == 0 || ct[16] == ';' || ct[16] == ' ');
+}
+
+static enum MHD_Result dispatch(request_t *r, const char *url)
+{
+    if (split_path(r, url)) return reply_error(r, 404, "no such route");
+    const route_t *hit = NULL;
+    char allow[64] = "";
+    for (size_t i = 0; i < N_ROUTES; i++) {
+        if (!pattern_match(r, routes[i].pattern)) continue;
+        if (strcmp(routes[i].method, r->method) == 0) { hit = &routes[i]; break; }
+        if (strlen(allow) + strlen(routes[i].method) + 3 < sizeof allow) {
+            if (*allow) strcat(allow, ", ");
+            strcat(allow, routes[i].method);
+        }
+    }
+    if (!hit && strcmp(r->method, "HEAD") == 0) return reply_error(r, 405, "HEAD is not supported; use GET");
+    if (!hit && *allow) {
+        r->route = "other";
+        struct MHD_Response *resp;
+        char msg[200];
+        int k = snprintf(msg, sizeof msg,
+                         "{\"error\":{\"code\":405,\"type\":\"method_not_allowed\",\"message\":\"%s is not allowed here; use %s\"}}",
+                         r->method, allow);
+        resp = MHD_create_response_from_buffer((size_t)k, msg, MHD_RESPMEM_MUST_COPY);
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+        MHD_add_response_header(resp, "Allow", allow);
+        enum MHD_Result rc = MHD_queue_response(r->conn, 405, resp);
+        MHD_destroy_response(resp);
+        r->status = 405;
+        r->responded = 1;
+        return rc;
+    }
+    if (!hit) {
+        r->route = "other";
+        return reply_error(r, 404, "no route %s %s", r->method, url);
+    }
+    r->route = hit->pattern;
+    if (!hit->open && !authorized(r->conn))
+        return reply_error(r, 401, "a valid API key is required: send Authorization: Bearer KEY");
+    if (r->too_big)
+        return reply_error(r, 413, "the body is over the limit of %zu bytes (--max-body)", srv.cfg.max_body);
+    if (hit->json && !is_json_type(r->conn))
+        return reply_error(r, 415, "the body must be JSON: send Content-Type: application/json");
+    return hit->fn(r);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)cls;
+    (void)version;
+    request_t *r = *con_cls;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (!r) return MHD_NO;
+        r->conn = conn;
+        r->method = method;
+        r->t0 = now_s();
+        r->route = "other";
+        *con_cls = r;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (r->too_big || r->len + n > srv.cfg.max_body) {
+            r->too_big = 1;   /* keep reading, answer 413 at the end */
+            free(r->body);
+            r->body = NULL;
+            r->len = r->cap = 0;
+            return MHD_YES;
+        }
+        if (r->len + n + 1 > r->cap) {
+            size_t cap = (r->len + n + 1) * 2;
+            if (cap > srv.cfg.max_body + 1) cap = srv.cfg.max_body + 1;
+            char *b = realloc(r->body, cap);
+            if (!b) return MHD_NO;
+            r->body = b;
+            r->cap = cap;
+        }
+        memcpy(r->body + r->len, upload, n);
+        r->len += n;
+        r->body[r->len] = 0;
+        return MHD_YES;
+    }
+    if (r->responded) return MHD_YES;
+    if (r->task) return route_task_done(r);
+    return dispatch(r, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)conn;
+    request_t *r = *con_cls;
+    if (!r) return;
+    double dt = now_s() - r->t0;
+    int status = r->status ? r->status : 499;
+    log_line("%s %s %d %.1fms%s%s", r->method, r->route, status, dt * 1e3,
+             toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)", "");
+    metrics_request(r->route, status, dt);
+    if (r->task) {
+        pthread_mutex_lock(&srv.lock);
+        if (!r->task->done) r->task->cancelled = 1;
+        task_release(r->task);
+        pthread_mutex_unlock(&srv.lock);
+    }
+    free(r->body);
+    free(r);
+    *con_cls = NULL;
+}
+
+int http_start(void)
+{
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    /* --listen HOST:PORT, IPv4 or [IPv6] */
+    const char *a = srv.cfg.listen_addr;
+    char host[256];
+    const char *colon = strrchr(a, ':');
+    if (!colon || (size_t)(colon - a) >= sizeof host) return -1;
+    memcpy(host, a, (size_t)(colon - a));
+    host[colon - a] = 0;
+    if (host[0] == '[') {
+        size_t l = strlen(host);
+        if (l < 2 || host[l - 1] != ']') return -1;
+        memmove(host, host + 1, l - 2);
+        host[l - 2] = 0;
+    }
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)srv.cfg.port);
+    } else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)srv.cfg.port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        return -1;
+    }
+    srv.daemon = MHD_start_daemon(flags, (uint16_t)srv.cfg.port, NULL, NULL, on_request, NULL,
+                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
+                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
+                                  MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(srv.cfg.http_threads > 1 ? srv.cfg.http_threads : 0),
+                                  MHD_OPTION_END);
+    return srv.daemon ? 0 : -1;
+}
+
+void http_stop(void)
+{
+    if (srv.daemon) MHD_stop_daemon(srv.daemon);
+    srv.daemon = NULL;
+}

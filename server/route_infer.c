@@ -1,0 +1,386 @@
+/*
+ * route_infer.c - the routes that run the model: /v1/generate, /v1/score and
+ * the OpenAI-compatible /v1/completions. Each validates its request, builds
+ * a task (with the session's memory, or a fresh one), queues it for the
+ * scheduler and suspends the connection (or opens an event stream); when
+ * the task is done the connection is resumed here to answer.
+ */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+/* ------------------------------------------------------------ building tasks */
+
+/* The model and stream of a request: the session's (acquired: busy until the
+ * task ends) or a fresh memory. srv.lock held. Returns 0, or an HTTP status
+ * with ERR. */
+static int task_bind(task_t *t, const char *model, const char *session, char *err)
+{
+    int status = 400;
+    if (session) {
+        session_t *s = sess_find(session);
+        if (!s) return snprintf(err, 512, "no session '%.64s'", session), 404;
+        if (model && strcmp(model, s->model->name) != 0)
+            return snprintf(err, 512, "session '%s' belongs to model '%s', not '%.64s'", s->id, s->model->name, model), 409;
+        if (sess_acquire(s, err, &status)) return status;
+        t->sess = s;
+        t->sm = s->model;
+        t->mem = s->mem;
+    } else {
+        if (!model) return snprintf(err, 512, "model is required"), 400;
+        t->sm = models_find(model);
+        if (!t->sm) return snprintf(err, 512, "no model '%.64s'", model), 404;
+        t->mem = mem_new(t->sm->m);
+        if (!t->mem) return snprintf(err, 512, "out of memory"), 503;
+    }
+    t->sm->tasks++;
+    return 0;
+}
+
+/* Undoes task_bind for a task that never reached the scheduler. */
+static void task_unbind(task_t *t)
+{
+    if (t->sess) sess_release(t->sess);
+    if (t->sm && (t->sess || t->mem)) t->sm->tasks--;
+}
+
+/* Text -> tokens under the limits: 422 outside the vocabulary, 413 too long. */
+static int encode(task_t *t, const char *text, char *err)
+{
+    char e2[ERR_LEN];
+    if (vocab_encode(&t->sm->m->vocab, text, strlen(text), &t->toks, &t->n, e2))
+        return snprintf(err, 512, "%s", e2), 422;
+    if (t->n > (size_t)srv.cfg.max_prompt)
+        return snprintf(err, 512, "%zu tokens is over the limit of %d (--max-prompt)", t->n, srv.cfg.max_prompt), 413;
+    return 0;
+}
+
+/* The sampling fields shared by /v1/generate and /v1/completions. */
+static int parse_sampling(json_t *b, task_t *t, long long dflt_tokens, char *err)
+{
+    long long mt, top_k, seed;
+    double temp, top_p;
+    if (field_int(b, "max_tokens", 0, srv.cfg.max_tokens, dflt_tokens, &mt, err) ||
+        field_num(b, "temperature", 0, 100, 1.0, &temp, err) || field_int(b, "top_k", 0, 1 << 20, 0, &top_k, err) ||
+        field_num(b, "top_p", 0, 1, 1.0, &top_p, err))
+        return -1;
+    if (top_p <= 0) return snprintf(err, 512, "top_p must be in (0, 1]"), -1;
+    json_t *js = json_object_get(b, "seed");
+    if (js && !json_is_null(js)) {
+        if (field_int(b, "seed", 0, (1LL << 53), 0, &seed, err)) return -1;
+    } else {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, 0) != sizeof r) r = (uint64_t)(now_s() * 1e9);
+        seed = (long long)(r & ((1ULL << 53) - 1));
+    }
+    json_t *st = json_object_get(b, "stop");
+    int n_stop = 0;
+    if (json_is_string(st)) {
+        if (!*json_string_value(st) || strlen(json_string_value(st)) > 256)
+            return snprintf(err, 512, "stop strings must be 1 to 256 bytes"), -1;
+        t->stop_buf[n_stop++] = strdup(json_string_value(st));
+    } else if (json_is_array(st)) {
+        if (json_array_size(st) > 16) return snprintf(err, 512, "stop takes at most 16 strings"), -1;
+        for (size_t i = 0; i < json_array_size(st); i++) {
+            const char *s = json_string_value(json_array_get(st, i));
+            if (!s || !*s || strlen(s) > 256) return snprintf(err, 512, "stop strings must be 1 to 256 bytes"), -1;
+            t->stop_buf[n_stop++] = strdup(s);
+        }
+    } else if (st && !json_is_null(st)) {
+        return snprintf(err, 512, "stop must be a string or an array of strings"), -1;
+    }
+    for (int i = 0; i < n_stop; i++)
+        if (!t->stop_buf[i]) return snprintf(err, 512, "out of memory"), -1;
+    t->gp.sp.temperature = (float)temp;
+    t->gp.sp.top_k = (int)top_k;
+    t->gp.sp.top_p = (float)top_p;
+    t->gp.seed = (uint64_t)seed;
+    t->gp.max_tokens = (int)mt;
+    t->gp.stop = (const char *const *)t->stop_buf;
+    t->gp.n_stop = n_stop;
+    return 0;
+}
+
+static int client_fd(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* Queues T and waits (or streams). On failure answers with the error. */
+static enum MHD_Result submit(request_t *r, task_t *t)
+{
+    char err[512];
+    int status;
+    t->conn = r->conn;
+    t->fd = client_fd(r->conn);
+    t->refs = 1;   /* the request's, dropped when the request completes */
+    r->task = t;
+    pthread_mutex_lock(&srv.lock);
+    if (sched_submit(t, err, &status)) {
+        task_unbind(t);
+        r->task = NULL;
+        task_release(t);
+        pthread_mutex_unlock(&srv.lock);
+        return reply_error(r, status, "%s", err);
+    }
+    if (!t->stream) {
+        http_wait(r, t);   /* suspended before the scheduler can resume it: under the lock */
+        pthread_mutex_unlock(&srv.lock);
+        return MHD_YES;
+    }
+    t->refs++;   /* the event stream's, dropped when it is freed */
+    pthread_mutex_unlock(&srv.lock);
+    return reply_stream(r, t);
+}
+
+/* Fails a task before it was queued. */
+static enum MHD_Result refuse(request_t *r, task_t *t, json_t *b, int status, const char *err)
+{
+    pthread_mutex_lock(&srv.lock);
+    task_unbind(t);
+    pthread_mutex_unlock(&srv.lock);
+    t->refs = 1;
+    task_release(t);
+    json_decref(b);
+    return reply_error(r, status, "%s", err);
+}
+
+/* ------------------------------------------------------------ /v1/generate, /v1/completions */
+
+static enum MHD_Result generate_common(request_t *r, api_kind api)
+{
+    json_t *b = body_json(r);
+    if (!b) return MHD_YES;
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) { json_decref(b); return reply_error(r, 503, "out of memory"); }
+    t->kind = TASK_GENERATE;
+    t->api = api;
+    t->fd = -1;
+    t->created = time(NULL);
+    char err[512];
+    const char *model, *session, *prompt = NULL;
+    int status = 400;
+    if (field_str(b, "model", &model, err) || field_str(b, "session", &session, err) ||
+        field_bool(b, "stream", 0, &t->stream, err) ||
+        parse_sampling(b, t, api == API_OPENAI ? 16 : 64, err))
+        return refuse(r, t, b, 400, err);
+    json_t *jp = json_object_get(b, "prompt");
+    if (json_is_array(jp) && api == API_OPENAI) {
+        if (json_array_size(jp) != 1 || !json_is_string(json_array_get(jp, 0)))
+            return refuse(r, t, b, 400, "prompt must be a string (or an array of one string)");
+        jp = json_array_get(jp, 0);
+    }
+    if (jp && !json_is_null(jp) && !json_is_string(jp)) return refuse(r, t, b, 400, "prompt must be a string");
+    prompt = jp ? json_string_value(jp) : NULL;
+    if (!prompt) prompt = "";
+    if (api == API_OPENAI) {
+        long long lp, n;
+        json_t *jl = json_object_get(b, "logprobs");
+        if (json_is_boolean(jl)) return refuse(r, t, b, 400, "logprobs must be an integer in [0, 5] or null");
+        if (field_int(b, "logprobs", 0, GEN_MAX_TOP, -1, &lp, err) || field_bool(b, "echo", 0, &t->echo, err) ||
+            field_int(b, "n", 1, 1, 1, &n, err))
+            return refuse(r, t, b, 400, err);
+        t->top_n = lp < 0 ? 0 : (int)lp;
+        if (lp < 0) t->top_n = -1;   /* no logprobs object */
+        snprintf(t->cmpl_id, sizeof t->cmpl_id, "cmpl-%016llx", (unsigned long long)t->gp.seed ^ (unsigned long long)(now_s() * 1e6));
+    }
+    pthread_mutex_lock(&srv.lock);
+    status = task_bind(t, model, session, err);
+    pthread_mutex_unlock(&srv.lock);
+    if (status) return refuse(r, t, b, status, err);
+    if ((status = encode(t, prompt, err))) return refuse(r, t, b, status, err);
+    if (t->n == 0 && t->mem->pending < 0)
+        return refuse(r, t, b, 400, session ? "the prompt is empty and the session has seen no tokens" : "prompt must not be empty");
+    char e2[ERR_LEN];
+    if (gen_begin(&t->g, t->sm->m, t->mem, t->toks, t->n, &t->gp, t->top_n > 0 ? t->top_n : 0, t->echo, e2))
+        return refuse(r, t, b, 503, e2);
+    json_decref(b);
+    return submit(r, t);
+}
+
+enum MHD_Result route_generate(request_t *r) { return generate_common(r, API_NATIVE); }
+enum MHD_Result route_completions(request_t *r) { return generate_common(r, API_OPENAI); }
+
+/* ------------------------------------------------------------ /v1/score */
+
+enum MHD_Result route_score(request_t *r)
+{
+    json_t *b = body_json(r);
+    if (!b) return MHD_YES;
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) { json_decref(b); return reply_error(r, 503, "out of memory"); }
+    t->kind = TASK_SCORE;
+    t->fd = -1;
+    char err[512];
+    const char *model, *session, *text;
+    int status;
+    if (field_str(b, "model", &model, err) || field_str(b, "session", &session, err) ||
+        field_str(b, "text", &text, err) || field_bool(b, "per_token", 0, &t->per_token, err))
+        return refuse(r, t, b, 400, err);
+    if (!text) return refuse(r, t, b, 400, "text is required");
+    pthread_mutex_lock(&srv.lock);
+    status = task_bind(t, model, session, err);
+    pthread_mutex_unlock(&srv.lock);
+    if (status) return refuse(r, t, b, status, err);
+    if ((status = encode(t, text, err))) return refuse(r, t, b, status, err);
+    if (t->n == 0 || (t->n == 1 && t->mem->pending < 0))
+        return refuse(r, t, b, 400, "the text has nothing to predict: it needs 2 characters (or 1 in a session that has seen text)");
+    if (t->per_token && !(t->lps = malloc(t->n * sizeof *t->lps))) return refuse(r, t, b, 503, "out of memory");
+    json_decref(b);
+    return submit(r, t);
+}
+
+/* ------------------------------------------------------------ answers */
+
+static json_t *timings(const task_t *t, int n_tokens)
+{
+    double total = t->t_end - t->t_enqueue, decode = t->t_end - (t->t_prefill > 0 ? t->t_prefill : t->t_end);
+    return json_pack("{s:f, s:f, s:f, s:f, s:f}", "queue_ms", (t->t_start - t->t_enqueue) * 1e3, "prefill_ms",
+                     ((t->t_prefill > 0 ? t->t_prefill : t->t_end) - t->t_start) * 1e3, "decode_ms", decode * 1e3,
+                     "total_ms", total * 1e3, "tokens_per_second", decode > 0 ? n_tokens / decode : 0.0);
+}
+
+static json_t *usage(const task_t *t)
+{
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)t->n, "completion_tokens", t->res.n_tokens,
+                     "total_tokens", (int)t->n + t->res.n_tokens);
+}
+
+static const char *finish_str(const task_t *t)
+{
+    return t->res.finish == FINISH_STOP ? "stop" : "length";
+}
+
+static json_t *generate_json(const task_t *t)
+{
+    json_t *toks = json_array();
+    for (int i = 0; i < t->res.n_tokens; i++) json_array_append_new(toks, json_integer(t->res.tokens[i]));
+    json_t *j = json_pack("{s:s, s:s%, s:o, s:s, s:I}", "model", t->sm->name, "text", t->res.text ? t->res.text : "",
+                          t->res.text_len, "tokens", toks, "finish_reason", finish_str(t), "seed", (json_int_t)t->gp.seed);
+    if (t->sess) json_object_set_new(j, "session", json_string(t->sess->id));
+    json_object_set_new(j, "usage", usage(t));
+    json_object_set_new(j, "timings", timings(t, t->res.n_tokens));
+    return j;
+}
+
+/* OpenAI's logprobs object over the echoed prompt (if any) and the completion. */
+static json_t *openai_logprobs(const task_t *t, const gen_state *g)
+{
+    const model_t *m = t->sm->m;
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t off = 0;
+    int n_top = t->top_n;
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass == 0 ? (t->echo ? (int)t->n : 0) : t->res.n_tokens;
+        for (int i = 0; i < n; i++) {
+            int32_t id = pass == 0 ? t->toks[i] : t->res.tokens[i];
+            float lp = pass == 0 ? g->prompt_lp[i] : t->res.logprobs[i];
+            const int32_t *ti = pass == 0 ? g->prompt_top + (size_t)i * n_top : g->top + (size_t)i * n_top;
+            const float *tl = pass == 0 ? g->prompt_top_lp + (size_t)i * n_top : g->top_lp + (size_t)i * n_top;
+            json_array_append_new(toks, json_string(m->vocab.tok[id]));
+            json_array_append_new(offs, json_integer((json_int_t)off));
+            off += strlen(m->vocab.tok[id]);
+            if (isnan(lp)) {
+                json_array_append_new(lps, json_null());
+                json_array_append_new(tops, json_null());
+                continue;
+            }
+            json_array_append_new(lps, json_real(lp));
+            json_t *o = json_object();
+            for (int k = 0; k < n_top; k++) json_object_set_new(o, m->vocab.tok[ti[k]], json_real(tl[k]));
+            json_array_append_new(tops, o);
+        }
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
+}
+
+static json_t *completion_json(const task_t *t, const gen_state *g)
+{
+    char *text = NULL;
+    size_t len = 0;
+    /* echo: the prompt comes first */
+    FILE *f = open_memstream(&text, &len);
+    if (t->echo)
+        for (size_t i = 0; i < t->n; i++) fputs(t->sm->m->vocab.tok[t->toks[i]], f);
+    if (t->res.text) fwrite(t->res.text, 1, t->res.text_len, f);
+    fclose(f);
+    json_t *choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", text ? text : "", len, "finish_reason", finish_str(t));
+    free(text);
+    json_object_set_new(choice, "logprobs", t->top_n >= 0 ? openai_logprobs(t, g) : json_null());
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", t->cmpl_id, "object", "text_completion", "created",
+                          (json_int_t)t->created, "model", t->sm->name, "choices", choice);
+    json_object_set_new(j, "usage", usage(t));
+    return j;
+}
+
+static json_t *score_json(const task_t *t)
+{
+    double nll = t->sc.tokens ? t->sc.nll_sum / (double)t->sc.tokens : 0;
+    json_t *j = json_pack("{s:s, s:I, s:f, s:f, s:f}", "model", t->sm->name, "tokens", (json_int_t)t->sc.tokens, "nll",
+                          nll, "bpc", nll / log(2.0), "ppl", exp(nll));
+    if (t->sess) json_object_set_new(j, "session", json_string(t->sess->id));
+    if (t->lps) {
+        json_t *a = json_array();
+        for (long i = 0; i < t->sc.tokens; i++) json_array_append_new(a, json_real(t->lps[i]));
+        json_object_set_new(j, "token_logprobs", a);
+    }
+    return j;
+}
+
+enum MHD_Result route_task_done(request_t *r)
+{
+    task_t *t = r->task;
+    pthread_mutex_lock(&srv.lock);
+    json_t *j = NULL;
+    int status = t->status;
+    char err[512];
+    snprintf(err, sizeof err, "%s", t->err);
+    if (!status) {
+        if (t->kind == TASK_SCORE) j = score_json(t);
+        else if (t->api == API_NATIVE) j = generate_json(t);
+        else j = completion_json(t, &t->g);
+        r->tokens = t->kind == TASK_SCORE ? t->sc.tokens : t->res.n_tokens;
+    }
+    pthread_mutex_unlock(&srv.lock);
+    if (status) return reply_error(r, status, "%s", err);
+    return reply_json(r, 200, j);
+}
+
+void route_stream_final(task_t *t)
+{
+    char *s = NULL;
+    json_t *j;
+    if (t->status) {
+        j = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", t->status, "type", "internal", "message", t->err);
+    } else if (t->api == API_NATIVE) {
+        j = generate_json(t);
+    } else {
+        j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:s, s:i, s:n, s:s}]}", "id", t->cmpl_id, "object", "text_completion",
+                      "created", (json_int_t)t->created, "model", t->sm->name, "choices", "text", "", "index", 0,
+                      "logprobs", "finish_reason", finish_str(t));
+        json_object_set_new(j, "usage", usage(t));
+    }
+    s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(j);
+    if (!s) return;
+    /* the same event shape as sched.c's: appended directly */
+    size_t need = strlen(s) + 64;
+    if (t->sse_len + need > t->sse_cap) {
+        char *nb = realloc(t->sse, t->sse_len + need);
+        if (!nb) { free(s); return; }
+        t->sse = nb;
+        t->sse_cap = t->sse_len + need;
+    }
+    if (t->api == API_NATIVE)
+        t->sse_len += (size_t)sprintf(t->sse + t->sse_len, "event: %s\ndata: %s\n\n", t->status ? "error" : "done", s);
+    else
+        t->sse_len += (size_t)sprintf(t->sse + t->sse_len, "data: %s\n\ndata: [DONE]\n\n", s);
+    free(s);
+}
+

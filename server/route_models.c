@@ -1,0 +1,127 @@
+/*
+ * route_models.c - /v1/models: list, describe, load at run time (a path in
+ * --model-dir, or an https URL), unload, and the spans report or picture.
+ */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "report.h"
+
+enum MHD_Result route_models_list(request_t *r)
+{
+    json_t *a = json_array();
+    pthread_mutex_lock(&srv.lock);
+    for (smodel_t *m = srv.models; m; m = m->next) json_array_append_new(a, models_json(m));
+    pthread_mutex_unlock(&srv.lock);
+    return reply_json(r, 200, json_pack("{s:o}", "models", a));
+}
+
+enum MHD_Result route_models_get(request_t *r)
+{
+    pthread_mutex_lock(&srv.lock);
+    smodel_t *m = models_find(r->seg[2]);
+    json_t *j = m ? models_json(m) : NULL;
+    pthread_mutex_unlock(&srv.lock);
+    if (!j) return reply_error(r, 404, "no model '%.64s'", r->seg[2]);
+    return reply_json(r, 200, j);
+}
+
+enum MHD_Result route_models_spans(request_t *r)
+{
+    const char *fmt = query_arg(r, "format");
+    if (fmt && strcmp(fmt, "svg") != 0 && strcmp(fmt, "json") != 0)
+        return reply_error(r, 400, "format must be json or svg");
+    pthread_mutex_lock(&srv.lock);
+    smodel_t *m = models_find(r->seg[2]);
+    json_t *j = NULL;
+    char *svg = NULL;
+    if (m && fmt && strcmp(fmt, "svg") == 0) svg = svg_spans(m->m);
+    else if (m) j = report_spans(m->m);
+    pthread_mutex_unlock(&srv.lock);
+    if (!m) return reply_error(r, 404, "no model '%.64s'", r->seg[2]);
+    if (svg) {
+        enum MHD_Result rc = reply_bytes(r, 200, "image/svg+xml", svg, strlen(svg));
+        free(svg);
+        return rc;
+    }
+    if (!j) return reply_error(r, 500, "out of memory");
+    json_object_set_new(j, "model", json_string(m->name));
+    return reply_json(r, 200, j);
+}
+
+/* PATH must name a regular file inside --model-dir, links resolved. */
+static int resolve_in_model_dir(const char *path, char *out, size_t cap, char *err)
+{
+    if (!srv.cfg.model_dir) return snprintf(err, 512, "loading by path needs the server started with --model-dir"), -1;
+    if (!*path || path[0] == '/') return snprintf(err, 512, "path must be relative to the model directory"), -1;
+    for (const char *p = path; *p; p++)
+        if (p[0] == '.' && p[1] == '.' && (p == path || p[-1] == '/') && (p[2] == '/' || p[2] == 0))
+            return snprintf(err, 512, "path must not contain '..'"), -1;
+    char joined[PATH_MAX];
+    snprintf(joined, sizeof joined, "%s/%s", srv.cfg.model_dir, path);
+    char *real = realpath(joined, NULL);
+    if (!real) return snprintf(err, 512, "%s: %s", path, strerror(errno)), -1;
+    size_t n = strlen(srv.cfg.model_dir);
+    struct stat st;
+    int inside = strncmp(real, srv.cfg.model_dir, n) == 0 && real[n] == '/';
+    int regular = stat(real, &st) == 0 && S_ISREG(st.st_mode);
+    if (inside && regular) snprintf(out, cap, "%s", real);
+    free(real);
+    if (!inside) return snprintf(err, 512, "path resolves outside the model directory"), -1;
+    if (!regular) return snprintf(err, 512, "%s is not a regular file", path), -1;
+    return 0;
+}
+
+enum MHD_Result route_models_post(request_t *r)
+{
+    json_t *b = body_json(r);
+    if (!b) return MHD_YES;
+    char err[512], path[PATH_MAX];
+    const char *name, *p, *url;
+    int status = 400;
+    enum MHD_Result rc;
+    if (field_str(b, "name", &name, err) || field_str(b, "path", &p, err) || field_str(b, "url", &url, err)) goto bad;
+    if (!name || !valid_name(name)) { snprintf(err, sizeof err, "name must be 1 to 64 of A-Z a-z 0-9 . _ -"); goto bad; }
+    if (!p == !url) { snprintf(err, sizeof err, "give either path or url"); goto bad; }
+    pthread_mutex_lock(&srv.lock);
+    int taken = models_find(name) != NULL;
+    pthread_mutex_unlock(&srv.lock);
+    if (taken) { status = 409; snprintf(err, sizeof err, "model '%s' is loaded already", name); goto bad; }
+    if (p) {
+        if (resolve_in_model_dir(p, path, sizeof path, err)) goto bad;
+    } else {
+        if (!srv.cfg.model_dir) { snprintf(err, sizeof err, "loading by url needs the server started with --model-dir"); goto bad; }
+        snprintf(path, sizeof path, "%s/%s.safetensors", srv.cfg.model_dir, name);
+        if (fetch_url(url, path, srv.cfg.max_download, err, &status)) goto bad;
+    }
+    pthread_mutex_lock(&srv.lock);
+    smodel_t *sm = models_add(name, path, err, &status);
+    json_t *j = sm ? models_json(sm) : NULL;
+    pthread_mutex_unlock(&srv.lock);
+    json_decref(b);
+    if (!sm) return reply_error(r, status, "%s", err);
+    return reply_json(r, 201, j);
+bad:
+    json_decref(b);
+    rc = reply_error(r, status, "%s", err);
+    return rc;
+}
+
+enum MHD_Result route_models_delete(request_t *r)
+{
+    char err[512];
+    int status;
+    pthread_mutex_lock(&srv.lock);
+    int rc = models_remove(r->seg[2], err, &status);
+    pthread_mutex_unlock(&srv.lock);
+    if (rc) return reply_error(r, status, "%s", err);
+    return reply_json(r, 200, json_pack("{s:s}", "deleted", r->seg[2]));
+}

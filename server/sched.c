@@ -1,0 +1,348 @@
+/*
+ * sched.c - the scheduler: one thread that owns every model computation.
+ *
+ * Each turn it
+ *   1. takes the newly queued tasks and drops cancelled ones (a client that
+ *      disconnected, checked on its socket; a request past its timeout);
+ *   2. runs one decode step for every generating task, batched per model:
+ *      each task samples its next token, then one forward feeds all of them
+ *      (continuous batching: tasks join and leave between steps);
+ *   3. feeds one block of one task that is still reading its prompt or
+ *      scoring a text (round robin), so long inputs never stall decoding;
+ *   4. finishes what is done: results for the waiting connections, events
+ *      for the streaming ones, sessions released.
+ */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+static fwd_ws *ws;
+static float *batch_lp;
+static size_t batch_lp_cap;
+
+int sched_busy(void)
+{
+    return srv.queue != NULL || srv.active != NULL;
+}
+
+int sched_submit(task_t *t, char *err, int *status)
+{
+    if (srv.draining) {
+        snprintf(err, 512, "the server is shutting down");
+        *status = 503;
+        return -1;
+    }
+    if (srv.queued >= srv.cfg.max_queue) {
+        snprintf(err, 512, "too many requests waiting (%d, --max-queue); retry shortly", srv.queued);
+        *status = 429;
+        return -1;
+    }
+    t->t_enqueue = now_s();
+    t->refs++;   /* the scheduler's reference */
+    task_t **p = &srv.queue;
+    while (*p) p = &(*p)->next;
+    *p = t;
+    t->next = NULL;
+    srv.queued++;
+    pthread_cond_signal(&srv.wake);
+    return 0;
+}
+
+void task_release(task_t *t)
+{
+    if (--t->refs > 0) return;
+    if (t->kind == TASK_GENERATE && t->g.m) {   /* t->res is a view of the state's result */
+        gen_result r;
+        gen_end(&t->g, &r);
+        gen_result_free(&r);
+    }
+    for (int i = 0; i < 16; i++) free(t->stop_buf[i]);
+    if (!t->sess) mem_free(t->mem);
+    free(t->toks);
+    free(t->lps);
+    free(t->sse);
+    free(t);
+}
+
+/* ------------------------------------------------------------ events */
+
+static void sse_append(task_t *t, const char *s, size_t n)
+{
+    if (t->sse_len + n + 1 > t->sse_cap) {
+        size_t cap = (t->sse_len + n + 1) * 2;
+        char *b = realloc(t->sse, cap);
+        if (!b) return;   /* out of memory: the event is lost, the stream goes on */
+        t->sse = b;
+        t->sse_cap = cap;
+    }
+    memcpy(t->sse + t->sse_len, s, n);
+    t->sse_len += n;
+}
+
+/* An SSE event (srv.lock held): "event: NAME\ndata: JSON\n\n" or, for the
+ * OpenAI API, "data: JSON\n\n". */
+static void sse_event(task_t *t, const char *name, json_t *data)
+{
+    char *s = json_dumps(data, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
+    json_decref(data);
+    if (!s) return;
+    if (name) {
+        sse_append(t, "event: ", 7);
+        sse_append(t, name, strlen(name));
+        sse_append(t, "\n", 1);
+    }
+    sse_append(t, "data: ", 6);
+    sse_append(t, s, strlen(s));
+    sse_append(t, "\n\n", 2);
+    free(s);
+}
+
+static void wake_reader(task_t *t)
+{
+    if (t->reader_waiting) {
+        t->reader_waiting = 0;
+        MHD_resume_connection(t->conn);
+    }
+}
+
+/* The events of one decode step (srv.lock held). */
+static void emit_token(task_t *t, const char *piece, size_t len)
+{
+    const gen_result *r = &t->g.res;
+    int i = r->n_tokens - 1;
+    if (t->api == API_NATIVE) {
+        sse_event(t, "token", json_pack("{s:i, s:i, s:s%, s:f}", "index", i, "token", r->tokens[i], "text", piece, len,
+                                         "logprob", (double)r->logprobs[i]));
+    } else if (len) {
+        sse_event(t, NULL, json_pack("{s:s, s:s, s:I, s:s, s:[{s:s%, s:i, s:n, s:n}]}", "id", t->cmpl_id, "object",
+                                     "text_completion", "created", (json_int_t)t->created, "model", t->sm->name,
+                                     "choices", "text", piece, len, "index", 0, "logprobs", "finish_reason"));
+    }
+    wake_reader(t);
+}
+
+/* ------------------------------------------------------------ finishing */
+
+static int client_gone(const task_t *t)
+{
+    char c;
+    if (t->fd < 0) return 0;
+    ssize_t k = recv(t->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Takes T off the active list, hands its result to the connection, releases
+ * its session and model (srv.lock held). */
+static void finish(task_t *t)
+{
+    task_t **p = &srv.active;
+    while (*p && *p != t) p = &(*p)->next;
+    if (*p) *p = t->next;
+    t->t_end = now_s();
+    if (t->kind == TASK_GENERATE) {
+        /* a view: the state keeps its buffers (the echo and top logprobs) until release */
+        t->res = t->g.res;
+        if (t->cancelled) t->res.finish = FINISH_CANCELLED;
+    }
+    if (t->sess) sess_release(t->sess);
+    t->sm->tasks--;
+    t->done = 1;
+    if (t->t_first > 0) metrics_ttft(t->t_first - t->t_enqueue);
+    metrics_tokens(t->kind == TASK_GENERATE ? t->res.n_tokens : 0, t->kind == TASK_SCORE ? t->sc.tokens : 0);
+    if (t->stream) {
+        route_stream_final(t);   /* the last event: its shape is the route's */
+        wake_reader(t);
+    } else {
+        MHD_resume_connection(t->conn);   /* the route answers from the task */
+    }
+    task_release(t);
+}
+
+static void fail(task_t *t, int status, const char *msg)
+{
+    t->status = status;
+    snprintf(t->err, sizeof t->err, "%s", msg);
+    finish(t);
+}
+
+/* ------------------------------------------------------------ work */
+
+/* One block of a score task (outside the lock). Chunks line up with the
+ * command line's blocks: L+1 tokens first when there is no pending token. */
+static int score_step(task_t *t, char *err)
+{
+    const model_t *m = t->sm->m;
+    size_t L = (size_t)m->block_len, left = t->n - t->scored_upto;
+    size_t k = t->scored_upto == 0 && t->mem->pending < 0 ? L + 1 : L;
+    if (k > left) k = left;
+    long before = t->sc.tokens;
+    if (infer_score(m, t->mem, ws, t->toks + t->scored_upto, k, &t->sc, t->lps ? t->lps + before : NULL, err)) return -1;
+    t->scored_upto += k;
+    return 0;
+}
+
+/* One decode step for every generating task of model SM (outside the lock,
+ * except for the events). */
+static void decode_batch(task_t **batch, int B)
+{
+    const model_t *m = batch[0]->sm->m;
+    mem_t *mems[256];
+    int32_t toks[256];
+    int n = 0;
+    task_t *feed[256];
+    for (int i = 0; i < B; i++) {
+        task_t *t = batch[i];
+        int more = gen_sample(&t->g);
+        const char *piece;
+        size_t len;
+        gen_take_text(&t->g, &piece, &len);
+        pthread_mutex_lock(&srv.lock);
+        if (t->g.res.n_tokens == 1) t->t_first = now_s();
+        if (t->stream && t->g.res.n_tokens > 0) emit_token(t, piece, len);
+        pthread_mutex_unlock(&srv.lock);
+        if (more) {
+            feed[n] = t;
+            mems[n] = t->mem;
+            toks[n++] = t->g.next;
+        }
+    }
+    if (n == 0) return;
+    size_t need = (size_t)n * m->V;
+    if (need > batch_lp_cap) {
+        float *p = realloc(batch_lp, need * sizeof *p);
+        if (!p) {
+            pthread_mutex_lock(&srv.lock);
+            for (int i = 0; i < n; i++) fail(feed[i], 500, "out of memory");
+            pthread_mutex_unlock(&srv.lock);
+            return;
+        }
+        batch_lp = p;
+        batch_lp_cap = need;
+    }
+    char err[ERR_LEN];
+    if (model_forward(m, mems, n, toks, 1, batch_lp, ws, err)) {
+        pthread_mutex_lock(&srv.lock);
+        for (int i = 0; i < n; i++) fail(feed[i], 500, err);
+        pthread_mutex_unlock(&srv.lock);
+        return;
+    }
+    for (int i = 0; i < n; i++) gen_accept(&feed[i]->g, batch_lp + (size_t)i * m->V);
+}
+
+static int is_decoding(const task_t *t)
+{
+    return t->kind == TASK_GENERATE && t->prefill_done && !t->done;
+}
+
+static int finished_generating(const task_t *t)
+{
+    const gen_result *r = &t->g.res;
+    return r->finish != FINISH_LENGTH || r->n_tokens >= t->g.p.max_tokens;
+}
+
+static void *sched_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&srv.lock);
+    while (!srv.stopping || srv.active || srv.queue) {
+        /* 1. take new tasks; drop the cancelled and the late */
+        while (srv.queue) {
+            task_t *t = srv.queue;
+            srv.queue = t->next;
+            srv.queued--;
+            t->next = srv.active;
+            srv.active = t;
+            t->started = 1;
+            t->t_start = now_s();
+        }
+        double now = now_s();
+        for (task_t *t = srv.active, *nx; t; t = nx) {
+            nx = t->next;
+            if (!t->cancelled && client_gone(t)) t->cancelled = 1;
+            if (t->cancelled) fail(t, 499, "the client went away");
+            else if (srv.cfg.request_timeout > 0 && now - t->t_enqueue > srv.cfg.request_timeout)
+                fail(t, 503, "the request ran past --request-timeout");
+            else if (srv.stopping) fail(t, 503, "the server is shutting down");
+        }
+        if (!srv.active) {
+            if (srv.stopping) break;
+            pthread_cond_wait(&srv.wake, &srv.lock);
+            continue;
+        }
+        /* 2. one decode step for all generating tasks, per model */
+        task_t *batch[256];
+        for (smodel_t *sm = srv.models; sm; sm = sm->next) {
+            int B = 0;
+            for (task_t *t = srv.active; t && B < 256; t = t->next)
+                if (t->sm == sm && is_decoding(t)) batch[B++] = t;
+            if (!B) continue;
+            pthread_mutex_unlock(&srv.lock);
+            decode_batch(batch, B);
+            pthread_mutex_lock(&srv.lock);
+        }
+        for (task_t *t = srv.active, *nx; t; t = nx) {
+            nx = t->next;
+            if (is_decoding(t) && finished_generating(t)) finish(t);
+        }
+        /* 3. one block of one task still reading its input; it then goes to
+         * the end of the list, so these tasks take turns */
+        task_t *pick = NULL;
+        for (task_t *t = srv.active; t && !pick; t = t->next)
+            if (!t->done && !is_decoding(t)) pick = t;
+        if (pick) {
+            char err[ERR_LEN];
+            int rc;
+            pthread_mutex_unlock(&srv.lock);
+            if (pick->kind == TASK_SCORE) {
+                rc = score_step(pick, err);
+            } else {
+                long left = gen_prefill(&pick->g, ws, err);
+                rc = left < 0 ? -1 : 0;
+                if (left == 0) {
+                    pick->prefill_done = 1;
+                    pick->t_prefill = now_s();
+                }
+            }
+            pthread_mutex_lock(&srv.lock);
+            if (rc) fail(pick, 500, err);
+            else if (pick->kind == TASK_SCORE && pick->scored_upto == pick->n) finish(pick);
+            else if (pick->kind == TASK_GENERATE && pick->prefill_done && pick->g.p.max_tokens == 0) finish(pick);
+            else {
+                task_t **p = &srv.active;
+                while (*p != pick) p = &(*p)->next;
+                *p = pick->next;
+                while (*p) p = &(*p)->next;
+                *p = pick;
+                pick->next = NULL;
+            }
+        }
+    }
+    pthread_mutex_unlock(&srv.lock);
+    return NULL;
+}
+
+int sched_start(void)
+{
+    ws = ws_new();
+    if (!ws) return -1;
+    return pthread_create(&srv.sched_thread, NULL, sched_main, NULL);
+}
+
+void sched_stop(void)
+{
+    pthread_mutex_lock(&srv.lock);
+    srv.stopping = 1;
+    pthread_cond_signal(&srv.wake);
+    pthread_mutex_unlock(&srv.lock);
+    pthread_join(srv.sched_thread, NULL);
+    ws_free(ws);
+    free(batch_lp);
+    ws = NULL;
+    batch_lp = NULL;
+}

@@ -1,0 +1,401 @@
+/*
+ * serve.c - `spanserve serve`: flags, the served models, start-up and the
+ * orderly shutdown (drain, save every session, exit).
+ */
+#define _GNU_SOURCE
+#include "server.h"
+#include "report.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+server_t srv = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+void log_line(const char *fmt, ...)
+{
+    char ts[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    va_list ap;
+    va_start(ap, fmt);
+    flockfile(stderr);
+    fprintf(stderr, "%s ", ts);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    funlockfile(stderr);
+    va_end(ap);
+}
+
+int valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > NAME_MAX_LEN) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+/* ------------------------------------------------------------ models */
+
+smodel_t *models_find(const char *name)
+{
+    for (smodel_t *m = srv.models; m; m = m->next)
+        if (strcmp(m->name, name) == 0) return m;
+    return NULL;
+}
+
+/* Loads PATH as NAME. Called with srv.lock held; loading a large file holds
+ * it for that long, which only delays other model changes and new tasks. */
+smodel_t *models_add(const char *name, const char *path, char *err, int *status)
+{
+    if (!valid_name(name)) {
+        *status = 400;
+        snprintf(err, 512, "model name must be 1 to 64 of A-Z a-z 0-9 . _ -");
+        return NULL;
+    }
+    if (models_find(name)) {
+        *status = 409;
+        snprintf(err, 512, "model '%s' is loaded already", name);
+        return NULL;
+    }
+    char e2[ERR_LEN];
+    model_t *m = model_load_mode(path, srv.cfg.mem_mode, e2);
+    if (!m) {
+        *status = 400;
+        snprintf(err, 512, "%s", e2);
+        return NULL;
+    }
+    smodel_t *sm = calloc(1, sizeof *sm);
+    if (!sm || !(sm->path = strdup(path))) {
+        free(sm);
+        model_free(m);
+        *status = 503;
+        snprintf(err, 512, "out of memory");
+        return NULL;
+    }
+    snprintf(sm->name, sizeof sm->name, "%s", name);
+    sm->m = m;
+    smodel_t **p = &srv.models;
+    while (*p) p = &(*p)->next;
+    *p = sm;
+    log_line("model %s: %s, %s, %lld parameters, %zu bytes per session", name, path, model_family_name(m->fam),
+             (long long)m->n_params, mem_bytes(m));
+    return sm;
+}
+
+int models_remove(const char *name, char *err, int *status)
+{
+    smodel_t **p = &srv.models;
+    while (*p && strcmp((*p)->name, name) != 0) p = &(*p)->next;
+    if (!*p) {
+        *status = 404;
+        return snprintf(err, 512, "no model '%s'", name), -1;
+    }
+    smodel_t *sm = *p;
+    int busy = sm->tasks > 0;
+    for (session_t *s = srv.sessions; s && !busy; s = s->next) busy = s->model == sm && s->busy;
+    if (busy) {
+        *status = 409;
+        return snprintf(err, 512, "model '%s' has requests in flight; retry when they end", name), -1;
+    }
+    *p = sm->next;
+    sess_delete_model(sm);
+    model_free(sm->m);
+    free(sm->path);
+    free(sm);
+    log_line("model %s: unloaded", name);
+    return 0;
+}
+
+json_t *models_json(const smodel_t *sm)
+{
+    json_t *j = report_model(sm->m);
+    json_object_set_new(j, "name", json_string(sm->name));
+    return j;
+}
+
+/* ------------------------------------------------------------ flags */
+
+static const char serve_usage[] =
+    "usage: spanserve serve [--listen HOST:PORT] [--model NAME=PATH]... [options]\n"
+    "\n"
+    "Serves models over HTTP (docs/API.md; GET /openapi.json).\n"
+    "\n"
+    "  --listen HOST:PORT      address to listen on (default 127.0.0.1:8080; [::1]:8080 for IPv6)\n"
+    "  --model NAME=PATH       load a checkpoint at start (repeatable)\n"
+    "  --model-dir DIR         where POST /v1/models may load checkpoints from, and where\n"
+    "                          downloads go (default: none, run-time loading off)\n"
+    "  --state-dir DIR         session snapshots (default ./spanserve-state)\n"
+    "  --api-key KEY           require Authorization: Bearer KEY (repeatable); also\n"
+    "                          SPANSERVE_API_KEY\n"
+    "  --api-key-file FILE     keys, one per line\n"
+    "  --session-memory BYTES  live session memory before the least recently used\n"
+    "                          sessions go to disk (default 1073741824; suffixes k, M, G)\n"
+    "  --max-queue N           requests waiting before 429 (default 256)\n"
+    "  --max-body BYTES        request body limit (default 8M)\n"
+    "  --max-tokens N          max_tokens limit per request (default 4096)\n"
+    "  --max-prompt N          tokens per prompt or scored text (default 1000000)\n"
+    "  --max-download BYTES    checkpoint size fetched by URL (default 2G)\n"
+    "  --request-timeout S     seconds a request may take (default 600)\n"
+    "  --drain-timeout S       seconds to finish in-flight work on SIGTERM (default 30)\n"
+    "  --memory exact|span     adaptive-span memory (default exact; see README)\n"
+    "  --http-threads N        HTTP threads (default 2)\n"
+    "  --device cpu|auto       where the model runs (default auto: cpu in this build)\n";
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1024, end++;
+    else if (*end == 'M') mul = 1024.0 * 1024, end++;
+    else if (*end == 'G') mul = 1024.0 * 1024 * 1024, end++;
+    if (*end || v * mul > 1e18) return -1;
+    *out = (size_t)(v * mul);
+    return 0;
+}
+
+static int parse_num(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
+}
+
+static int usage(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "spanserve serve: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n\n%s", serve_usage);
+    va_end(ap);
+    return 2;
+}
+
+static int add_key(const char *k)
+{
+    char **a = realloc(srv.cfg.api_keys, (size_t)(srv.cfg.n_api_keys + 1) * sizeof *a);
+    if (!a) return -1;
+    srv.cfg.api_keys = a;
+    if (!(a[srv.cfg.n_api_keys] = strdup(k))) return -1;
+    srv.cfg.n_api_keys++;
+    return 0;
+}
+
+static int mkdirs(const char *path)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0700) && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(buf, 0700) && errno != EEXIST ? -1 : 0;
+}
+
+/* ------------------------------------------------------------ run */
+
+int cmd_serve(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"listen", 1, 0, 'l'},        {"model", 1, 0, 'm'},        {"model-dir", 1, 0, 'D'},
+        {"state-dir", 1, 0, 's'},     {"api-key", 1, 0, 'k'},      {"api-key-file", 1, 0, 'K'},
+        {"session-memory", 1, 0, 'S'}, {"max-queue", 1, 0, 'q'},   {"max-body", 1, 0, 'b'},
+        {"max-tokens", 1, 0, 't'},    {"max-prompt", 1, 0, 'p'},   {"max-download", 1, 0, 'd'},
+        {"request-timeout", 1, 0, 'T'}, {"drain-timeout", 1, 0, 'r'}, {"memory", 1, 0, 'M'},
+        {"http-threads", 1, 0, 'h'},  {"device", 1, 0, 'v'},       {"help", 0, 0, 'H'},
+        {0, 0, 0, 0}};
+    config_t *c = &srv.cfg;
+    c->listen_addr = "127.0.0.1:8080";
+    c->state_dir = "spanserve-state";
+    c->session_memory = 1u << 30;
+    c->max_queue = 256;
+    c->max_body = 8u << 20;
+    c->max_tokens = 4096;
+    c->max_prompt = 1000000;
+    c->max_download = 2ull << 30;
+    c->request_timeout = 600;
+    c->drain_timeout = 30;
+    c->mem_mode = MEM_EXACT;
+    c->http_threads = 2;
+    const char *models[64];
+    int n_models = 0, ch;
+    double d;
+    size_t z;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'l': c->listen_addr = optarg; break;
+        case 'm':
+            if (n_models == 64 || !strchr(optarg, '=')) return usage("--model takes NAME=PATH (at most 64)");
+            models[n_models++] = optarg;
+            break;
+        case 'D': c->model_dir = optarg; break;
+        case 's': c->state_dir = optarg; break;
+        case 'k':
+            if (!*optarg || add_key(optarg)) return usage("--api-key takes a non-empty key");
+            break;
+        case 'K': {
+            FILE *f = fopen(optarg, "r");
+            if (!f) return fprintf(stderr, "spanserve serve: %s: %s\n", optarg, strerror(errno)), 1;
+            char line[1024];
+            while (fgets(line, sizeof line, f)) {
+                line[strcspn(line, "\r\n")] = 0;
+                if (*line && *line != '#' && add_key(line)) { fclose(f); return 1; }
+            }
+            fclose(f);
+            break;
+        }
+        case 'S':
+            if (parse_size(optarg, &c->session_memory)) return usage("--session-memory takes a byte count");
+            break;
+        case 'q':
+            if (parse_num(optarg, 1, 1e6, &d)) return usage("--max-queue takes 1 to 1000000");
+            c->max_queue = (int)d;
+            break;
+        case 'b':
+            if (parse_size(optarg, &z) || z < 1024 || z > (1ull << 32)) return usage("--max-body takes 1k to 4G");
+            c->max_body = z;
+            break;
+        case 't':
+            if (parse_num(optarg, 1, 1e6, &d)) return usage("--max-tokens takes 1 to 1000000");
+            c->max_tokens = (int)d;
+            break;
+        case 'p':
+            if (parse_num(optarg, 1, 1e9, &d)) return usage("--max-prompt takes 1 to 1000000000");
+            c->max_prompt = (int)d;
+            break;
+        case 'd':
+            if (parse_size(optarg, &c->max_download)) return usage("--max-download takes a byte count");
+            break;
+        case 'T':
+            if (parse_num(optarg, 0, 1e7, &c->request_timeout)) return usage("--request-timeout takes seconds");
+            break;
+        case 'r':
+            if (parse_num(optarg, 0, 1e7, &c->drain_timeout)) return usage("--drain-timeout takes seconds");
+            break;
+        case 'M':
+            if (strcmp(optarg, "exact") == 0) c->mem_mode = MEM_EXACT;
+            else if (strcmp(optarg, "span") == 0) c->mem_mode = MEM_SPAN;
+            else return usage("--memory takes exact or span");
+            break;
+        case 'h':
+            if (parse_num(optarg, 1, 64, &d)) return usage("--http-threads takes 1 to 64");
+            c->http_threads = (int)d;
+            break;
+        case 'v':
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0)
+                return usage("--device takes cpu or auto (this build has no CUDA core)");
+            break;
+        case 'H': fputs(serve_usage, stdout); return 0;
+        default: return usage("unknown option");
+        }
+    }
+    if (optind != argc) return usage("unexpected argument '%s'", argv[optind]);
+    const char *colon = strrchr(c->listen_addr, ':');
+    if (!colon || parse_num(colon + 1, 1, 65535, &d)) return usage("--listen takes HOST:PORT");
+    c->port = (int)d;
+    const char *envkey = getenv("SPANSERVE_API_KEY");
+    if (envkey && *envkey && add_key(envkey)) return 1;
+    if (c->model_dir) {
+        char *real = realpath(c->model_dir, NULL);
+        if (!real) return fprintf(stderr, "spanserve serve: --model-dir %s: %s\n", c->model_dir, strerror(errno)), 1;
+        c->model_dir = real;
+    }
+    char sdir[1100];
+    snprintf(sdir, sizeof sdir, "%s/sessions", c->state_dir);
+    if (mkdirs(sdir)) return fprintf(stderr, "spanserve serve: --state-dir %s: %s\n", c->state_dir, strerror(errno)), 1;
+
+    /* signals: handled by this thread alone, with sigwait */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    /* listen first, so /healthz answers and /readyz says 503 while models load */
+    if (http_start()) {
+        fprintf(stderr, "spanserve serve: cannot listen on %s\n", c->listen_addr);
+        return 1;
+    }
+    log_line("listening on http://%s", c->listen_addr);
+    pthread_mutex_lock(&srv.lock);
+    for (int i = 0; i < n_models; i++) {
+        char name[128], err[512];
+        const char *eq = strchr(models[i], '=');
+        snprintf(name, sizeof name, "%.*s", (int)(eq - models[i]), models[i]);
+        int status;
+        if (!models_add(name, eq + 1, err, &status)) {
+            pthread_mutex_unlock(&srv.lock);
+            fprintf(stderr, "spanserve serve: --model %s: %s\n", models[i], err);
+            http_stop();
+            return 1;
+        }
+    }
+    int restored = sess_load_all();
+    if (restored) log_line("state: %d sessions found in %s", restored, c->state_dir);
+    srv.ready = 1;
+    pthread_mutex_unlock(&srv.lock);
+    if (sched_start()) {
+        fprintf(stderr, "spanserve serve: cannot start the scheduler\n");
+        http_stop();
+        return 1;
+    }
+
+    int sig;
+    sigwait(&sigs, &sig);
+    log_line("%s: draining (up to %.0f s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", c->drain_timeout);
+    pthread_mutex_lock(&srv.lock);
+    srv.draining = 1;
+    pthread_mutex_unlock(&srv.lock);
+    double t0 = now_s();
+    for (;;) {
+        pthread_mutex_lock(&srv.lock);
+        int busy = sched_busy();
+        pthread_mutex_unlock(&srv.lock);
+        if (!busy || now_s() - t0 > c->drain_timeout) break;
+        usleep(20000);
+    }
+    sched_stop();   /* cancels whatever is left, resuming its connections */
+    /* let the resumed connections send their last bytes */
+    for (int i = 0; i < 100; i++) {
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv.daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        if (!info || info->num_connections == 0) break;
+        usleep(20000);
+    }
+    http_stop();
+    pthread_mutex_lock(&srv.lock);
+    int rc = sess_save_all();
+    int n = sess_count(0) + sess_count(1);
+    pthread_mutex_unlock(&srv.lock);
+    log_line("stopped: %d sessions saved in %s%s", n, c->state_dir, rc ? " (with errors)" : "");
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,242 @@
+/*
+ * server.h - the HTTP service's shared state: configuration, served models,
+ * sessions, the scheduler's tasks, metrics, and the HTTP helpers the route
+ * files use.
+ *
+ * Threads: libmicrohttpd's polling thread parses requests and runs the route
+ * handlers, which validate, build a task, queue it and suspend the
+ * connection; one scheduler thread (sched.c) owns every model computation
+ * and resumes connections with results. One mutex (srv.lock) guards models,
+ * sessions and tasks; model math runs outside it.
+ */
+#ifndef SPANSERVE_SERVER_H
+#define SPANSERVE_SERVER_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "err.h"
+#include "infer.h"
+#include "model.h"
+
+#define NAME_MAX_LEN 64
+
+/* ------------------------------------------------------------ configuration */
+
+typedef struct {
+    const char *listen_addr;     /* --listen HOST:PORT (default 127.0.0.1:8080) */
+    int port;
+    const char *model_dir;       /* --model-dir: where POST /v1/models may load from, and downloads go */
+    const char *state_dir;       /* --state-dir: session snapshots (default ./spanserve-state) */
+    char **api_keys;             /* --api-key, --api-key-file */
+    int n_api_keys;
+    size_t session_memory;       /* --session-memory: bytes of live session memory before spilling */
+    int max_queue;               /* --max-queue: waiting tasks before 429 */
+    size_t max_body;             /* --max-body: request body bytes (413) */
+    int max_tokens;              /* --max-tokens: per request */
+    int max_prompt;              /* --max-prompt: tokens per prompt or text (413) */
+    double drain_timeout;        /* --drain-timeout: seconds to finish in-flight work on shutdown */
+    double request_timeout;      /* --request-timeout: seconds a request may run */
+    size_t max_download;         /* --max-download: bytes of a checkpoint fetched by URL */
+    mem_mode mem_mode;           /* --memory exact|span */
+    int http_threads;            /* --http-threads */
+} config_t;
+
+/* ------------------------------------------------------------ models */
+
+typedef struct smodel {
+    char name[NAME_MAX_LEN + 1];
+    char *path;
+    model_t *m;
+    int tasks;                   /* tasks using it (srv.lock) */
+    struct smodel *next;
+} smodel_t;
+
+/* ------------------------------------------------------------ sessions */
+
+typedef struct session {
+    char id[NAME_MAX_LEN + 1];
+    smodel_t *model;
+    mem_t *mem;                  /* NULL while spilled to disk */
+    time_t created, last_used;
+    int busy;                    /* a task holds it */
+    int deleted;                 /* deleted while busy: freed on release */
+    struct session *next;
+} session_t;
+
+/* ------------------------------------------------------------ tasks */
+
+typedef enum { TASK_SCORE, TASK_GENERATE } task_kind;
+typedef enum { API_NATIVE, API_OPENAI } api_kind;
+
+typedef struct task {
+    task_kind kind;
+    api_kind api;
+    smodel_t *sm;
+    session_t *sess;             /* or NULL: mem is the task's own */
+    mem_t *mem;
+    int32_t *toks;               /* text to score, or the prompt */
+    size_t n;
+    /* score */
+    int per_token;
+    float *lps;
+    size_t scored_upto;          /* tokens of toks handed to the scorer */
+    score_t sc;
+    /* generate */
+    gen_params gp;
+    char *stop_buf[16];
+    int top_n, echo;
+    gen_state g;
+    int prefill_done;
+    gen_result res;              /* when done: a view of g's result, valid until release */
+    /* streaming: events appended by the scheduler, read by the connection */
+    int stream;
+    char *sse;
+    size_t sse_len, sse_cap;
+    int reader_waiting;          /* the connection is suspended waiting for events */
+    char cmpl_id[40];
+    time_t created;
+    /* state */
+    struct MHD_Connection *conn;
+    int fd;                      /* the client's socket, to notice a disconnect */
+    int started, done, cancelled;
+    int refs;                    /* the HTTP side and the scheduler */
+    int status;                  /* on failure: an HTTP status, with err */
+    char err[512];
+    double t_enqueue, t_start, t_first, t_prefill, t_end;
+    struct task *next;           /* queue / active list */
+} task_t;
+
+/* ------------------------------------------------------------ the server */
+
+typedef struct {
+    config_t cfg;
+    pthread_mutex_t lock;
+    pthread_cond_t wake;         /* the scheduler waits on it */
+    smodel_t *models;
+    session_t *sessions;
+    task_t *queue, *active;      /* waiting, and started */
+    int queued;
+    int draining, stopping, ready;
+    struct MHD_Daemon *daemon;
+    pthread_t sched_thread;
+} server_t;
+
+extern server_t srv;
+
+double now_s(void);
+void log_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int valid_name(const char *s);
+
+/* models (serve.c); under srv.lock */
+smodel_t *models_find(const char *name);
+smodel_t *models_add(const char *name, const char *path, char *err, int *status);
+int models_remove(const char *name, char *err, int *status);
+json_t *models_json(const smodel_t *sm);
+
+/* sessions (sessions.c); under srv.lock */
+session_t *sess_find(const char *id);
+session_t *sess_create(smodel_t *sm, const char *id, char *err, int *status);
+int sess_acquire(session_t *s, char *err, int *status);   /* loads if spilled; marks busy */
+void sess_release(session_t *s);
+int sess_delete(const char *id, char *err, int *status);
+void sess_delete_model(smodel_t *sm);
+json_t *sess_json(const session_t *s);
+json_t *sess_list_json(void);
+int sess_save_all(void);
+int sess_load_all(void);
+size_t sess_live_bytes(void);
+int sess_count(int on_disk);
+
+/* scheduler (sched.c) */
+int sched_start(void);
+void sched_stop(void);
+/* Queues T (srv.lock held); 429 past --max-queue. */
+int sched_submit(task_t *t, char *err, int *status);
+void task_release(task_t *t);   /* srv.lock held */
+int sched_busy(void);           /* tasks queued or running (srv.lock held) */
+
+/* metrics (metrics.c) */
+void metrics_request(const char *route, int status, double seconds);
+void metrics_ttft(double seconds);
+void metrics_tokens(long generated, long scored);
+char *metrics_render(void);
+
+/* svg (svg.c) */
+char *svg_spans(const model_t *m);
+
+/* fetch (fetch.c): https URL -> file, at most MAX bytes */
+int fetch_url(const char *url, const char *dest, size_t max, char *err, int *status);
+
+/* the OpenAPI document (built from server/openapi.json) */
+extern const char openapi_json[];
+
+/* ------------------------------------------------------------ HTTP helpers (http.c) */
+
+typedef struct request request_t;
+struct request {
+    char *body;
+    size_t len, cap;
+    int too_big;
+    const char *route;           /* the matched route's name, for logs and metrics */
+    const char *method;
+    char path[512];
+    char *seg[8];                /* path segments (into a copy of path) */
+    int nseg;
+    struct MHD_Connection *conn;
+    task_t *task;
+    int responded;
+    int status;
+    double t0;
+    long tokens;                 /* for the log line */
+};
+
+int http_start(void);
+void http_stop(void);
+enum MHD_Result reply_json(request_t *r, int status, json_t *body);            /* steals body */
+enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+enum MHD_Result reply_bytes(request_t *r, int status, const char *type, const void *data, size_t len);
+/* The request body as a JSON object; on failure replies (400/415) and returns NULL. */
+json_t *body_json(request_t *r);
+const char *query_arg(request_t *r, const char *key);
+/* Suspends the connection until the task's scheduler step resumes it. */
+void http_wait(request_t *r, task_t *t);
+/* A streaming response fed from T's event buffer. */
+enum MHD_Result reply_stream(request_t *r, task_t *t);
+
+/* Field readers: on a bad value they write a message to ERR and return -1. */
+int field_int(json_t *o, const char *k, long long lo, long long hi, long long dflt, long long *out, char *err);
+int field_num(json_t *o, const char *k, double lo, double hi, double dflt, double *out, char *err);
+int field_bool(json_t *o, const char *k, int dflt, int *out, char *err);
+int field_str(json_t *o, const char *k, const char **out, char *err);   /* absent: *out = NULL */
+
+/* route handlers */
+enum MHD_Result route_healthz(request_t *r);
+enum MHD_Result route_readyz(request_t *r);
+enum MHD_Result route_metrics(request_t *r);
+enum MHD_Result route_openapi(request_t *r);
+enum MHD_Result route_models_list(request_t *r);
+enum MHD_Result route_models_get(request_t *r);
+enum MHD_Result route_models_post(request_t *r);
+enum MHD_Result route_models_delete(request_t *r);
+enum MHD_Result route_models_spans(request_t *r);
+enum MHD_Result route_generate(request_t *r);
+enum MHD_Result route_completions(request_t *r);
+enum MHD_Result route_score(request_t *r);
+enum MHD_Result route_sessions_post(request_t *r);
+enum MHD_Result route_sessions_list(request_t *r);
+enum MHD_Result route_sessions_get(request_t *r);
+enum MHD_Result route_sessions_delete(request_t *r);
+enum MHD_Result route_sessions_state_get(request_t *r);
+enum MHD_Result route_sessions_state_put(request_t *r);
+/* Called again after the task finished. */
+enum MHD_Result route_task_done(request_t *r);
+/* The last event of a streaming task (srv.lock held). */
+void route_stream_final(task_t *t);
+
+int cmd_serve(int argc, char **argv);
+
+#endif
