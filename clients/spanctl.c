@@ -1,0 +1,921 @@
+/*
+ * spanctl.c - the command-line client of spanserve's HTTP API (docs/API.md),
+ * on libcurl and jansson. It speaks HTTP only: no model code.
+ *
+ *   spanctl [--url URL] [--api-key KEY] COMMAND ...
+ *   generate | score | spans | models | sessions
+ *
+ * A streamed generation is read as server-sent events while they arrive, and
+ * each token's text is printed (and flushed) as its event comes. Exit status:
+ * 0 done, 1 an error answered by the server (its message is printed) or a
+ * failed connection (curl's message), 2 wrong arguments (with the usage).
+ */
+#define _GNU_SOURCE
+#include <curl/curl.h>
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SPANCTL_VERSION "0.1.0"
+#define DEFAULT_URL "http://127.0.0.1:8080"
+
+static const char *prog = "spanctl";
+
+/* ------------------------------------------------------------------ buffers */
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+} buf_t;
+
+static int buf_append(buf_t *b, const char *p, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *d = realloc(b->data, cap);
+        if (!d) return -1;
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+    b->data[b->len] = 0; /* always a C string too */
+    return 0;
+}
+
+static void buf_free(buf_t *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+/* Reads all of PATH ("-" for standard input); prints the problem on failure. */
+static int read_file(const char *path, buf_t *out)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "%s: %s: %s\n", prog, path, strerror(errno));
+        return -1;
+    }
+    char chunk[65536];
+    size_t k;
+    int rc = 0;
+    while ((k = fread(chunk, 1, sizeof chunk, f)) > 0)
+        if (buf_append(out, chunk, k)) { rc = -1; break; }
+    if (ferror(f)) rc = -1;
+    if (f != stdin) fclose(f);
+    if (rc) fprintf(stderr, "%s: %s: cannot read it\n", prog, path);
+    else if (!out->data) buf_append(out, "", 0);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ usage */
+
+static const char main_usage[] =
+    "usage: spanctl [--url URL] [--api-key KEY] COMMAND [ARGS]\n"
+    "\n"
+    "The command-line client of spanserve's HTTP API.\n"
+    "\n"
+    "  --url URL        the server (default: $SPANSERVE_URL, else " DEFAULT_URL ")\n"
+    "  --api-key KEY    sent as \"Authorization: Bearer KEY\" (default: $SPANSERVE_API_KEY)\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate text, printed as it comes\n"
+    "  score      bits per character and perplexity of a text\n"
+    "  spans      what a model learned: spans per head, PAR block choices (JSON or SVG)\n"
+    "  models     list, get, load, load-url, delete models\n"
+    "  sessions   list, create, get, delete, export, import sessions\n"
+    "  version    print the version\n"
+    "\n"
+    "`spanctl COMMAND --help` describes each. --url and --api-key may also follow\n"
+    "the command. Exit status: 0 done; 1 an error from the server (its message is\n"
+    "printed) or from the connection; 2 wrong arguments.\n";
+
+static const char generate_usage[] =
+    "usage: spanctl generate --model M [--prompt P] [--max-tokens N] [--temperature T]\n"
+    "                        [--top-k K] [--top-p P] [--seed S] [--stop STR]...\n"
+    "                        [--session ID] [--no-stream]\n"
+    "\n"
+    "POST /v1/generate. Prints the text as it comes (server-sent events), then a\n"
+    "newline; a summary line goes to standard error.\n"
+    "\n"
+    "  --model M        a loaded model (not needed with --session)\n"
+    "  --prompt P       text to continue (default: a newline; with --session,\n"
+    "                   nothing: the session's memory is continued)\n"
+    "  --max-tokens N   tokens to generate (server default 64)\n"
+    "  --temperature T  0 is greedy (default 1)\n"
+    "  --top-k K        sample from the K most likely tokens (0: all)\n"
+    "  --top-p P        sample from the smallest set of mass >= P, in (0, 1]\n"
+    "  --seed S         the same seed gives the same text (default: the server\n"
+    "                   draws one and the summary line shows it)\n"
+    "  --stop STR       stop before STR (repeatable, up to 16)\n"
+    "  --session ID     continue the memory of session ID, and update it\n"
+    "  --no-stream      one JSON answer instead of events; prints the same\n";
+
+static const char score_usage[] =
+    "usage: spanctl score [--model M] [--session ID] [--per-token] [--json] FILE\n"
+    "\n"
+    "POST /v1/score with the text of FILE (\"-\" for standard input). Prints the\n"
+    "predictions scored, the mean negative log-likelihood (nats), bits per\n"
+    "character and perplexity, as `spanserve score` does.\n"
+    "\n"
+    "  --model M        a loaded model (not needed with --session)\n"
+    "  --session ID     score in the session: its memory predicts the first token\n"
+    "  --per-token      also print each prediction's logprob, one a line\n"
+    "  --json           print the server's JSON answer as it is\n";
+
+static const char spans_usage[] =
+    "usage: spanctl spans MODEL [--svg]\n"
+    "\n"
+    "GET /v1/models/MODEL/spans: adaptive-span, each head's learned span; PAR,\n"
+    "each block's kind and architecture weights; both, memory per stream. Prints\n"
+    "the JSON report, or with --svg the SVG picture.\n";
+
+static const char models_usage[] =
+    "usage: spanctl models [list [--json]]\n"
+    "       spanctl models get NAME\n"
+    "       spanctl models load NAME PATH       (PATH relative to the server's --model-dir)\n"
+    "       spanctl models load-url NAME URL    (https only; the server fetches it)\n"
+    "       spanctl models delete NAME          (its sessions are deleted with it)\n"
+    "\n"
+    "list prints a table (--json: the server's JSON); get and load print the\n"
+    "model's JSON.\n";
+
+static const char sessions_usage[] =
+    "usage: spanctl sessions [list [--json]]\n"
+    "       spanctl sessions create MODEL [ID]   (prints the new session's id)\n"
+    "       spanctl sessions get ID\n"
+    "       spanctl sessions delete ID\n"
+    "       spanctl sessions export ID FILE      (the memory, binary; FILE \"-\": stdout)\n"
+    "       spanctl sessions import ID FILE [--model M]\n"
+    "\n"
+    "A session is a stream's carried memory on the server. import replaces the\n"
+    "memory of session ID with FILE (\"-\": stdin), or creates the session for\n"
+    "model M when --model is given.\n";
+
+static int usage_error(const char *usage, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n\n%s", usage);
+    va_end(ap);
+    return 2;
+}
+
+/* ------------------------------------------------------------------ HTTP */
+
+/* Server-sent events of one response: the line being read, the event being
+ * assembled, and what the command does with each complete event. */
+typedef struct sse sse_t;
+struct sse {
+    buf_t line, data;
+    char event[64];
+    int (*on_event)(sse_t *s, const char *event, const char *data);
+    json_t *done;  /* the data of the `done` event */
+    json_t *error; /* the data of an `error` event */
+    int n_events;
+};
+
+typedef struct {
+    CURL *curl;
+    const char *url; /* the server's base URL */
+    const char *key;
+    char errbuf[CURL_ERROR_SIZE];
+} ctl_t;
+
+/* What one request is answered with: a status, and the body (unless the
+ * answer was a stream of events given to `sse`). */
+typedef struct {
+    ctl_t *ctl;
+    long status;
+    int streaming; /* -1 undecided, 0 body buffered, 1 events */
+    buf_t body;
+    sse_t *sse;
+} resp_t;
+
+static int sse_dispatch(sse_t *s)
+{
+    int rc = 0;
+    if (s->data.len || s->event[0]) {
+        s->n_events++;
+        rc = s->on_event(s, s->event[0] ? s->event : "message", s->data.data ? s->data.data : "");
+    }
+    s->event[0] = 0;
+    s->data.len = 0;
+    if (s->data.data) s->data.data[0] = 0;
+    return rc;
+}
+
+/* One line of the event stream, without its line ending (text/event-stream:
+ * "event: NAME", "data: ...", ": comment", an empty line ends the event). */
+static int sse_line(sse_t *s, char *line, size_t n)
+{
+    if (n == 0) return sse_dispatch(s);
+    if (line[0] == ':') return 0;
+    char *colon = memchr(line, ':', n);
+    size_t klen = colon ? (size_t)(colon - line) : n;
+    const char *v = colon ? colon + 1 : line + n;
+    if (*v == ' ') v++;
+    size_t vlen = (size_t)(line + n - v);
+    if (klen == 5 && memcmp(line, "event", 5) == 0) {
+        size_t k = vlen < sizeof s->event - 1 ? vlen : sizeof s->event - 1;
+        memcpy(s->event, v, k);
+        s->event[k] = 0;
+    } else if (klen == 4 && memcmp(line, "data", 4) == 0) {
+        if (s->data.len && buf_append(&s->data, "\n", 1)) return -1;
+        if (buf_append(&s->data, v, vlen)) return -1;
+    }
+    return 0;
+}
+
+static int sse_feed(sse_t *s, const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] != '\n') {
+            if (buf_append(&s->line, &p[i], 1)) return -1;
+            continue;
+        }
+        size_t len = s->line.len;
+        if (len && s->line.data[len - 1] == '\r') len--;
+        int rc = sse_line(s, s->line.data ? s->line.data : (char *)"", len);
+        s->line.len = 0;
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static void sse_free(sse_t *s)
+{
+    buf_free(&s->line);
+    buf_free(&s->data);
+    json_decref(s->done);
+    json_decref(s->error);
+}
+
+static size_t on_body(char *p, size_t size, size_t nmemb, void *userdata)
+{
+    resp_t *r = userdata;
+    size_t n = size * nmemb;
+    if (r->streaming < 0) {
+        /* Decided at the first bytes, when the headers are in: only a
+         * successful text/event-stream answer is read as events. */
+        char *ctype = NULL;
+        curl_easy_getinfo(r->ctl->curl, CURLINFO_RESPONSE_CODE, &r->status);
+        curl_easy_getinfo(r->ctl->curl, CURLINFO_CONTENT_TYPE, &ctype);
+        r->streaming = r->sse && r->status < 400 && ctype && strncmp(ctype, "text/event-stream", 17) == 0;
+    }
+    if (r->streaming) return sse_feed(r->sse, p, n) ? 0 : n;
+    return buf_append(&r->body, p, n) ? 0 : n;
+}
+
+/* Appends "/"-separated SEGMENTS to the base URL, each escaped. */
+static char *make_url(ctl_t *c, const char *path, const char *seg1, const char *seg2, const char *query)
+{
+    buf_t u = {0};
+    size_t bl = strlen(c->url);
+    while (bl && c->url[bl - 1] == '/') bl--; /* the base without its trailing slashes */
+    buf_append(&u, c->url, bl);
+    buf_append(&u, path, strlen(path));
+    const char *segs[] = {seg1, seg2};
+    for (int i = 0; i < 2; i++) {
+        if (!segs[i]) continue;
+        char *e = curl_easy_escape(c->curl, segs[i], 0);
+        if (!e) { buf_free(&u); return NULL; }
+        buf_append(&u, "/", 1);
+        buf_append(&u, e, strlen(e));
+        curl_free(e);
+    }
+    if (query) buf_append(&u, query, strlen(query));
+    return u.data;
+}
+
+/* Sends one request and waits for the whole answer. Returns 0 when the
+ * server answered (any status, in r->status), 1 when the connection failed
+ * (curl's message printed). */
+static int http_do(ctl_t *c, const char *method, const char *url, const char *ctype, const char *body, size_t len,
+                   resp_t *r)
+{
+    CURL *h = c->curl;
+    curl_easy_reset(h);
+    struct curl_slist *hdr = NULL;
+    char line[1024];
+    if (c->key && *c->key) {
+        snprintf(line, sizeof line, "Authorization: Bearer %s", c->key);
+        hdr = curl_slist_append(hdr, line);
+    }
+    if (ctype) {
+        snprintf(line, sizeof line, "Content-Type: %s", ctype);
+        hdr = curl_slist_append(hdr, line);
+    }
+    hdr = curl_slist_append(hdr, "Expect:"); /* no 100-continue round trip */
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "spanctl/" SPANCTL_VERSION);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, c->errbuf);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 10L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
+    if (body) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+    }
+    if (strcmp(method, "GET") != 0 && !(strcmp(method, "POST") == 0 && body))
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    c->errbuf[0] = 0;
+    r->ctl = c;
+    r->streaming = -1;
+    CURLcode rc = curl_easy_perform(h);
+    curl_slist_free_all(hdr);
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+    if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && r->status)) {
+        fprintf(stderr, "%s: %s: %s\n", prog, url, c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));
+        return 1;
+    }
+    if (rc == CURLE_WRITE_ERROR) {
+        fprintf(stderr, "%s: %s: the answer could not be read (out of memory or a bad event)\n", prog, url);
+        return 1;
+    }
+    return 0;
+}
+
+/* Prints the server's error message of a failed answer; 1 if it failed. */
+static int check_status(const resp_t *r)
+{
+    if (r->status >= 200 && r->status < 300) return 0;
+    json_t *j = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, NULL);
+    json_t *e = json_object_get(j, "error");
+    const char *msg = json_string_value(json_object_get(e, "message"));
+    const char *type = json_string_value(json_object_get(e, "type"));
+    if (msg)
+        fprintf(stderr, "%s: %s (%ld %s)\n", prog, msg, r->status, type ? type : "error");
+    else
+        fprintf(stderr, "%s: HTTP %ld: %.300s\n", prog, r->status, r->body.data ? r->body.data : "");
+    json_decref(j);
+    return 1;
+}
+
+/* One whole exchange: 0 and a 2xx answer in *r, else 1 (printed). URL
+ * (from make_url) is consumed. */
+static int http_call(ctl_t *c, const char *method, char *url, const char *ctype, const char *body, size_t len,
+                     resp_t *r)
+{
+    if (!url) { fprintf(stderr, "%s: out of memory\n", prog); return 1; }
+    int rc = http_do(c, method, url, ctype, body, len, r);
+    free(url);
+    return rc ? rc : check_status(r);
+}
+
+/* A JSON request: the body is dumped from `req` (which is consumed). */
+static int http_json(ctl_t *c, const char *method, char *url, json_t *req, resp_t *r)
+{
+    char *body = req ? json_dumps(req, JSON_COMPACT) : NULL;
+    json_decref(req);
+    if (req && !body) {
+        free(url);
+        fprintf(stderr, "%s: the request could not be made\n", prog);
+        return 1;
+    }
+    int rc = http_call(c, method, url, body ? "application/json" : NULL, body, body ? strlen(body) : 0, r);
+    free(body);
+    return rc;
+}
+
+static json_t *parse_body(const resp_t *r)
+{
+    json_error_t je;
+    json_t *j = json_loadb(r->body.data ? r->body.data : "", r->body.len, 0, &je);
+    if (!j) fprintf(stderr, "%s: the server's answer is not JSON: %s\n", prog, je.text);
+    return j;
+}
+
+static void print_json(json_t *j)
+{
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
+    if (s) puts(s);
+    free(s);
+}
+
+/* Prints a body as it came, ending it with a newline. */
+static void print_body(const resp_t *r)
+{
+    fwrite(r->body.data ? r->body.data : "", 1, r->body.len, stdout);
+    if (r->body.len && r->body.data[r->body.len - 1] != '\n') putchar('\n');
+}
+
+/* ------------------------------------------------------------------ options */
+
+static int parse_long(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* --url and --api-key, accepted after the command too. */
+#define COMMON_OPTS {"url", 1, 0, 'U'}, {"api-key", 1, 0, 'K'}, {"help", 0, 0, 'h'}
+
+static int common_opt(ctl_t *c, int opt)
+{
+    if (opt == 'U') c->url = optarg;
+    else if (opt == 'K') c->key = optarg;
+    else return 0;
+    return 1;
+}
+
+/* ------------------------------------------------------------------ generate */
+
+static int on_generate_event(sse_t *s, const char *event, const char *data)
+{
+    json_error_t je;
+    json_t *j = json_loads(data, 0, &je);
+    if (!j) {
+        fprintf(stderr, "%s: event '%s' is not JSON: %s\n", prog, event, je.text);
+        return -1;
+    }
+    if (strcmp(event, "token") == 0) {
+        const char *t = json_string_value(json_object_get(j, "text"));
+        if (t) {
+            fwrite(t, 1, json_string_length(json_object_get(j, "text")), stdout);
+            fflush(stdout);
+        }
+        json_decref(j);
+    } else if (strcmp(event, "done") == 0) {
+        json_decref(s->done);
+        s->done = j;
+    } else if (strcmp(event, "error") == 0) {
+        json_decref(s->error);
+        s->error = j;
+    } else {
+        json_decref(j);
+    }
+    return 0;
+}
+
+static void print_summary(json_t *done)
+{
+    json_t *usage = json_object_get(done, "usage"), *tm = json_object_get(done, "timings");
+    const char *finish = json_string_value(json_object_get(done, "finish_reason"));
+    const char *session = json_string_value(json_object_get(done, "session"));
+    fprintf(stderr, "[%lld tokens, finish %s, seed %lld, %.0f tokens/s%s%s]\n",
+            (long long)json_integer_value(json_object_get(usage, "completion_tokens")), finish ? finish : "?",
+            (long long)json_integer_value(json_object_get(done, "seed")),
+            json_number_value(json_object_get(tm, "tokens_per_second")), session ? ", session " : "",
+            session ? session : "");
+}
+
+static int cmd_generate(ctl_t *c, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},
+        {"top-k", 1, 0, 'k'}, {"top-p", 1, 0, 'P'},  {"seed", 1, 0, 's'},       {"stop", 1, 0, 'S'},
+        {"session", 1, 0, 'e'}, {"no-stream", 0, 0, 'N'}, COMMON_OPTS, {0, 0, 0, 0}};
+    json_t *req = json_object(), *stop = json_array();
+    const char *model = NULL, *session = NULL, *prompt = NULL;
+    int stream = 1, opt;
+    long long v;
+    double d;
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        const char *bad = NULL;
+        switch (opt) {
+        case 'm': model = optarg; break;
+        case 'p': prompt = optarg; break;
+        case 'e': session = optarg; break;
+        case 'N': stream = 0; break;
+        case 'S': json_array_append_new(stop, json_string(optarg)); break;
+        case 'n':
+            if (parse_long(optarg, &v)) bad = "--max-tokens takes an integer";
+            else json_object_set_new(req, "max_tokens", json_integer(v));
+            break;
+        case 'k':
+            if (parse_long(optarg, &v)) bad = "--top-k takes an integer";
+            else json_object_set_new(req, "top_k", json_integer(v));
+            break;
+        case 's':
+            if (parse_long(optarg, &v)) bad = "--seed takes an integer";
+            else json_object_set_new(req, "seed", json_integer(v));
+            break;
+        case 't':
+            if (parse_double(optarg, &d)) bad = "--temperature takes a number";
+            else json_object_set_new(req, "temperature", json_real(d));
+            break;
+        case 'P':
+            if (parse_double(optarg, &d)) bad = "--top-p takes a number";
+            else json_object_set_new(req, "top_p", json_real(d));
+            break;
+        case 'h':
+            json_decref(req);
+            json_decref(stop);
+            fputs(generate_usage, stdout);
+            return 0;
+        default:
+            if (!common_opt(c, opt)) bad = "unknown option";
+        }
+        if (bad) {
+            json_decref(req);
+            json_decref(stop);
+            return usage_error(generate_usage, "%s", bad);
+        }
+    }
+    const char *bad = optind != argc ? "unexpected argument" : !model && !session ? "--model (or --session) is required" : NULL;
+    if (bad) {
+        json_decref(req);
+        json_decref(stop);
+        return usage_error(generate_usage, "%s", bad);
+    }
+    if (model) json_object_set_new(req, "model", json_string(model));
+    if (session) json_object_set_new(req, "session", json_string(session));
+    /* No prompt: a newline, as `spanserve generate`; in a session, nothing,
+     * so that its memory is continued. */
+    json_object_set_new(req, "prompt", json_string(prompt ? prompt : session ? "" : "\n"));
+    if (json_array_size(stop)) json_object_set(req, "stop", stop);
+    json_decref(stop);
+    json_object_set_new(req, "stream", json_boolean(stream));
+    if (!json_object_get(req, "prompt")) {
+        json_decref(req);
+        fprintf(stderr, "%s: the prompt is not valid UTF-8\n", prog);
+        return 1;
+    }
+
+    sse_t sse = {.on_event = on_generate_event};
+    resp_t r = {.sse = stream ? &sse : NULL};
+    int rc = http_json(c, "POST", make_url(c, "/v1/generate", NULL, NULL, NULL), req, &r);
+    if (rc == 0 && r.streaming == 1) {
+        sse_feed(&sse, "\n\n", 2); /* an event the stream did not end */
+        json_t *e = json_object_get(sse.error, "error");
+        if (sse.error) {
+            const char *msg = json_string_value(json_object_get(e, "message"));
+            fprintf(stderr, "\n%s: %s\n", prog, msg ? msg : "the server ended the stream with an error");
+            rc = 1;
+        } else if (!sse.done) {
+            fprintf(stderr, "\n%s: the stream ended before its done event\n", prog);
+            rc = 1;
+        } else {
+            putchar('\n');
+            fflush(stdout);
+            print_summary(sse.done);
+        }
+    } else if (rc == 0) {
+        json_t *j = parse_body(&r);
+        json_t *text = json_object_get(j, "text");
+        if (!json_is_string(text)) {
+            if (j) fprintf(stderr, "%s: the answer has no text\n", prog);
+            rc = 1;
+        } else {
+            fwrite(json_string_value(text), 1, json_string_length(text), stdout);
+            putchar('\n');
+            fflush(stdout);
+            print_summary(j);
+        }
+        json_decref(j);
+    }
+    sse_free(&sse);
+    buf_free(&r.body);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ score */
+
+static int cmd_score(ctl_t *c, int argc, char **argv)
+{
+    static const struct option opts[] = {{"model", 1, 0, 'm'}, {"session", 1, 0, 'e'}, {"per-token", 0, 0, 'T'},
+                                         {"json", 0, 0, 'j'},  COMMON_OPTS,            {0, 0, 0, 0}};
+    const char *model = NULL, *session = NULL;
+    int per_token = 0, as_json = 0, opt;
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'm': model = optarg; break;
+        case 'e': session = optarg; break;
+        case 'T': per_token = 1; break;
+        case 'j': as_json = 1; break;
+        case 'h': fputs(score_usage, stdout); return 0;
+        default:
+            if (!common_opt(c, opt)) return usage_error(score_usage, "unknown option");
+        }
+    }
+    if (!model && !session) return usage_error(score_usage, "--model (or --session) is required");
+    if (optind != argc - 1) return usage_error(score_usage, "one FILE to score is required");
+    buf_t text = {0};
+    if (read_file(argv[optind], &text)) { buf_free(&text); return 1; }
+    json_t *t = json_stringn(text.data, text.len);
+    buf_free(&text);
+    if (!t) {
+        fprintf(stderr, "%s: %s: not valid UTF-8\n", prog, argv[optind]);
+        return 1;
+    }
+    json_t *req = json_object();
+    if (model) json_object_set_new(req, "model", json_string(model));
+    if (session) json_object_set_new(req, "session", json_string(session));
+    json_object_set_new(req, "text", t);
+    if (per_token) json_object_set_new(req, "per_token", json_true());
+    resp_t r = {0};
+    int rc = http_json(c, "POST", make_url(c, "/v1/score", NULL, NULL, NULL), req, &r);
+    if (rc == 0 && as_json) print_body(&r);
+    else if (rc == 0) {
+        json_t *j = parse_body(&r);
+        if (!j) rc = 1;
+        else {
+            double nll = json_number_value(json_object_get(j, "nll"));
+            printf("tokens  %lld\nnll     %.6f nats\nbpc     %.6f\nppl     %.4f\n",
+                   (long long)json_integer_value(json_object_get(j, "tokens")), nll,
+                   json_number_value(json_object_get(j, "bpc")), json_number_value(json_object_get(j, "ppl")));
+            json_t *lp = json_object_get(j, "token_logprobs"), *x;
+            size_t i;
+            json_array_foreach(lp, i, x) printf("%zu\t%.6f\n", i, json_number_value(x));
+        }
+        json_decref(j);
+    }
+    buf_free(&r.body);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ spans */
+
+static int cmd_spans(ctl_t *c, int argc, char **argv)
+{
+    static const struct option opts[] = {{"svg", 0, 0, 'g'}, COMMON_OPTS, {0, 0, 0, 0}};
+    int svg = 0, opt;
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'g': svg = 1; break;
+        case 'h': fputs(spans_usage, stdout); return 0;
+        default:
+            if (!common_opt(c, opt)) return usage_error(spans_usage, "unknown option");
+        }
+    }
+    if (optind != argc - 1) return usage_error(spans_usage, "one MODEL is required");
+    resp_t r = {0};
+    int rc = http_call(c, "GET", make_url(c, "/v1/models", argv[optind], "spans", svg ? "?format=svg" : NULL), NULL,
+                       NULL, 0, &r);
+    if (rc == 0) print_body(&r);
+    buf_free(&r.body);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ models */
+
+static void print_model_table(json_t *list)
+{
+    printf("%-24s %-20s %12s %6s %10s %14s\n", "NAME", "FAMILY", "PARAMETERS", "VOCAB", "BLOCK_LEN", "BYTES/STREAM");
+    json_t *m;
+    size_t i;
+    json_array_foreach(list, i, m) {
+        const char *name = json_string_value(json_object_get(m, "name"));
+        const char *fam = json_string_value(json_object_get(m, "family"));
+        printf("%-24s %-20s %12lld %6lld %10lld %14lld\n", name ? name : "?", fam ? fam : "?",
+               (long long)json_integer_value(json_object_get(m, "parameters")),
+               (long long)json_integer_value(json_object_get(m, "vocab_size")),
+               (long long)json_integer_value(json_object_get(m, "block_len")),
+               (long long)json_integer_value(json_object_get(json_object_get(m, "memory"), "bytes_per_stream")));
+    }
+}
+
+static void print_session_table(json_t *list)
+{
+    printf("%-24s %-24s %12s %12s %-8s %s\n", "ID", "MODEL", "TOKENS_SEEN", "MEMORY_BYTES", "LOCATION", "LAST_USED");
+    json_t *s;
+    size_t i;
+    json_array_foreach(list, i, s) {
+        const char *id = json_string_value(json_object_get(s, "id"));
+        const char *model = json_string_value(json_object_get(s, "model"));
+        const char *loc = json_string_value(json_object_get(s, "location"));
+        const char *last = json_string_value(json_object_get(s, "last_used"));
+        printf("%-24s %-24s %12lld %12lld %-8s %s\n", id ? id : "?", model ? model : "?",
+               (long long)json_integer_value(json_object_get(s, "tokens_seen")),
+               (long long)json_integer_value(json_object_get(s, "memory_bytes")), loc ? loc : "?", last ? last : "?");
+    }
+}
+
+/* GET a list; prints the JSON (--json) or a table of its array KEY. */
+static int list_objects(ctl_t *c, const char *path, const char *key, int as_json, void (*table)(json_t *))
+{
+    resp_t r = {0};
+    int rc = http_call(c, "GET", make_url(c, path, NULL, NULL, NULL), NULL, NULL, 0, &r);
+    if (rc == 0 && as_json) print_body(&r);
+    else if (rc == 0) {
+        json_t *j = parse_body(&r);
+        if (j) table(json_object_get(j, key));
+        else rc = 1;
+        json_decref(j);
+    }
+    buf_free(&r.body);
+    return rc;
+}
+
+/* Sends a request and prints the JSON answer (pretty), or with PRINT_KEY
+ * only that string field of it ("deleted X" for DELETE). */
+static int call_print(ctl_t *c, const char *method, char *url, json_t *req, const char *print_key, const char *prefix)
+{
+    resp_t r = {0};
+    int rc = http_json(c, method, url, req, &r);
+    if (rc == 0) {
+        json_t *j = parse_body(&r);
+        if (!j) rc = 1;
+        else if (!print_key) print_json(j);
+        else {
+            const char *v = json_string_value(json_object_get(j, print_key));
+            printf("%s%s\n", prefix, v ? v : "?");
+        }
+        json_decref(j);
+    }
+    buf_free(&r.body);
+    return rc;
+}
+
+/* Checks that ACTION got between LO and HI arguments. */
+static int want_args(const char *usage, const char *action, int n, int lo, int hi)
+{
+    if (n >= lo && n <= hi) return 0;
+    return usage_error(usage, "'%s' takes %d%s argument%s, not %d", action, lo, hi > lo ? " or more" : "",
+                       lo == 1 && hi == lo ? "" : "s", n);
+}
+
+static int cmd_models(ctl_t *c, int argc, char **argv)
+{
+    static const struct option opts[] = {{"json", 0, 0, 'j'}, COMMON_OPTS, {0, 0, 0, 0}};
+    int as_json = 0, opt;
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'j': as_json = 1; break;
+        case 'h': fputs(models_usage, stdout); return 0;
+        default:
+            if (!common_opt(c, opt)) return usage_error(models_usage, "unknown option");
+        }
+    }
+    const char *action = optind < argc ? argv[optind++] : "list";
+    char **a = argv + optind;
+    int n = argc - optind;
+    if (strcmp(action, "list") == 0) {
+        if (n) return usage_error(models_usage, "'list' takes no arguments");
+        return list_objects(c, "/v1/models", "models", as_json, print_model_table);
+    }
+    if (as_json) return usage_error(models_usage, "--json is for 'list' (the others print JSON)");
+    if (strcmp(action, "get") == 0) {
+        if (n != 1) return want_args(models_usage, action, n, 1, 1);
+        return call_print(c, "GET", make_url(c, "/v1/models", a[0], NULL, NULL), NULL, NULL, NULL);
+    }
+    if (strcmp(action, "load") == 0 || strcmp(action, "load-url") == 0) {
+        if (n != 2) return want_args(models_usage, action, n, 2, 2);
+        json_t *req = json_pack("{s:s, s:s}", "name", a[0], strcmp(action, "load") == 0 ? "path" : "url", a[1]);
+        return call_print(c, "POST", make_url(c, "/v1/models", NULL, NULL, NULL), req, NULL, NULL);
+    }
+    if (strcmp(action, "delete") == 0) {
+        if (n != 1) return want_args(models_usage, action, n, 1, 1);
+        return call_print(c, "DELETE", make_url(c, "/v1/models", a[0], NULL, NULL), NULL, "deleted", "deleted ");
+    }
+    return usage_error(models_usage, "unknown models action '%s'", action);
+}
+
+/* ------------------------------------------------------------------ sessions */
+
+static int export_state(ctl_t *c, const char *id, const char *path)
+{
+    resp_t r = {0};
+    int rc = http_call(c, "GET", make_url(c, "/v1/sessions", id, "state", NULL), NULL, NULL, 0, &r);
+    if (rc == 0) {
+        FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "wb");
+        if (!f || fwrite(r.body.data ? r.body.data : "", 1, r.body.len, f) != r.body.len ||
+            (f != stdout ? fclose(f) : fflush(f)) != 0) {
+            fprintf(stderr, "%s: %s: %s\n", prog, path, strerror(errno));
+            rc = 1;
+        } else if (f != stdout) {
+            fprintf(stderr, "%s: wrote %zu bytes of session %s to %s\n", prog, r.body.len, id, path);
+        }
+    }
+    buf_free(&r.body);
+    return rc;
+}
+
+static int import_state(ctl_t *c, const char *id, const char *path, const char *model)
+{
+    buf_t state = {0};
+    if (read_file(path, &state)) { buf_free(&state); return 1; }
+    char *query = NULL;
+    if (model) {
+        char *e = curl_easy_escape(c->curl, model, 0);
+        if (e && asprintf(&query, "?model=%s", e) < 0) query = NULL;
+        curl_free(e);
+        if (!query) { buf_free(&state); fprintf(stderr, "%s: out of memory\n", prog); return 1; }
+    }
+    char *url = make_url(c, "/v1/sessions", id, "state", query);
+    free(query);
+    resp_t r = {0};
+    int rc = http_call(c, "PUT", url, "application/octet-stream", state.data, state.len, &r);
+    buf_free(&state);
+    if (rc == 0) {
+        json_t *j = parse_body(&r);
+        if (j) print_json(j);
+        else rc = 1;
+        json_decref(j);
+    }
+    buf_free(&r.body);
+    return rc;
+}
+
+static int cmd_sessions(ctl_t *c, int argc, char **argv)
+{
+    static const struct option opts[] = {{"json", 0, 0, 'j'}, {"model", 1, 0, 'm'}, COMMON_OPTS, {0, 0, 0, 0}};
+    int as_json = 0, opt;
+    const char *model = NULL;
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'j': as_json = 1; break;
+        case 'm': model = optarg; break;
+        case 'h': fputs(sessions_usage, stdout); return 0;
+        default:
+            if (!common_opt(c, opt)) return usage_error(sessions_usage, "unknown option");
+        }
+    }
+    const char *action = optind < argc ? argv[optind++] : "list";
+    char **a = argv + optind;
+    int n = argc - optind;
+    if (model && strcmp(action, "import") != 0) return usage_error(sessions_usage, "--model is for 'import'");
+    if (as_json && strcmp(action, "list") != 0) return usage_error(sessions_usage, "--json is for 'list'");
+    if (strcmp(action, "list") == 0) {
+        if (n) return usage_error(sessions_usage, "'list' takes no arguments");
+        return list_objects(c, "/v1/sessions", "sessions", as_json, print_session_table);
+    }
+    if (strcmp(action, "create") == 0) {
+        if (n < 1 || n > 2) return want_args(sessions_usage, action, n, 1, 2);
+        json_t *req = json_pack("{s:s}", "model", a[0]);
+        if (n == 2) json_object_set_new(req, "id", json_string(a[1]));
+        return call_print(c, "POST", make_url(c, "/v1/sessions", NULL, NULL, NULL), req, "id", "");
+    }
+    if (strcmp(action, "get") == 0 || strcmp(action, "delete") == 0) {
+        if (n != 1) return want_args(sessions_usage, action, n, 1, 1);
+        int del = action[0] == 'd';
+        return call_print(c, del ? "DELETE" : "GET", make_url(c, "/v1/sessions", a[0], NULL, NULL), NULL,
+                          del ? "deleted" : NULL, "deleted ");
+    }
+    if (strcmp(action, "export") == 0) {
+        if (n != 2) return want_args(sessions_usage, action, n, 2, 2);
+        return export_state(c, a[0], a[1]);
+    }
+    if (strcmp(action, "import") == 0) {
+        if (n != 2) return want_args(sessions_usage, action, n, 2, 2);
+        return import_state(c, a[0], a[1], model);
+    }
+    return usage_error(sessions_usage, "unknown sessions action '%s'", action);
+}
+
+/* ------------------------------------------------------------------ main */
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {COMMON_OPTS, {"version", 0, 0, 'v'}, {0, 0, 0, 0}};
+    ctl_t c = {0};
+    c.url = getenv("SPANSERVE_URL");
+    if (!c.url || !*c.url) c.url = DEFAULT_URL;
+    c.key = getenv("SPANSERVE_API_KEY");
+    int opt;
+    /* "+": the global options end at the command's name. */
+    while ((opt = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+        if (opt == 'h') { fputs(main_usage, stdout); return 0; }
+        if (opt == 'v') { printf("spanctl %s\n", SPANCTL_VERSION); return 0; }
+        if (!common_opt(&c, opt)) return usage_error(main_usage, "unknown option");
+    }
+    if (optind >= argc) return usage_error(main_usage, "a command is required");
+    const char *cmd = argv[optind];
+    if (strcmp(cmd, "help") == 0) { fputs(main_usage, stdout); return 0; }
+    if (strcmp(cmd, "version") == 0) { printf("spanctl %s\n", SPANCTL_VERSION); return 0; }
+    static const struct { const char *name; int (*fn)(ctl_t *, int, char **); } cmds[] = {
+        {"generate", cmd_generate}, {"score", cmd_score},       {"spans", cmd_spans},
+        {"models", cmd_models},     {"sessions", cmd_sessions}};
+    int (*fn)(ctl_t *, int, char **) = NULL;
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
+        if (strcmp(cmd, cmds[i].name) == 0) fn = cmds[i].fn;
+    if (!fn) return usage_error(main_usage, "unknown command '%s'", cmd);
+
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK || !(c.curl = curl_easy_init())) {
+        fprintf(stderr, "%s: libcurl could not start\n", prog);
+        return 1;
+    }
+    int first = optind;
+    optind = 0; /* GNU getopt: start afresh on the command's arguments */
+    int rc = fn(&c, argc - first, argv + first);
+    curl_easy_cleanup(c.curl);
+    curl_global_cleanup();
+    return rc;
+}
