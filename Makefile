@@ -4,6 +4,7 @@
 #   make test       every test; ends with "N passed, N failed"
 #   make asan       the tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make fuzz       the safetensors header parser under libFuzzer (FUZZ_SECONDS)
+#   make run        builds and serves the default model on 127.0.0.1:8080
 #
 # Missing system packages are installed by deploy/deps.sh (apt-get as root,
 # otherwise it prints the command to run).
@@ -45,7 +46,7 @@ CFLAGS   += -DSPANSERVE_CUDA
 LDLIBS   += -L$(dir $(NVCC))../lib64 -lcudart -lcublas -lstdc++
 endif
 
-.PHONY: all deps test asan fuzz clean
+.PHONY: all deps test asan fuzz run load clean
 all: deps $(BIN) $(CTL)
 
 deps:
@@ -100,6 +101,13 @@ fuzz: deps
 	@mkdir -p $(BUILD)/fuzz/corpus
 	cp tests/fuzz/corpus/* $(BUILD)/fuzz/corpus/
 	$(BUILD)/fuzz/fuzz_st -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus
+
+# Serves the default model (an adaptive-span model of tiny Shakespeare) on
+# 127.0.0.1:8080; PORT=, MODEL= and ARGS= override.
+PORT  ?= 8080
+MODEL ?= deploy/models/aspan-shakespeare.safetensors
+run: all
+	$(BIN) serve --listen 127.0.0.1:$(PORT) --model default=$(MODEL) --state-dir spanserve-state $(ARGS)
 
 clean:
 	rm -rf build bin
