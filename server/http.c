@@ -246,8 +246,12 @@ static void stream_free(void *cls)
 enum MHD_Result reply_stream(request_t *r, task_t *t)
 {
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, t, stream_free);
-    if (!resp) return MHD_NO;
-    t->refs++;   /* the response's reference, dropped by stream_free (srv.lock held by the caller) */
+    if (!resp) {
+        pthread_mutex_lock(&srv.lock);
+        task_release(t);   /* the reference the caller took for the stream */
+        pthread_mutex_unlock(&srv.lock);
+        return MHD_NO;
+    }
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-store");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
@@ -383,15 +387,18 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r) return;
     double dt = now_s() - r->t0;
     int status = r->status ? r->status : 499;
-    log_line("%s %s %d %.1fms%s%s", r->method, r->route, status, dt * 1e3,
-             toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)", "");
-    metrics_request(r->route, status, dt);
+    long tokens = 0;
     if (r->task) {
         pthread_mutex_lock(&srv.lock);
-        if (!r->task->done) r->task->cancelled = 1;
-        task_release(r->task);
+        task_t *t = r->task;
+        if (!t->done) t->cancelled = 1;
+        tokens = t->kind == TASK_SCORE ? t->sc.tokens : t->done ? t->res.n_tokens : 0;
+        task_release(t);
         pthread_mutex_unlock(&srv.lock);
     }
+    log_line("%s %s %d %.1fms %ld tokens%s", r->method, r->route, status, dt * 1e3, tokens,
+             toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
+    metrics_request(r->route, status, dt);
     free(r->body);
     free(r);
     *con_cls = NULL;

@@ -345,7 +345,6 @@ enum MHD_Result route_task_done(request_t *r)
         if (t->kind == TASK_SCORE) j = score_json(t);
         else if (t->api == API_NATIVE) j = generate_json(t);
         else j = completion_json(t, &t->g);
-        r->tokens = t->kind == TASK_SCORE ? t->sc.tokens : t->res.n_tokens;
     }
     pthread_mutex_unlock(&srv.lock);
     if (status) return reply_error(r, status, "%s", err);

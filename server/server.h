@@ -191,7 +191,6 @@ struct request {
     int responded;
     int status;
     double t0;
-    long tokens;                 /* for the log line */
 };
 
 int http_start(void);
@@ -204,7 +203,8 @@ json_t *body_json(request_t *r);
 const char *query_arg(request_t *r, const char *key);
 /* Suspends the connection until the task's scheduler step resumes it. */
 void http_wait(request_t *r, task_t *t);
-/* A streaming response fed from T's event buffer. */
+/* A streaming response fed from T's event buffer; takes over a reference
+ * to T that the caller holds for it (dropped when the stream is freed). */
 enum MHD_Result reply_stream(request_t *r, task_t *t);
 
 /* Field readers: on a bad value they write a message to ERR and return -1. */
