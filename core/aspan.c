@@ -48,11 +48,11 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
         for (int h = 0; h < K; h++) maxr = m->layers[l].krows[h] > maxr ? m->layers[l].krows[h] : maxr;
     float *x = ws_get(ws, WS_H, N * H), *q = ws_get(ws, WS_Q, N * H), *k = ws_get(ws, WS_K, N * H),
           *v = ws_get(ws, WS_V, N * H), *att = ws_get(ws, WS_ATT, N * H), *tmp = ws_get(ws, WS_TMP, N * H),
-          *ff = ws_get(ws, WS_FF, N * I), *kwin = ws_get(ws, WS_KWIN, (size_t)(maxr + M) * D),
-          *vwin = ws_get(ws, WS_VWIN, (size_t)(maxr + M) * D), *sc = ws_get(ws, WS_SC, (size_t)M * (maxr + M)),
-          *pe = ws_get(ws, WS_PE, (size_t)M * (maxr ? maxr : 1)), *p = ws_get(ws, WS_P, (size_t)maxr + 1);
+          *ff = ws_get(ws, WS_FF, N * I), *scm = ws_get(ws, WS_SC, (size_t)M * (maxr ? maxr : 1)),
+          *scb = ws_get(ws, WS_KWIN, (size_t)M * M), *pe = ws_get(ws, WS_PE, (size_t)M * (maxr ? maxr : 1)),
+          *p = ws_get(ws, WS_P, (size_t)maxr + 1);
     float *out = logprobs ? logprobs : ws_get(ws, WS_LOGITS, N * V);
-    if (!x || !q || !k || !v || !att || !tmp || !ff || !kwin || !vwin || !sc || !pe || !p || !out)
+    if (!x || !q || !k || !v || !att || !tmp || !ff || !scm || !scb || !pe || !p || !out)
         return err_set(err, "out of memory for a block of %d x %d tokens", B, M);
     const float scale = sqrtf((float)D);
 
@@ -75,32 +75,27 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                     for (int i = 0; i < M; i++) memset(att + (row0 + i) * H + h * D, 0, (size_t)D * sizeof *att);
                     continue;
                 }
-                /* key window rows 0..kw-1: positions p0-kw .. p0-1 from the ring, then this block;
-                 * value window likewise with r rows of memory */
-                for (int j = 0; j < kw; j++)
-                    memcpy(kwin + (size_t)j * D, kr + (size_t)ring_slot(p0 - kw + j, kw) * D, (size_t)D * sizeof *kwin);
-                for (int j = 0; j < r; j++)
-                    memcpy(vwin + (size_t)j * D, vr + (size_t)ring_slot(p0 - r + j, r) * D, (size_t)D * sizeof *vwin);
-                for (int i = 0; i < M; i++) {
-                    memcpy(kwin + (size_t)(kw + i) * D, k + (row0 + i) * H + h * D, (size_t)D * sizeof *kwin);
-                    memcpy(vwin + (size_t)(r + i) * D, v + (row0 + i) * H + h * D, (size_t)D * sizeof *vwin);
-                }
-                const float *qh = q + row0 * H + h * D;
-                /* sc[i][c] = q_i . kwin_c;  pe[i][j] = q_i . key_pe[:, S-kw+j] (distance kw-j) */
-                ops_gemm_nt(sc, kw + M, qh, H, kwin, D, M, kw + M, D);
+                /* this block's queries, keys and values of head h (rows of stride H) */
+                const float *qh = q + row0 * H + h * D, *kb = k + row0 * H + h * D, *vb = v + row0 * H + h * D;
+                /* scm[i][slot] = q_i . ring key;  scb[i][j] = q_i . block key j;
+                 * pe[i][c] = q_i . key_pe[:, S-kw+c] (distance kw-c). No copies:
+                 * distances are mapped to ring slots or block rows below. */
+                ops_gemm_nt(scm, kw, qh, H, kr, D, M, kw, D);
+                ops_gemm_nt(scb, M, qh, H, kb, H, M, M, D);
                 ops_gemm_nn(pe, kw, qh, H, m->key_pe + (S - kw), S, M, kw, D);
                 for (int i = 0; i < M; i++) {
-                    /* query i, distance d = kw - j: key row i + j of the window */
-                    const float *si = sc + (size_t)i * (kw + M) + i, *pi = pe + (size_t)i * kw;
+                    const float *smi = scm + (size_t)i * kw, *sbi = scb + (size_t)i * M, *pi = pe + (size_t)i * kw;
                     float mx = -INFINITY;
-                    for (int j = 0; j < kw; j++) {
-                        p[j] = (si[j] + pi[j]) / scale;
-                        mx = p[j] > mx ? p[j] : mx;
+                    for (int c = 0; c < kw; c++) {   /* distance d = kw - c */
+                        int d = kw - c;
+                        float qk = d <= i ? sbi[i - d] : smi[ring_slot(p0 + i - d, kw)];
+                        p[c] = (qk + pi[c]) / scale;
+                        mx = p[c] > mx ? p[c] : mx;
                     }
                     double z = 0, zm = 0;
-                    for (int j = 0; j < kw; j++) {
-                        p[j] = expf(p[j] - mx);
-                        z += p[j];
+                    for (int c = 0; c < kw; c++) {
+                        p[c] = expf(p[c] - mx);
+                        z += p[c];
                     }
                     /* distances 1..r keep a nonzero mask: p[kw - d] */
                     float *pr = p + (kw - r);
@@ -111,16 +106,18 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                     const float inv = (float)(1.0 / (zm + 1e-8));
                     float *o = att + (row0 + i) * H + h * D;
                     memset(o, 0, (size_t)D * sizeof *o);
-                    for (int j = 0; j < r; j++) {   /* distance r - j: value row i + j */
-                        const float a = pr[j] * inv, *vv = vwin + (size_t)(i + j) * D;
+                    for (int j = 0; j < r; j++) {   /* distance r - j */
+                        int d = r - j;
+                        const float a = pr[j] * inv;
+                        const float *vv = d <= i ? vb + (size_t)(i - d) * H : vr + (size_t)ring_slot(p0 + i - d, r) * D;
                         for (int c = 0; c < D; c++) o[c] += a * vv[c];
                     }
                 }
                 /* the block's keys and values enter the rings (the last kw and r of them) */
                 for (int i = M > kw ? M - kw : 0; i < M; i++)
-                    memcpy(kr + (size_t)ring_slot(p0 + i, kw) * D, kwin + (size_t)(kw + i) * D, (size_t)D * sizeof *kr);
+                    memcpy(kr + (size_t)ring_slot(p0 + i, kw) * D, kb + (size_t)i * H, (size_t)D * sizeof *kr);
                 for (int i = M > r ? M - r : 0; i < M; i++)
-                    memcpy(vr + (size_t)ring_slot(p0 + i, r) * D, vwin + (size_t)(r + i) * D, (size_t)D * sizeof *vr);
+                    memcpy(vr + (size_t)ring_slot(p0 + i, r) * D, vb + (size_t)i * H, (size_t)D * sizeof *vr);
             }
         }
         ops_linear(tmp, att, y->wo, NULL, (int)N, H, H);

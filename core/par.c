@@ -34,12 +34,12 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
     const int kmax = ML + M;
     float *x = ws_get(ws, WS_H, N * D), *qkv = ws_get(ws, WS_QKV, N * 3 * A), *att = ws_get(ws, WS_ATT, N * A),
           *tmp = ws_get(ws, WS_TMP, N * D), *ff = ws_get(ws, WS_FF, N * I),
-          *kwin = ws_get(ws, WS_KWIN, (size_t)kmax * dh), *vwin = ws_get(ws, WS_VWIN, (size_t)kmax * dh),
-          *ac = ws_get(ws, WS_SC, (size_t)M * kmax), *bd = ws_get(ws, WS_PE, (size_t)M * kmax),
+          *acm = ws_get(ws, WS_KWIN, (size_t)M * (ML ? ML : 1)), *acb = ws_get(ws, WS_VWIN, (size_t)M * M),
+          *bd = ws_get(ws, WS_PE, (size_t)M * kmax),
           *qu = ws_get(ws, WS_QU, (size_t)M * dh), *qv = ws_get(ws, WS_QV, (size_t)M * dh),
           *p = ws_get(ws, WS_P, (size_t)kmax);
     float *out = logprobs ? logprobs : ws_get(ws, WS_LOGITS, N * V);
-    if (!x || !qkv || !att || !tmp || !ff || !kwin || !vwin || !ac || !bd || !qu || !qv || !p || !out)
+    if (!x || !qkv || !att || !tmp || !ff || !acm || !acb || !bd || !qu || !qv || !p || !out)
         return err_set(err, "out of memory for a block of %d x %d tokens", B, M);
     const float emb_scale = (float)sqrt((double)D), scale = (float)(1.0 / sqrt((double)dh));
 
@@ -69,34 +69,33 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
         }
         for (int b = 0; b < B; b++) {
             mem_t *s = mems[b];
-            const int mlen = s->len[l], klen = mlen + M;
+            const int mlen = s->len[l], klen = mlen + M;   /* ring slots 0..mlen-1 are filled */
             const int64_t p0 = s->pos;
             const size_t row0 = (size_t)b * M;
             float *kr = s->buf + s->off[l], *vr = kr + (size_t)ML * A;
             for (int h = 0; h < nh; h++) {
-                /* window rows 0..mlen-1: memory, oldest first; mlen..klen-1: this block */
-                for (int j = 0; j < mlen; j++) {
-                    int sl = (int)((p0 - mlen + j) % ML);
-                    memcpy(kwin + (size_t)j * dh, kr + (size_t)sl * A + h * dh, (size_t)dh * sizeof *kwin);
-                    memcpy(vwin + (size_t)j * dh, vr + (size_t)sl * A + h * dh, (size_t)dh * sizeof *vwin);
-                }
+                /* keys: the ring's mlen rows (slots 0..mlen-1 hold the memory
+                 * until it is full) and this block's rows (stride 3A); no copies */
+                const float *kb = qkv + row0 * 3 * A + A + h * dh, *vb = kb + A;
                 for (int i = 0; i < M; i++) {
                     const float *row = qkv + (row0 + i) * 3 * A;
-                    memcpy(kwin + (size_t)(mlen + i) * dh, row + A + h * dh, (size_t)dh * sizeof *kwin);
-                    memcpy(vwin + (size_t)(mlen + i) * dh, row + 2 * A + h * dh, (size_t)dh * sizeof *vwin);
                     for (int c = 0; c < dh; c++) {
                         qu[i * dh + c] = row[h * dh + c] + m->r_w_bias[h * dh + c];
                         qv[i * dh + c] = row[h * dh + c] + m->r_r_bias[h * dh + c];
                     }
                 }
-                ops_gemm_nt(ac, klen, qu, dh, kwin, dh, M, klen, dh);
+                ops_gemm_nt(acm, mlen ? mlen : 1, qu, dh, kr + h * dh, A, M, mlen, dh);
+                ops_gemm_nt(acb, M, qu, dh, kb, 3 * A, M, M, dh);
                 ops_gemm_nt(bd, klen, qv, dh, rk + h * dh, A, M, klen, dh);
                 for (int i = 0; i < M; i++) {
-                    const int qi = mlen + i;   /* the query's row in the window; keys 0..qi */
-                    const float *ai = ac + (size_t)i * klen, *bi = bd + (size_t)i * klen;
+                    const int qi = mlen + i;   /* the query's index among the keys; keys 0..qi */
+                    const float *ami = acm + (size_t)i * (mlen ? mlen : 1), *abi = acb + (size_t)i * M,
+                                *bi = bd + (size_t)i * klen;
                     float mx = -INFINITY;
                     for (int j = 0; j <= qi; j++) {
-                        p[j] = (ai[j] + bi[qi - j]) * scale;
+                        /* key j: memory row j (ring slot of position p0-mlen+j) or block row j-mlen */
+                        float a = j < mlen ? ami[(p0 - mlen + j) % ML] : abi[j - mlen];
+                        p[j] = (a + bi[qi - j]) * scale;
                         mx = p[j] > mx ? p[j] : mx;
                     }
                     double z = 0;
@@ -108,7 +107,9 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
                     float *o = att + (row0 + i) * A + h * dh;
                     memset(o, 0, (size_t)dh * sizeof *o);
                     for (int j = 0; j <= qi; j++) {
-                        const float a = p[j] * inv, *vv = vwin + (size_t)j * dh;
+                        const float a = p[j] * inv;
+                        const float *vv = j < mlen ? vr + (size_t)((p0 - mlen + j) % ML) * A + h * dh
+                                                   : vb + (size_t)(j - mlen) * 3 * A;
                         for (int c = 0; c < dh; c++) o[c] += a * vv[c];
                     }
                 }
