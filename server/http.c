@@ -112,7 +112,7 @@ enum MHD_Result reply_json(request_t *r, int status, json_t *body)
     return rc;
 }
 
-static const char *error_type(int status)
+const char *error_type(int status)
 {
     switch (status) {
     case 400: return "invalid_request";
@@ -136,6 +136,14 @@ enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* messages quote what clients sent, cut to a length: keep them valid
+     * UTF-8 (JSON strings must be), a '?' for each stray byte */
+    for (size_t i = 0, n = strlen(msg); i < n;) {
+        uint32_t cp;
+        int k = utf8_decode((const unsigned char *)msg + i, n - i, &cp);
+        if (k == 0 || cp == 0) msg[i++] = '?';
+        else i += (size_t)k;
+    }
     json_t *e = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", status, "type", error_type(status), "message", msg);
     return reply_json(r, status, e);
 }

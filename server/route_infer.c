@@ -356,7 +356,7 @@ void route_stream_final(task_t *t)
     char *s = NULL;
     json_t *j;
     if (t->status) {
-        j = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", t->status, "type", "internal", "message", t->err);
+        j = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", t->status, "type", error_type(t->status), "message", t->err);
     } else if (t->api == API_NATIVE) {
         j = generate_json(t);
     } else {

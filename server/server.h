@@ -197,6 +197,8 @@ int http_start(void);
 void http_stop(void);
 enum MHD_Result reply_json(request_t *r, int status, json_t *body);            /* steals body */
 enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* The error type of an HTTP status, as in every error body. */
+const char *error_type(int status);
 enum MHD_Result reply_bytes(request_t *r, int status, const char *type, const void *data, size_t len);
 /* The request body as a JSON object; on failure replies (400/415) and returns NULL. */
 json_t *body_json(request_t *r);

@@ -1,0 +1,28 @@
+#!/bin/sh
+# generate-stream.sh - POST /v1/generate with "stream": true: server-sent
+# events as they come, one `event: token` (index, token, text, logprob) per
+# token, then `event: done` with the whole answer of generate.sh.
+#   usage: generate-stream.sh [NAME [PROMPT]]   NAME: default $MODEL, else
+#                                               aspan; PROMPT: default "ROMEO:"
+#   MAX_TOKENS (64), TEMPERATURE (1; 0 is greedy), SEED (the server draws one
+#   when unset), SESSION (continue a session's memory)
+#   SPANSERVE_URL      the server (default http://127.0.0.1:8080)
+#   SPANSERVE_API_KEY  sent as "Authorization: Bearer KEY" when set
+set -eu
+# json_str: standard input as a JSON string (backslashes, quotes, tabs and
+# newlines escaped), for building the request with curl alone.
+json_str() {
+    { cat; echo; } | sed 's/\\/\\\\/g; s/"/\\"/g; s/\t/\\t/g; s/\r/\\r/g' |
+        awk 'BEGIN { ORS = ""; print "\"" } NR > 1 { print "\\n" } { print } END { print "\"" }'
+}
+model=${1:-${MODEL:-aspan}}
+prompt=${2-ROMEO:}
+extra=""
+[ -z "${SEED:-}" ] || extra="$extra, \"seed\": $SEED"
+[ -z "${SESSION:-}" ] || extra="$extra, \"session\": \"$SESSION\""
+# -N: print each event as it arrives
+exec curl -sS -N --fail-with-body ${SPANSERVE_API_KEY:+-H "Authorization: Bearer $SPANSERVE_API_KEY"} \
+    -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$model\", \"prompt\": $(printf '%s' "$prompt" | json_str), \"max_tokens\": ${MAX_TOKENS:-64},
+         \"temperature\": ${TEMPERATURE:-1}$extra, \"stream\": true}" \
+    "${SPANSERVE_URL:-http://127.0.0.1:8080}/v1/generate"

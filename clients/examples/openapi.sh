@@ -1,0 +1,8 @@
+#!/bin/sh
+# openapi.sh - GET /openapi.json: the OpenAPI 3.0 document of the API.
+#   usage: openapi.sh
+#   SPANSERVE_URL      the server (default http://127.0.0.1:8080)
+#   SPANSERVE_API_KEY  sent as "Authorization: Bearer KEY" when set
+set -eu
+exec curl -sS --fail-with-body ${SPANSERVE_API_KEY:+-H "Authorization: Bearer $SPANSERVE_API_KEY"} \
+    "${SPANSERVE_URL:-http://127.0.0.1:8080}/openapi.json"
