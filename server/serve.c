@@ -100,6 +100,10 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
     *p = sm;
     log_line("model %s: %s, %s, %lld parameters, %zu bytes per session", name, path, model_family_name(m->fam),
              (long long)m->n_params, mem_bytes(m));
+    if (srv.ready) {   /* loaded at run time: its saved sessions come back too */
+        int n = sess_load_all(sm);
+        if (n) log_line("state: %d sessions of %s found", n, name);
+    }
     return sm;
 }
 
@@ -360,7 +364,7 @@ int cmd_serve(int argc, char **argv)
             return 1;
         }
     }
-    int restored = sess_load_all();
+    int restored = sess_load_all(NULL);
     if (restored) log_line("state: %d sessions found in %s", restored, c->state_dir);
     srv.ready = 1;
     pthread_mutex_unlock(&srv.lock);

@@ -147,7 +147,7 @@ void sess_delete_model(smodel_t *sm);
 json_t *sess_json(const session_t *s);
 json_t *sess_list_json(void);
 int sess_save_all(void);
-int sess_load_all(void);
+int sess_load_all(smodel_t *only);   /* NULL: every loaded model */
 size_t sess_live_bytes(void);
 int sess_count(int on_disk);
 

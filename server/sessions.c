@@ -121,6 +121,11 @@ static int sess_read(session_t *s, char *err)
     }
     free(buf);
     s->mem = m;
+    /* the live memory is the session now: a copy left on disk would bring
+     * it back from this older point after a crash */
+    unlink(path);
+    sess_path(path, sizeof path, s->id, "json");
+    unlink(path);
     return 0;
 }
 
@@ -168,9 +173,12 @@ session_t *sess_create(smodel_t *sm, const char *id, char *err, int *status)
             snprintf(err, 512, "id must be 1 to 64 of A-Z a-z 0-9 . _ -");
             return NULL;
         }
-        if (sess_find(id)) {
+        char path[1100];
+        sess_path(path, sizeof path, id, "json");
+        if (sess_find(id) || access(path, F_OK) == 0) {
             *status = 409;
-            snprintf(err, 512, "session '%s' exists", id);
+            snprintf(err, 512, "session '%s' exists%s", id,
+                     sess_find(id) ? "" : " in the state directory (its model is not loaded)");
             return NULL;
         }
     } else {
@@ -309,9 +317,28 @@ int sess_save_all(void)
     return bad ? -1 : 0;
 }
 
-/* Finds the sessions saved in the state directory; their memories are read
- * on first use. Sessions of models not loaded now are left on disk. */
-int sess_load_all(void)
+/* Does the saved memory at PATH belong to model M (fingerprint and size)? */
+static int state_matches(const char *path, const model_t *m)
+{
+    FILE *f = fopen(path, "rb");
+    unsigned char h[40];
+    int ok = f && fread(h, 1, sizeof h, f) == sizeof h;
+    if (f) fclose(f);
+    if (!ok) return 0;
+    uint64_t fp, nf;
+    memcpy(&fp, h + 8, 8);
+    memcpy(&nf, h + 32, 8);
+    mem_t *probe = mem_new(m);
+    ok = probe && fp == m->fingerprint && nf == probe->n_floats;
+    mem_free(probe);
+    return ok;
+}
+
+/* Finds the sessions saved in the state directory for model ONLY (every
+ * loaded model when NULL); their memories are read on first use. Sessions of
+ * models not loaded, or saved by different weights or memory mode, are left
+ * on disk. */
+int sess_load_all(smodel_t *only)
 {
     char dir[1100];
     snprintf(dir, sizeof dir, "%s/sessions", srv.cfg.state_dir);
@@ -322,16 +349,24 @@ int sess_load_all(void)
     while ((e = readdir(d))) {
         size_t l = strlen(e->d_name);
         if (l < 6 || strcmp(e->d_name + l - 5, ".json") != 0) continue;
-        char path[1400];
+        char path[1400], mpath[1400];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         json_t *j = json_load_file(path, 0, NULL);
         const char *id = json_string_value(json_object_get(j, "id"));
         const char *model = json_string_value(json_object_get(j, "model"));
         smodel_t *sm = model ? models_find(model) : NULL;
+        if (only && sm != only) {
+            json_decref(j);
+            continue;
+        }
+        if (id) snprintf(mpath, sizeof mpath, "%s/%s.mem", dir, id);
         if (!id || !valid_name(id) || sess_find(id)) {
             log_line("state: skipping %s: not a session file", path);
         } else if (!sm) {
             log_line("state: session %s belongs to model '%s', which is not loaded: left on disk", id, model ? model : "?");
+        } else if (!state_matches(mpath, sm->m)) {
+            log_line("state: session %s was saved by other weights or another --memory mode of '%s': left on disk", id,
+                     model);
         } else {
             session_t *s = calloc(1, sizeof *s);
             if (s) {
