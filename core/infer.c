@@ -192,6 +192,15 @@ int gen_sample(gen_state *g)
             r->finish = FINISH_STOP;
         }
     }
+    /* the tokens whose characters are in the text (each token is whole characters) */
+    size_t at = 0;
+    r->n_text_tokens = 0;
+    for (int i = 0; i < r->n_tokens; i++) {
+        size_t k = strlen(m->vocab.tok[r->tokens[i]]);
+        if (at + k > r->text_len) break;
+        at += k;
+        r->n_text_tokens++;
+    }
     if (r->finish == FINISH_STOP || r->n_tokens == g->p.max_tokens) return 0;
     g->next = x;
     return 1;

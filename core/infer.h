@@ -48,7 +48,8 @@ typedef struct {
     size_t text_len;
     int32_t *tokens;         /* the generated tokens; caller frees */
     float *logprobs;         /* logprob of each generated token */
-    int n_tokens;
+    int n_tokens;            /* generated (the stream's memory saw them all) */
+    int n_text_tokens;       /* of those, the ones whose characters are in text: all but a stop string's */
     int prompt_tokens;
     finish_reason finish;
 } gen_result;

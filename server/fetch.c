@@ -12,6 +12,13 @@
 
 typedef struct { FILE *f; size_t got, max; int over; } sink_t;
 
+/* Aborts a transfer when the server shuts down. */
+static int on_progress(void *cls, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    (void)cls, (void)dt, (void)dn, (void)ut, (void)un;
+    return __atomic_load_n(&srv.stopping, __ATOMIC_RELAXED) || __atomic_load_n(&srv.draining, __ATOMIC_RELAXED);
+}
+
 static size_t on_data(char *p, size_t size, size_t n, void *cls)
 {
     sink_t *s = cls;
@@ -57,6 +64,10 @@ int fetch_url(const char *url, const char *dest, size_t max, char *err, int *sta
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &s);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);   /* under 1 kB/s for 30 s: give up */
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 30L);
     CURLcode rc = curl_easy_perform(c);
     curl_easy_cleanup(c);
     int bad = fclose(s.f) != 0;

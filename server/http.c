@@ -70,10 +70,10 @@ static int split_path(request_t *r, const char *url)
 
 static int pattern_match(const request_t *r, const char *pattern)
 {
-    char buf[128];
+    char buf[128], *save = NULL;
     snprintf(buf, sizeof buf, "%s", pattern);
     int i = 0;
-    for (char *tok = strtok(buf, "/"); tok; tok = strtok(NULL, "/"), i++) {
+    for (char *tok = strtok_r(buf, "/", &save); tok; tok = strtok_r(NULL, "/", &save), i++) {
         if (i >= r->nseg) return 0;
         if (strcmp(tok, "*") != 0 && strcmp(tok, r->seg[i]) != 0) return 0;
     }
@@ -383,6 +383,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (r->responded) return MHD_YES;
+    if (r->on_resume) return r->on_resume(r);
     if (r->task) return route_task_done(r);
     return dispatch(r, url);
 }

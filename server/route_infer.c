@@ -201,6 +201,17 @@ static enum MHD_Result generate_common(request_t *r, api_kind api)
     if (gen_begin(&t->g, t->sm->m, t->mem, t->toks, t->n, &t->gp, t->top_n > 0 ? t->top_n : 0, t->echo, e2))
         return refuse(r, t, b, 503, e2);
     json_decref(b);
+    if (t->stream && api == API_OPENAI && t->echo) {   /* the echoed prompt is the first piece */
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        for (size_t i = 0; f && i < t->n; i++) fputs(t->sm->m->vocab.tok[t->toks[i]], f);
+        if (f) fclose(f);
+        task_event(t, NULL, json_pack("{s:s, s:s, s:I, s:s, s:[{s:s%, s:i, s:n, s:n}]}", "id", t->cmpl_id, "object",
+                                      "text_completion", "created", (json_int_t)t->created, "model", t->sm->name,
+                                      "choices", "text", text ? text : "", len, "index", 0, "logprobs", "finish_reason"));
+        free(text);
+    }
     return submit(r, t);
 }
 
@@ -259,8 +270,8 @@ static const char *finish_str(const task_t *t)
 
 static json_t *generate_json(const task_t *t)
 {
-    json_t *toks = json_array();
-    for (int i = 0; i < t->res.n_tokens; i++) json_array_append_new(toks, json_integer(t->res.tokens[i]));
+    json_t *toks = json_array();   /* the tokens of the text: a stop string's are left out with it */
+    for (int i = 0; i < t->res.n_text_tokens; i++) json_array_append_new(toks, json_integer(t->res.tokens[i]));
     json_t *j = json_pack("{s:s, s:s%, s:o, s:s, s:I}", "model", t->sm->name, "text", t->res.text ? t->res.text : "",
                           t->res.text_len, "tokens", toks, "finish_reason", finish_str(t), "seed", (json_int_t)t->gp.seed);
     if (t->sess) json_object_set_new(j, "session", json_string(t->sess->id));
@@ -277,7 +288,7 @@ static json_t *openai_logprobs(const task_t *t, const gen_state *g)
     size_t off = 0;
     int n_top = t->top_n;
     for (int pass = 0; pass < 2; pass++) {
-        int n = pass == 0 ? (t->echo ? (int)t->n : 0) : t->res.n_tokens;
+        int n = pass == 0 ? (t->echo ? (int)t->n : 0) : t->res.n_text_tokens;
         for (int i = 0; i < n; i++) {
             int32_t id = pass == 0 ? t->toks[i] : t->res.tokens[i];
             float lp = pass == 0 ? g->prompt_lp[i] : t->res.logprobs[i];

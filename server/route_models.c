@@ -80,6 +80,92 @@ static int resolve_in_model_dir(const char *path, char *out, size_t cap, char *e
     return 0;
 }
 
+/* Downloads run on a thread of their own, so a slow or silent host never
+ * holds an HTTP thread: the connection waits suspended. */
+#define MAX_DOWNLOADS 2
+
+typedef struct {
+    request_t *r;
+    char name[NAME_MAX_LEN + 1];
+    char *url;
+    char path[PATH_MAX];
+    int status;
+    json_t *result;
+    char err[512];
+} download_t;
+
+static enum MHD_Result download_done(request_t *r)
+{
+    download_t *d = r->resume_ctx;
+    enum MHD_Result rc = d->result ? reply_json(r, 201, d->result) : reply_error(r, d->status, "%s", d->err);
+    free(d->url);
+    free(d);
+    r->on_resume = NULL;
+    r->resume_ctx = NULL;
+    return rc;
+}
+
+static void *download_main(void *arg)
+{
+    download_t *d = arg;
+    if (fetch_url(d->url, d->path, srv.cfg.max_download, d->err, &d->status) == 0) {
+        pthread_mutex_lock(&srv.lock);
+        smodel_t *sm = models_add(d->name, d->path, d->err, &d->status);
+        if (sm) d->result = models_json(sm);
+        pthread_mutex_unlock(&srv.lock);
+    }
+    pthread_mutex_lock(&srv.lock);
+    srv.downloads--;
+    d->r->on_resume = download_done;
+    MHD_resume_connection(d->r->conn);
+    pthread_mutex_unlock(&srv.lock);
+    return NULL;
+}
+
+static enum MHD_Result start_download(request_t *r, const char *name, const char *url, char *err, int *status)
+{
+    download_t *d = calloc(1, sizeof *d);
+    if (!d || !(d->url = strdup(url))) {
+        free(d);
+        *status = 503;
+        snprintf(err, 512, "out of memory");
+        return MHD_NO;
+    }
+    d->r = r;
+    snprintf(d->name, sizeof d->name, "%s", name);
+    snprintf(d->path, sizeof d->path, "%s/%s.safetensors", srv.cfg.model_dir, name);
+    pthread_mutex_lock(&srv.lock);
+    if (srv.downloads >= MAX_DOWNLOADS || srv.draining) {
+        pthread_mutex_unlock(&srv.lock);
+        free(d->url);
+        free(d);
+        *status = srv.draining ? 503 : 429;
+        snprintf(err, 512, "%s", srv.draining ? "the server is shutting down" : "two downloads are running already; retry later");
+        return MHD_NO;
+    }
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    r->resume_ctx = d;
+    MHD_suspend_connection(r->conn);   /* under the lock: before the thread can resume it */
+    if (pthread_create(&th, &at, download_main, d) != 0) {
+        MHD_resume_connection(r->conn);
+        pthread_mutex_unlock(&srv.lock);
+        pthread_attr_destroy(&at);
+        r->resume_ctx = NULL;
+        free(d->url);
+        free(d);
+        *status = 503;
+        snprintf(err, 512, "cannot start the download");
+        return MHD_NO;
+    }
+    srv.downloads++;
+    pthread_mutex_unlock(&srv.lock);
+    pthread_attr_destroy(&at);
+    return MHD_YES;
+}
+
 enum MHD_Result route_models_post(request_t *r)
 {
     json_t *b = body_json(r);
@@ -89,7 +175,7 @@ enum MHD_Result route_models_post(request_t *r)
     int status = 400;
     enum MHD_Result rc;
     if (field_str(b, "name", &name, err) || field_str(b, "path", &p, err) || field_str(b, "url", &url, err)) goto bad;
-    if (!name || !valid_name(name)) { snprintf(err, sizeof err, "name must be 1 to 64 of A-Z a-z 0-9 . _ -"); goto bad; }
+    if (!name || !valid_name(name)) { snprintf(err, sizeof err, "name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)"); goto bad; }
     if (!p == !url) { snprintf(err, sizeof err, "give either path or url"); goto bad; }
     pthread_mutex_lock(&srv.lock);
     int taken = models_find(name) != NULL;
@@ -99,8 +185,10 @@ enum MHD_Result route_models_post(request_t *r)
         if (resolve_in_model_dir(p, path, sizeof path, err)) goto bad;
     } else {
         if (!srv.cfg.model_dir) { snprintf(err, sizeof err, "loading by url needs the server started with --model-dir"); goto bad; }
-        snprintf(path, sizeof path, "%s/%s.safetensors", srv.cfg.model_dir, name);
-        if (fetch_url(url, path, srv.cfg.max_download, err, &status)) goto bad;
+        if (strncmp(url, "https://", 8) != 0) { snprintf(err, sizeof err, "url must be https://"); goto bad; }
+        rc = start_download(r, name, url, err, &status);
+        json_decref(b);
+        return rc == MHD_YES ? MHD_YES : reply_error(r, status, "%s", err);
     }
     pthread_mutex_lock(&srv.lock);
     smodel_t *sm = models_add(name, path, err, &status);

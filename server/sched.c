@@ -38,8 +38,8 @@ int sched_submit(task_t *t, char *err, int *status)
         *status = 503;
         return -1;
     }
-    if (srv.queued >= srv.cfg.max_queue) {
-        snprintf(err, 512, "too many requests waiting (%d, --max-queue); retry shortly", srv.queued);
+    if (srv.queued + srv.running >= srv.cfg.max_queue) {
+        snprintf(err, 512, "too many requests in flight (%d, --max-queue); retry shortly", srv.queued + srv.running);
         *status = 429;
         return -1;
     }
@@ -87,7 +87,7 @@ static void sse_append(task_t *t, const char *s, size_t n)
 
 /* An SSE event (srv.lock held): "event: NAME\ndata: JSON\n\n" or, for the
  * OpenAI API, "data: JSON\n\n". */
-static void sse_event(task_t *t, const char *name, json_t *data)
+void task_event(task_t *t, const char *name, json_t *data)
 {
     char *s = json_dumps(data, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
     json_decref(data);
@@ -117,10 +117,10 @@ static void emit_token(task_t *t, const char *piece, size_t len)
     const gen_result *r = &t->g.res;
     int i = r->n_tokens - 1;
     if (t->api == API_NATIVE) {
-        sse_event(t, "token", json_pack("{s:i, s:i, s:s%, s:f}", "index", i, "token", r->tokens[i], "text", piece, len,
+        task_event(t, "token", json_pack("{s:i, s:i, s:s%, s:f}", "index", i, "token", r->tokens[i], "text", piece, len,
                                          "logprob", (double)r->logprobs[i]));
     } else if (len) {
-        sse_event(t, NULL, json_pack("{s:s, s:s, s:I, s:s, s:[{s:s%, s:i, s:n, s:n}]}", "id", t->cmpl_id, "object",
+        task_event(t, NULL, json_pack("{s:s, s:s, s:I, s:s, s:[{s:s%, s:i, s:n, s:n}]}", "id", t->cmpl_id, "object",
                                      "text_completion", "created", (json_int_t)t->created, "model", t->sm->name,
                                      "choices", "text", piece, len, "index", 0, "logprobs", "finish_reason"));
     }
@@ -143,7 +143,10 @@ static void finish(task_t *t)
 {
     task_t **p = &srv.active;
     while (*p && *p != t) p = &(*p)->next;
-    if (*p) *p = t->next;
+    if (*p) {
+        *p = t->next;
+        srv.running--;
+    }
     t->t_end = now_s();
     if (t->kind == TASK_GENERATE) {
         /* a view: the state keeps its buffers (the echo and top logprobs) until release */
@@ -252,12 +255,17 @@ static void *sched_main(void *arg)
     pthread_mutex_lock(&srv.lock);
     while (!srv.stopping || srv.active || srv.queue) {
         /* 1. take new tasks; drop the cancelled and the late */
+        /* to the end of the active list: tasks take turns oldest first */
+        task_t **tail = &srv.active;
+        while (*tail) tail = &(*tail)->next;
         while (srv.queue) {
             task_t *t = srv.queue;
             srv.queue = t->next;
             srv.queued--;
-            t->next = srv.active;
-            srv.active = t;
+            srv.running++;
+            t->next = NULL;
+            *tail = t;
+            tail = &t->next;
             t->started = 1;
             t->t_start = now_s();
         }

@@ -70,7 +70,7 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
 {
     if (!valid_name(name)) {
         *status = 400;
-        snprintf(err, 512, "model name must be 1 to 64 of A-Z a-z 0-9 . _ -");
+        snprintf(err, 512, "model name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)");
         return NULL;
     }
     if (models_find(name)) {
@@ -155,7 +155,7 @@ static const char serve_usage[] =
     "  --api-key-file FILE     keys, one per line\n"
     "  --session-memory BYTES  live session memory before the least recently used\n"
     "                          sessions go to disk (default 1073741824; suffixes k, M, G)\n"
-    "  --max-queue N           requests waiting before 429 (default 256)\n"
+    "  --max-queue N           requests queued or running before 429 (default 256)\n"
     "  --max-body BYTES        request body limit (default 8M)\n"
     "  --max-tokens N          max_tokens limit per request (default 4096)\n"
     "  --max-prompt N          tokens per prompt or scored text (default 1000000)\n"
@@ -389,6 +389,13 @@ int cmd_serve(int argc, char **argv)
         usleep(20000);
     }
     sched_stop();   /* cancels whatever is left, resuming its connections */
+    for (;;) {      /* downloads abort on draining; their connections resume */
+        pthread_mutex_lock(&srv.lock);
+        int n = srv.downloads;
+        pthread_mutex_unlock(&srv.lock);
+        if (!n) break;
+        usleep(20000);
+    }
     /* let the resumed connections send their last bytes */
     for (int i = 0; i < 100; i++) {
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv.daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);

@@ -34,7 +34,7 @@ typedef struct {
     char **api_keys;             /* --api-key, --api-key-file */
     int n_api_keys;
     size_t session_memory;       /* --session-memory: bytes of live session memory before spilling */
-    int max_queue;               /* --max-queue: waiting tasks before 429 */
+    int max_queue;               /* --max-queue: tasks queued or running before 429 */
     size_t max_body;             /* --max-body: request body bytes (413) */
     int max_tokens;              /* --max-tokens: per request */
     int max_prompt;              /* --max-prompt: tokens per prompt or text (413) */
@@ -63,7 +63,7 @@ typedef struct session {
     mem_t *mem;                  /* NULL while spilled to disk */
     time_t created, last_used;
     int busy;                    /* a task holds it */
-    int deleted;                 /* deleted while busy: freed on release */
+    uint64_t use_seq;            /* order of last use, for the LRU */
     struct session *next;
 } session_t;
 
@@ -119,8 +119,9 @@ typedef struct {
     smodel_t *models;
     session_t *sessions;
     task_t *queue, *active;      /* waiting, and started */
-    int queued;
+    int queued, running;
     int draining, stopping, ready;
+    int downloads;               /* model downloads in flight (their connections are suspended) */
     struct MHD_Daemon *daemon;
     pthread_t sched_thread;
 } server_t;
@@ -157,6 +158,8 @@ void sched_stop(void);
 /* Queues T (srv.lock held); 429 past --max-queue. */
 int sched_submit(task_t *t, char *err, int *status);
 void task_release(task_t *t);   /* srv.lock held */
+/* Appends an SSE event to T's stream ("event: NAME" when NAME; steals DATA). */
+void task_event(task_t *t, const char *name, json_t *data);
 int sched_busy(void);           /* tasks queued or running (srv.lock held) */
 
 /* metrics (metrics.c) */
@@ -188,6 +191,8 @@ struct request {
     int nseg;
     struct MHD_Connection *conn;
     task_t *task;
+    enum MHD_Result (*on_resume)(request_t *r);   /* answers a request suspended for other work */
+    void *resume_ctx;
     int responded;
     int status;
     double t0;

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 static unsigned long id_counter;
+static uint64_t use_counter;   /* orders uses exactly, for the LRU: last_used has seconds only */
 
 static void sess_path(char *buf, size_t cap, const char *id, const char *ext)
 {
@@ -150,7 +151,7 @@ static void enforce_budget(void)
     while (sess_live_bytes() > srv.cfg.session_memory) {
         session_t *lru = NULL;
         for (session_t *s = srv.sessions; s; s = s->next)
-            if (s->mem && !s->busy && (!lru || s->last_used < lru->last_used)) lru = s;
+            if (s->mem && !s->busy && (!lru || s->use_seq < lru->use_seq)) lru = s;
         if (!lru || sess_write(lru)) return;
         mem_free(lru->mem);
         lru->mem = NULL;
@@ -160,7 +161,7 @@ static void enforce_budget(void)
 session_t *sess_find(const char *id)
 {
     for (session_t *s = srv.sessions; s; s = s->next)
-        if (!s->deleted && strcmp(s->id, id) == 0) return s;
+        if (strcmp(s->id, id) == 0) return s;
     return NULL;
 }
 
@@ -170,7 +171,7 @@ session_t *sess_create(smodel_t *sm, const char *id, char *err, int *status)
     if (id) {
         if (!valid_name(id)) {
             *status = 400;
-            snprintf(err, 512, "id must be 1 to 64 of A-Z a-z 0-9 . _ -");
+            snprintf(err, 512, "id must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)");
             return NULL;
         }
         char path[1100];
@@ -197,6 +198,7 @@ session_t *sess_create(smodel_t *sm, const char *id, char *err, int *status)
     snprintf(s->id, sizeof s->id, "%s", id);
     s->model = sm;
     s->created = s->last_used = time(NULL);
+    s->use_seq = ++use_counter;
     s->next = srv.sessions;
     srv.sessions = s;
     enforce_budget();
@@ -215,6 +217,7 @@ int sess_acquire(session_t *s, char *err, int *status)
     }
     s->busy = 1;
     s->last_used = time(NULL);
+    s->use_seq = ++use_counter;
     return 0;
 }
 
@@ -240,11 +243,7 @@ void sess_release(session_t *s)
 {
     s->busy = 0;
     s->last_used = time(NULL);
-    if (s->deleted) {
-        unlink_session(s);
-        sess_free(s);
-        return;
-    }
+    s->use_seq = ++use_counter;
     enforce_budget();
 }
 
@@ -255,9 +254,9 @@ int sess_delete(const char *id, char *err, int *status)
         *status = 404;
         return snprintf(err, 512, "no session '%s'", id), -1;
     }
-    if (s->busy) {
-        s->deleted = 1;   /* freed when its request ends */
-        return 0;
+    if (s->busy) {   /* requests on a session are serialised: so is its deletion */
+        *status = 409;
+        return snprintf(err, 512, "session '%s' is busy with a request; delete it when that ends", id), -1;
     }
     unlink_session(s);
     sess_free(s);
@@ -304,16 +303,14 @@ json_t *sess_json(const session_t *s)
 json_t *sess_list_json(void)
 {
     json_t *a = json_array();
-    for (session_t *s = srv.sessions; s; s = s->next)
-        if (!s->deleted) json_array_append_new(a, sess_json(s));
+    for (session_t *s = srv.sessions; s; s = s->next) json_array_append_new(a, sess_json(s));
     return json_pack("{s:o}", "sessions", a);
 }
 
 int sess_save_all(void)
 {
     int bad = 0;
-    for (session_t *s = srv.sessions; s; s = s->next)
-        if (!s->deleted) bad |= sess_write(s) != 0;
+    for (session_t *s = srv.sessions; s; s = s->next) bad |= sess_write(s) != 0;
     return bad ? -1 : 0;
 }
 
@@ -374,6 +371,7 @@ int sess_load_all(smodel_t *only)
                 s->model = sm;
                 s->created = (time_t)json_integer_value(json_object_get(j, "created"));
                 s->last_used = (time_t)json_integer_value(json_object_get(j, "last_used"));
+                s->use_seq = 0;   /* on disk: ordered once it is read back */
                 s->next = srv.sessions;
                 srv.sessions = s;
                 n++;

@@ -1,0 +1,31 @@
+#!/bin/sh
+# run.sh - builds tests/load/load.c, starts `spanserve serve` with the two
+# reference fixtures on a free loopback port, runs the load generator against
+# it (arguments are passed on: --seconds, --sessions, --max-tokens, --model)
+# and stops the server. `make load` runs this.
+#   sh tests/load/run.sh --seconds 30
+bin=${SPANSERVE_BIN:-bin/spanserve}
+shared=${SPANSERVE_SHARED:-../shared}
+cd "$(dirname "$0")/../.." || exit 1
+mkdir -p build
+if [ ! -x build/load ] || [ tests/load/load.c -nt build/load ]; then
+    ${CC:-cc} -std=c11 -O2 -Wall -Wextra -Werror tests/load/load.c $(pkg-config --cflags --libs libcurl) -o build/load || exit 2
+fi
+tmp=$(mktemp -d)
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$bin" serve --listen "127.0.0.1:$port" \
+    --model "aspan=$shared/fixtures/aspan-small/model.safetensors" \
+    --model "par=$shared/fixtures/par-small/model.safetensors" \
+    --state-dir "$tmp/state" >"$tmp/server.log" 2>&1 &
+pid=$!
+trap 'kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && break
+    kill -0 "$pid" 2>/dev/null || { echo "run.sh: the server exited: $(tail -c 500 "$tmp/server.log")"; exit 2; }
+    sleep 0.1
+done
+build/load --url "http://127.0.0.1:$port" "$@"
+rc=$?
+kill -TERM "$pid"
+wait "$pid" || { echo "run.sh: the server exited $? on SIGTERM"; rc=1; }
+exit $rc
