@@ -5,6 +5,9 @@
 #   make asan       the tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make fuzz       the safetensors header parser under libFuzzer (FUZZ_SECONDS)
 #   make run        builds and serves the default model on 127.0.0.1:8080
+#   make load       64 sessions generating for 30 s: tokens/s, latency
+#   make test-gpu   the CUDA forward against the fixtures and the CPU (skips without a GPU)
+#   make bench      the GPU benchmark of issue 4 (../shared/bench); skips without a GPU
 #
 # Missing system packages are installed by deploy/deps.sh (apt-get as root,
 # otherwise it prints the command to run).
@@ -46,7 +49,7 @@ CFLAGS   += -DSPANSERVE_CUDA
 LDLIBS   += -L$(dir $(NVCC))../lib64 -lcudart -lcublas -lstdc++
 endif
 
-.PHONY: all deps test asan fuzz run load clean
+.PHONY: all deps test asan fuzz run load clean test-gpu bench
 all: deps $(BIN) $(CTL)
 
 deps:
@@ -64,7 +67,7 @@ $(BUILD)/server/openapi.c: server/openapi.json
 $(BUILD)/server/openapi.o: $(BUILD)/server/openapi.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -arch=sm_90 -Icore -c $< -o $@
 
@@ -87,6 +90,16 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libcore.a tests/harness.h
 test: deps $(BIN) $(CTL) $(TEST_BIN)
 	@sh tests/run.sh $(BUILD) $(BIN)
 
+# The GPU tests and benchmark (tests/test_gpu.c, tests/bench_gpu.c): built
+# with the CUDA core where nvcc exists; without a GPU they report a skip.
+$(BUILD)/tests/test_gpu $(BUILD)/tests/bench_gpu: tests/randmodel.h kernels/gpu.h
+
+test-gpu: deps $(BUILD)/tests/test_gpu
+	SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/test_gpu
+
+bench: deps $(BUILD)/tests/bench_gpu
+	SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/bench_gpu
+
 # Sanitized build in its own tree; OpenBLAS's own threads are kept to one so
 # the sanitizers see all of the work.
 asan: deps
@@ -108,6 +121,11 @@ PORT  ?= 8080
 MODEL ?= deploy/models/aspan-shakespeare.safetensors
 run: all
 	$(BIN) serve --listen 127.0.0.1:$(PORT) --model default=$(MODEL) --state-dir spanserve-state $(ARGS)
+
+# 64 sessions generating for 30 s against a server on a free port (tests/load).
+LOAD_ARGS ?= --seconds 30 --sessions 64 --model aspan
+load: all
+	SPANSERVE_BIN=$(BIN) sh tests/load/run.sh $(LOAD_ARGS)
 
 clean:
 	rm -rf build bin

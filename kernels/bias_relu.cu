@@ -1,0 +1,22 @@
+/*
+ * bias_relu.cu - the feed-forward's glue: y = max(y + b, 0), rows of d, in
+ * place on the first linear layer's output (as core's ops_linear then
+ * ops_relu: the bias added in float, then the clamp).
+ */
+#include "gpu_internal.cuh"
+
+__global__ static void bias_relu_kernel(float *y, const float *b, size_t total, int d)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    float v = y[i] + b[i % d];
+    y[i] = v < 0.0f ? 0.0f : v;
+}
+
+int gpu_bias_relu(gpu_model *g, float *y, const float *b, int n, int d, char *err)
+{
+    size_t total = (size_t)n * d;
+    bias_relu_kernel<<<(unsigned)((total + 255) / 256), 256, 0, g->stream>>>(y, b, total, d);
+    LAUNCH_TRY(err, "bias_relu");
+    return 0;
+}

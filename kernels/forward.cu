@@ -1,0 +1,130 @@
+/*
+ * forward.cu - one step of either family on the device: core's
+ * model_forward (core/aspan.c, core/par.c) launch by launch.
+ *
+ *   adaptive-span layer: qkv = x [Wq;Wk;Wv]^T; span attention (reads the
+ *     rings and the block); ring writes (a separate launch, so that no write
+ *     races a read of the same layer); x = LN1(x + att Wo^T);
+ *     x = LN2(x + fc2(relu(fc1 x)))
+ *   PAR block: attention: qkv = x Wqkv^T; relative attention; ring writes;
+ *     x = LN(x + att Wo^T). feed-forward: x = LN(x + fc2(relu(fc1 x))).
+ *     skip: nothing.
+ *   then logprobs = log_softmax(x Wout^T + b).
+ *
+ * The inputs of a step (tokens, each stream's position, ring base and
+ * per-layer lengths) go to the device in one transfer from pinned memory;
+ * the step allocates nothing. It ends with one synchronisation, after which
+ * the memories' positions and lengths advance on the host. With gpu_profile
+ * on, an event after each operation times it (gpu.cu sums them).
+ */
+#include "gpu_internal.cuh"
+
+#include <math.h>
+#include <string.h>
+
+/* gpu_profile: an event after each operation (the step's first event is
+ * recorded before the embedding). */
+static void mark(gpu_model *g, int op)
+{
+    if (!g->prof_on || g->prof_n >= GPU_PROF_EVENTS) return;
+    cudaEventRecord(g->prof_ev[g->prof_n + 1], g->stream);
+    g->prof_op[g->prof_n++] = op;
+}
+
+/* Runs CALL (a launcher returning 0 or -1), then marks it as operation OP. */
+#define OP(op, call) ((call) ? -1 : (mark(g, op), 0))
+
+static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
+{
+    const model_t *m = g->m;
+    const int Dm = m->d_model, I = m->d_inner;
+    if (OP(OP_FC1, gpu_linear(g, g->ff, g->x, d->fc1_w, N, Dm, I, err)) ||
+        OP(OP_RELU, gpu_bias_relu(g, g->ff, d->fc1_b, N, I, err)) ||
+        OP(OP_FC2, gpu_linear(g, g->tmp, g->ff, d->fc2_w, N, I, Dm, err)) ||
+        OP(OP_LN, gpu_add_layernorm(g, g->x, g->tmp, d->fc2_b, d->ln2_w, d->ln2_b, N, Dm, err)))
+        return -1;
+    return 0;
+}
+
+static int run_layers(gpu_model *g, int B, int M, char *err)
+{
+    const model_t *m = g->m;
+    const int Dm = m->d_model, A = m->n_head * m->d_head, N = B * M;
+    for (int l = 0; l < m->n_layers; l++) {
+        const gpu_layer *d = &g->L[l];
+        const blk_kind kind = m->fam == FAM_ASPAN ? BLK_ATTN : m->layers[l].kind;
+        if (kind == BLK_SKIP) continue;
+        if (kind == BLK_ATTN) {
+            if (OP(OP_QKV, gpu_linear(g, g->qkv, g->x, d->wqkv, N, Dm, 3 * A, err))) return -1;
+            if (m->fam == FAM_ASPAN) {
+                if (OP(OP_ATTN, gpu_aspan_attn(g, l, B, M, err)) || OP(OP_RING, gpu_aspan_ring_write(g, l, B, M, err)))
+                    return -1;
+            } else {
+                if (OP(OP_ATTN, gpu_rel_attn(g, l, B, M, err)) || OP(OP_RING, gpu_par_ring_write(g, l, B, M, err)))
+                    return -1;
+            }
+            if (OP(OP_WO, gpu_linear(g, g->tmp, g->att, d->wo, N, A, Dm, err)) ||
+                OP(OP_LN, gpu_add_layernorm(g, g->x, g->tmp, NULL, d->ln1_w, d->ln1_b, N, Dm, err)))
+                return -1;
+        }
+        if (m->fam == FAM_ASPAN || kind == BLK_FFN)
+            if (ffn(g, d, N, err)) return -1;
+    }
+    return 0;
+}
+
+int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err)
+{
+    const model_t *m = g->m;
+    const int nl = m->n_layers, V = m->V;
+    if (B < 1 || M < 1 || B > g->max_batch || M > g->max_block)
+        return err_set(err, "a step of %d streams x %d tokens is outside this plan (1..%d x 1..%d)", B, M, g->max_batch,
+                       g->max_block);
+    for (int b = 0; b < B; b++) {
+        if (!mems[b] || mems[b]->g != g) return err_set(err, "stream %d's memory belongs to another model", b);
+        for (int c = 0; c < b; c++)
+            if (mems[c] == mems[b]) return err_set(err, "streams %d and %d share one memory", c, b);
+    }
+    const size_t N = (size_t)B * M;
+    for (size_t i = 0; i < N; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return err_set(err, "token id %d at %zu is outside the vocabulary [0, %d)", tokens[i], i, V);
+
+    /* the step's inputs, in one transfer */
+    memcpy(stage_tok(g, g->h_stage), tokens, N * sizeof *tokens);
+    for (int b = 0; b < B; b++) {
+        stage_pos(g, g->h_stage)[b] = mems[b]->pos;
+        stage_ring(g, g->h_stage)[b] = mems[b]->buf;
+        memcpy(stage_len(g, g->h_stage) + (size_t)b * nl, mems[b]->len, (size_t)nl * sizeof(int));
+    }
+    CU_TRY(cudaMemcpyAsync(g->d_stage, g->h_stage, g->stage_bytes, cudaMemcpyHostToDevice, g->stream), err,
+           "copying the step's inputs");
+
+    const float scale = m->fam == FAM_PAR ? (float)sqrt((double)m->d_model) : 1.0f;
+    g->prof_n = 0;
+    if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
+    if (OP(OP_EMBED, gpu_embed(g, g->x, g->emb, stage_tok(g, g->d_stage), (int)N, m->d_model, scale, err))) return -1;
+    if (run_layers(g, B, M, err)) return -1;
+    if (OP(OP_OUT, gpu_linear(g, g->logits, g->x, g->out_w, (int)N, m->d_model, V, err)) ||
+        OP(OP_LOGSOFTMAX, gpu_log_softmax(g, g->logits, g->out_b, (int)N, V, err)))
+        return -1;
+    if (logprobs)
+        CU_TRY(cudaMemcpyAsync(logprobs, g->logits, N * V * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
+               "copying the logprobs");
+    CU_TRY(cudaStreamSynchronize(g->stream), err, "the step failed on the device");
+    for (int i = 0; g->prof_on && i < g->prof_n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, g->prof_ev[i], g->prof_ev[i + 1]);
+        g->prof_ms[g->prof_op[i]] += ms;
+        g->prof_calls[g->prof_op[i]]++;
+    }
+
+    for (int b = 0; b < B; b++) {
+        gpu_mem *s = mems[b];
+        if (m->fam == FAM_PAR && m->mem_len > 0)
+            for (int l = 0; l < nl; l++)
+                if (m->layers[l].kind == BLK_ATTN) s->len[l] = s->len[l] + M < m->mem_len ? s->len[l] + M : m->mem_len;
+        s->pos += M;
+    }
+    return 0;
+}

@@ -1,0 +1,478 @@
+/*
+ * gpu.cu - a model on the device: the weights uploaded once, the tables core
+ * derives at load (the span masks, Transformer-XL's r_net(sinusoid) rows),
+ * every per-step buffer planned for max_batch x max_block tokens; the memory
+ * of a stream on the device, in mem_t's layout; the device's name; timers.
+ *
+ * The weights: core keeps every tensor in one float arena (core/model.c), so
+ * the arena travels in one copy and each device pointer is the host pointer's
+ * offset into it. The adaptive-span query, key and value projections are
+ * packed into one 3H x H matrix so that a layer's projections are one GEMM.
+ */
+#include "gpu_internal.cuh"
+
+extern "C" {
+#include "forward.h"   /* par_sinusoid */
+}
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Bounds on a plan: a step of more rows than this is a caller's mistake
+ * (65536 streams of 1 token, or 64 of 16384), and keeps the products below
+ * from overflowing. */
+#define GPU_MAX_ROWS (1 << 20)
+#define GPU_BLAS_WORKSPACE (32u << 20)
+
+int gpu_available(char *err)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) return err_set(err, "%s", cudaGetErrorString(e));
+    if (n == 0) return err_set(err, "no CUDA device");
+    return 0;
+}
+
+int gpu_device_name(char *name, size_t cap, char *err)
+{
+    int dev = 0;
+    cudaDeviceProp p;
+    CU_TRY(cudaGetDevice(&dev), err, "cudaGetDevice");
+    CU_TRY(cudaGetDeviceProperties(&p, dev), err, "cudaGetDeviceProperties");
+    snprintf(name, cap, "%s", p.name);
+    return 0;
+}
+
+const model_t *gpu_model_host(const gpu_model *g) { return g->m; }
+const char *gpu_model_device_name(const gpu_model *g) { return g->device; }
+size_t gpu_model_weight_bytes(const gpu_model *g) { return g->weight_bytes; }
+size_t gpu_model_step_bytes(const gpu_model *g) { return g->step_bytes; }
+const float *gpu_logprobs_device(const gpu_model *g) { return g->logits; }
+
+/* The device copy of host weight P (N floats), which must lie in the arena. */
+static const float *on_device(const gpu_model *g, const float *p, size_t n)
+{
+    if (!p) return NULL;
+    const float *a = g->m->arena;
+    if (p < a || p + n > a + g->arena_floats) return NULL;
+    return g->arena + (p - a);
+}
+
+
+static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+void gpu_model_free(gpu_model *g)
+{
+    if (!g) return;
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    cudaFree(g->arena);
+    cudaFree(g->derived);
+    cudaFree(g->krows);
+    cudaFree(g->reach);
+    cudaFree(g->mask_off);
+    cudaFree(g->d_off);
+    cudaFree(g->x);
+    cudaFree(g->d_stage);
+    cudaFree(g->blas_ws);
+    if (g->h_stage) cudaFreeHost(g->h_stage);
+    if (g->prof_ev) {
+        for (int i = 0; i <= GPU_PROF_EVENTS; i++) cudaEventDestroy(g->prof_ev[i]);
+        free(g->prof_ev);
+    }
+    if (g->blas) cublasDestroy(g->blas);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    free(g->L);
+    free(g->h_off);
+    free(g);
+}
+
+/* Layer pointers, the packed projections, the masks and the rk tables. */
+static int upload_layers(gpu_model *g, char *err)
+{
+    const model_t *m = g->m;
+    const int Dm = m->d_model, I = m->d_inner, K = m->n_head, A = m->n_head * m->d_head, nl = m->n_layers;
+    const size_t HH = (size_t)Dm * Dm;
+    /* the derived tables: sizes first */
+    size_t nd = 0;
+    for (int l = 0; l < nl; l++) {
+        const layer_t *y = &m->layers[l];
+        if (m->fam == FAM_ASPAN) {
+            nd += 3 * HH;
+            for (int h = 0; h < K; h++) nd += (size_t)y->reach[h];
+        } else if (y->kind == BLK_ATTN) {
+            int rows = y->rk_len > m->mem_len + g->max_block ? y->rk_len : m->mem_len + g->max_block;
+            nd += (size_t)rows * A;
+        }
+    }
+    g->derived_floats = nd;
+    CU_TRY(cudaMalloc(&g->derived, (nd ? nd : 1) * sizeof(float)), err, "cudaMalloc (derived tables)");
+    float *at = g->derived;
+    int64_t *moff = NULL;
+    if (m->fam == FAM_ASPAN) {
+        moff = (int64_t *)calloc((size_t)nl * K, sizeof *moff);
+        if (!moff) return err_set(err, "out of memory");
+    }
+    int rc = 0;
+    float *pos = NULL, *dpos = NULL;
+    for (int l = 0; l < nl && rc == 0; l++) {
+        const layer_t *y = &m->layers[l];
+        gpu_layer *d = &g->L[l];
+        if (m->fam == FAM_ASPAN) {
+            const float *w[3] = {y->wq, y->wk, y->wv};
+            for (int k = 0; k < 3 && rc == 0; k++)
+                if (cudaMemcpy(at + k * HH, w[k], HH * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+                    rc = err_set(err, "cudaMemcpy (projections)");
+            d->wqkv = at;
+            at += 3 * HH;
+            for (int h = 0; h < K && rc == 0; h++) {
+                moff[l * K + h] = at - g->derived;
+                if (y->reach[h] &&
+                    cudaMemcpy(at, y->mask[h], (size_t)y->reach[h] * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+                    rc = err_set(err, "cudaMemcpy (masks)");
+                at += y->reach[h];
+            }
+            if (rc) break;
+            const float *p;
+            if (!(p = on_device(g, y->wo, HH))) { rc = err_set(err, "%s: proj_out outside the arena", m->path); break; }
+            d->wo = p;
+            d->ln1_w = on_device(g, y->ln1_w, Dm);
+            d->ln1_b = on_device(g, y->ln1_b, Dm);
+            d->fc1_w = on_device(g, y->fc1_w, (size_t)I * Dm);
+            d->fc1_b = on_device(g, y->fc1_b, I);
+            d->fc2_w = on_device(g, y->fc2_w, (size_t)I * Dm);
+            d->fc2_b = on_device(g, y->fc2_b, Dm);
+            d->ln2_w = on_device(g, y->ln2_w, Dm);
+            d->ln2_b = on_device(g, y->ln2_b, Dm);
+            if (!d->ln1_w || !d->ln1_b || !d->fc1_w || !d->fc1_b || !d->fc2_w || !d->fc2_b || !d->ln2_w || !d->ln2_b)
+                rc = err_set(err, "%s: layer %d: a weight lies outside the arena", m->path, l);
+        } else if (y->kind == BLK_ATTN) {
+            d->wqkv = on_device(g, y->qkv, (size_t)3 * A * Dm);
+            d->wo = on_device(g, y->onet, (size_t)Dm * A);
+            d->ln1_w = on_device(g, y->ln1_w, Dm);
+            d->ln1_b = on_device(g, y->ln1_b, Dm);
+            const float *rnet = on_device(g, y->rnet, (size_t)A * Dm);
+            if (!d->wqkv || !d->wo || !d->ln1_w || !d->ln1_b || !rnet) {
+                rc = err_set(err, "%s: block %d: a weight lies outside the arena", m->path, l);
+                break;
+            }
+            /* rows 0..rk_len-1 as core computed them; the rest (blocks longer
+             * than core's table) as core computes them on the fly */
+            int rows = y->rk_len > m->mem_len + g->max_block ? y->rk_len : m->mem_len + g->max_block;
+            if (cudaMemcpy(at, y->rk, (size_t)y->rk_len * A * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) {
+                rc = err_set(err, "cudaMemcpy (rk table)");
+                break;
+            }
+            int extra = rows - y->rk_len;
+            if (extra > 0) {
+                if (!pos) {
+                    pos = (float *)malloc((size_t)extra * Dm * sizeof *pos);
+                    if (!pos || cudaMalloc(&dpos, (size_t)extra * Dm * sizeof *dpos) != cudaSuccess) {
+                        rc = err_set(err, "out of memory for the position table");
+                        break;
+                    }
+                    for (int t = 0; t < extra; t++) par_sinusoid(pos + (size_t)t * Dm, Dm, y->rk_len + t);
+                    if (cudaMemcpy(dpos, pos, (size_t)extra * Dm * sizeof *pos, cudaMemcpyHostToDevice) != cudaSuccess) {
+                        rc = err_set(err, "cudaMemcpy (positions)");
+                        break;
+                    }
+                }
+                if ((rc = gpu_linear(g, at + (size_t)y->rk_len * A, dpos, rnet, extra, Dm, A, err))) break;
+            }
+            d->rk = at;
+            d->rk_rows = rows;
+            at += (size_t)rows * A;
+        } else if (y->kind == BLK_FFN) {
+            d->fc1_w = on_device(g, y->fc1_w, (size_t)I * Dm);
+            d->fc1_b = on_device(g, y->fc1_b, I);
+            d->fc2_w = on_device(g, y->fc2_w, (size_t)I * Dm);
+            d->fc2_b = on_device(g, y->fc2_b, Dm);
+            d->ln2_w = on_device(g, y->ln2_w, Dm);
+            d->ln2_b = on_device(g, y->ln2_b, Dm);
+            if (!d->fc1_w || !d->fc1_b || !d->fc2_w || !d->fc2_b || !d->ln2_w || !d->ln2_b)
+                rc = err_set(err, "%s: block %d: a weight lies outside the arena", m->path, l);
+        }
+    }
+    if (rc == 0 && cudaStreamSynchronize(g->stream) != cudaSuccess) rc = err_set(err, "building the rk tables failed");
+    free(pos);
+    cudaFree(dpos);
+    if (rc == 0 && m->fam == FAM_ASPAN) {
+        size_t n = (size_t)nl * K;
+        int *kr = (int *)malloc(n * sizeof *kr), *re = (int *)malloc(n * sizeof *re);
+        if (!kr || !re) rc = err_set(err, "out of memory");
+        for (int l = 0; rc == 0 && l < nl; l++)
+            for (int h = 0; h < K; h++) {
+                kr[l * K + h] = m->layers[l].krows[h];
+                re[l * K + h] = m->layers[l].reach[h];
+                if (kr[l * K + h] > g->max_window) g->max_window = kr[l * K + h];
+            }
+        if (rc == 0 && (cudaMalloc(&g->krows, n * sizeof(int)) != cudaSuccess ||
+                        cudaMalloc(&g->reach, n * sizeof(int)) != cudaSuccess ||
+                        cudaMalloc(&g->mask_off, n * sizeof(int64_t)) != cudaSuccess ||
+                        cudaMemcpy(g->krows, kr, n * sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess ||
+                        cudaMemcpy(g->reach, re, n * sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess ||
+                        cudaMemcpy(g->mask_off, moff, n * sizeof(int64_t), cudaMemcpyHostToDevice) != cudaSuccess))
+            rc = err_set(err, "uploading the span tables failed");
+        free(kr);
+        free(re);
+    }
+    if (m->fam == FAM_PAR) g->max_window = m->mem_len + g->max_block;
+    free(moff);
+    return rc;
+}
+
+/* float32 products in float32. cuBLAS's default math mode never lowers a
+ * float32 GEMM to TF32 (only CUBLAS_TF32_TENSOR_OP_MATH or the environment's
+ * NVIDIA_TF32_OVERRIDE=1 would; gpu_model_new refuses the latter).
+ * SPANSERVE_GPU_PEDANTIC=1 asks for CUBLAS_PEDANTIC_MATH instead, the
+ * slowest and most careful mode, to compare against. */
+static cublasMath_t gpu_math_mode(void)
+{
+    const char *p = getenv("SPANSERVE_GPU_PEDANTIC");
+    return p && strcmp(p, "1") == 0 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH;
+}
+
+gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *err)
+{
+    if (!m) { err_set(err, "no model"); return NULL; }
+    if (max_batch < 1 || max_block < 1 || (int64_t)max_batch * max_block > GPU_MAX_ROWS) {
+        err_set(err, "a step of %d streams x %d tokens is outside [1, %d] rows", max_batch, max_block, GPU_MAX_ROWS);
+        return NULL;
+    }
+    if (gpu_available(err)) return NULL;
+    const char *tf32 = getenv("NVIDIA_TF32_OVERRIDE");
+    if (tf32 && strcmp(tf32, "0") != 0) {
+        err_set(err, "NVIDIA_TF32_OVERRIDE=%s would turn float32 products into TF32: unset it", tf32);
+        return NULL;
+    }
+    gpu_model *g = (gpu_model *)calloc(1, sizeof *g);
+    if (!g) { err_set(err, "out of memory"); return NULL; }
+    g->m = m;
+    g->max_batch = max_batch;
+    g->max_block = max_block;
+    g->L = (gpu_layer *)calloc((size_t)m->n_layers, sizeof *g->L);
+    const int slots = m->fam == FAM_ASPAN ? m->n_layers * m->n_head : m->n_layers;
+    g->h_off = (size_t *)calloc((size_t)slots, sizeof *g->h_off);
+    mem_t *lay = mem_new(m);   /* the layout, taken from core itself */
+    int rc = 0;
+    if (!g->L || !g->h_off || !lay) rc = err_set(err, "out of memory");
+    if (rc == 0) {
+        g->mem_floats = lay->n_floats;
+        memcpy(g->h_off, lay->off, (size_t)slots * sizeof *g->h_off);
+    }
+    mem_free(lay);
+    if (rc == 0 && gpu_device_name(g->device, sizeof g->device, err)) rc = -1;
+    if (rc == 0 && (cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess ||
+                    cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS ||
+                    cublasSetStream(g->blas, g->stream) != CUBLAS_STATUS_SUCCESS ||
+                    cublasSetMathMode(g->blas, gpu_math_mode()) != CUBLAS_STATUS_SUCCESS ||
+                    cudaMalloc(&g->blas_ws, GPU_BLAS_WORKSPACE) != cudaSuccess ||
+                    cublasSetWorkspace(g->blas, g->blas_ws, GPU_BLAS_WORKSPACE) != CUBLAS_STATUS_SUCCESS))
+        rc = err_set(err, "CUDA stream or cuBLAS setup failed");
+    /* the arena: every tensor core bound (mask templates included) */
+    if (rc == 0) {
+        g->arena_floats = (size_t)m->n_params + (m->fam == FAM_ASPAN ? (size_t)m->n_layers * m->span : 0);
+        if (cudaMalloc(&g->arena, g->arena_floats * sizeof(float)) != cudaSuccess ||
+            cudaMemcpy(g->arena, m->arena, g->arena_floats * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+            rc = err_set(err, "uploading %zu weights failed", g->arena_floats);
+    }
+    if (rc == 0) {
+        const int Dm = m->d_model, A = m->n_head * m->d_head, V = m->V;
+        g->emb = on_device(g, m->emb, (size_t)V * Dm);
+        g->out_w = on_device(g, m->out_w, (size_t)V * Dm);
+        g->out_b = on_device(g, m->out_b, V);
+        if (m->fam == FAM_ASPAN) g->key_pe = on_device(g, m->key_pe, (size_t)m->d_head * m->span);
+        else {
+            g->r_w_bias = on_device(g, m->r_w_bias, A);
+            g->r_r_bias = on_device(g, m->r_r_bias, A);
+        }
+        if (!g->emb || !g->out_w || !g->out_b ||
+            (m->fam == FAM_ASPAN ? !g->key_pe : (!g->r_w_bias || !g->r_r_bias)))
+            rc = err_set(err, "%s: a weight lies outside the model's arena", m->path);
+    }
+    if (rc == 0) rc = upload_layers(g, err);
+    if (rc == 0) {   /* heads too wide for the attention kernels' shared memory are refused here, not mid-step */
+        int dev = 0, optin = 0;
+        size_t need = m->fam == FAM_ASPAN ? gpu_aspan_attn_smem(g) : gpu_rel_attn_smem(g);
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+            rc = err_set(err, "cudaDeviceGetAttribute failed");
+        else if (need > (size_t)optin)
+            rc = err_set(err, "%s: heads of %d dims need %zu bytes of shared memory a block, the device has %d",
+                         m->path, m->d_head, need, optin);
+    }
+    if (rc == 0) {
+        int64_t *off = (int64_t *)malloc((size_t)slots * sizeof *off);
+        if (!off) rc = err_set(err, "out of memory");
+        for (int i = 0; rc == 0 && i < slots; i++) off[i] = (int64_t)g->h_off[i];
+        if (rc == 0 && (cudaMalloc(&g->d_off, (size_t)slots * sizeof *off) != cudaSuccess ||
+                        cudaMemcpy(g->d_off, off, (size_t)slots * sizeof *off, cudaMemcpyHostToDevice) != cudaSuccess))
+            rc = err_set(err, "uploading the memory layout failed");
+        free(off);
+    }
+    /* per-step buffers, one allocation, poisoned (NaN) so that a value read
+     * before it is written shows */
+    if (rc == 0) {
+        const size_t N = (size_t)max_batch * max_block, Dm = m->d_model, A = (size_t)m->n_head * m->d_head;
+        size_t nx = align16(N * Dm), nqkv = align16(N * 3 * A), natt = align16(N * A), nff = align16(N * m->d_inner),
+               nlog = align16(N * m->V);
+        size_t total = 2 * nx + nqkv + natt + nff + nlog;
+        if (cudaMalloc(&g->x, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "out of device memory for a step of %zu rows", N);
+        else {
+            g->tmp = g->x + nx;
+            g->qkv = g->tmp + nx;
+            g->att = g->qkv + nqkv;
+            g->ff = g->att + natt;
+            g->logits = g->ff + nff;
+            g->step_bytes = total * sizeof(float);
+            if (cudaMemset(g->x, 0xFF, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "cudaMemset");
+        }
+        g->o_tok = 0;
+        g->o_pos = align16(g->o_tok + N * sizeof(int32_t));
+        g->o_ring = align16(g->o_pos + (size_t)max_batch * sizeof(int64_t));
+        g->o_len = align16(g->o_ring + (size_t)max_batch * sizeof(float *));
+        g->stage_bytes = align16(g->o_len + (size_t)max_batch * m->n_layers * sizeof(int));
+        if (rc == 0 && (cudaMallocHost(&g->h_stage, g->stage_bytes) != cudaSuccess ||
+                        cudaMalloc(&g->d_stage, g->stage_bytes) != cudaSuccess))
+            rc = err_set(err, "out of memory for the step inputs");
+        g->step_bytes += g->stage_bytes;
+    }
+    g->weight_bytes = (g->arena_floats + g->derived_floats) * sizeof(float);
+    if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess) rc = err_set(err, "loading on the device failed");
+    if (rc) {
+        gpu_model_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+/* ------------------------------------------------------------ memory */
+
+gpu_mem *gpu_mem_new(gpu_model *g, char *err)
+{
+    gpu_mem *s = (gpu_mem *)calloc(1, sizeof *s);
+    if (!s || !(s->len = (int *)calloc((size_t)g->m->n_layers, sizeof *s->len))) {
+        free(s);
+        err_set(err, "out of memory");
+        return NULL;
+    }
+    s->g = g;
+    s->n_floats = g->mem_floats;
+    s->pending = -1;
+    size_t bytes = (s->n_floats ? s->n_floats : 1) * sizeof(float);
+    if (cudaMalloc(&s->buf, bytes) != cudaSuccess || cudaMemset(s->buf, 0, bytes) != cudaSuccess) {
+        err_set(err, "out of device memory for a session of %zu bytes", bytes);
+        gpu_mem_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void gpu_mem_free(gpu_mem *s)
+{
+    if (!s) return;
+    cudaFree(s->buf);
+    free(s->len);
+    free(s);
+}
+
+int gpu_mem_reset(gpu_mem *s, char *err)
+{
+    CU_TRY(cudaMemset(s->buf, 0, s->n_floats * sizeof(float)), err, "cudaMemset (session)");
+    memset(s->len, 0, (size_t)s->g->m->n_layers * sizeof *s->len);
+    s->pos = 0;
+    s->pending = -1;
+    return 0;
+}
+
+int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err)
+{
+    if (src->m != dst->g->m || src->n_floats != dst->n_floats)
+        return err_set(err, "the session's memory belongs to another model");
+    CU_TRY(cudaMemcpy(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyHostToDevice), err,
+           "uploading a session");
+    memcpy(dst->len, src->len, (size_t)src->m->n_layers * sizeof *dst->len);
+    dst->pos = src->pos;
+    dst->pending = src->pending;
+    return 0;
+}
+
+int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err)
+{
+    if (dst->m != src->g->m || src->n_floats != dst->n_floats)
+        return err_set(err, "the session's memory belongs to another model");
+    CU_TRY(cudaMemcpy(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyDeviceToHost), err,
+           "downloading a session");
+    memcpy(dst->len, src->len, (size_t)dst->m->n_layers * sizeof *dst->len);
+    dst->pos = src->pos;
+    dst->pending = src->pending;
+    return 0;
+}
+
+/* ------------------------------------------------------------ profile */
+
+static const char *const op_names[OP_N] = {"embed", "qkv", "attention", "ring", "wo", "layernorm",
+                                           "fc1", "relu", "fc2", "out", "logsoftmax"};
+
+int gpu_profile(gpu_model *g, int on, char *err)
+{
+    if (on && !g->prof_ev) {
+        g->prof_ev = (cudaEvent_t *)calloc(GPU_PROF_EVENTS + 1, sizeof *g->prof_ev);
+        if (!g->prof_ev) return err_set(err, "out of memory");
+        for (int i = 0; i <= GPU_PROF_EVENTS; i++)
+            CU_TRY(cudaEventCreate(&g->prof_ev[i]), err, "cudaEventCreate");
+    }
+    g->prof_on = on;
+    return 0;
+}
+
+int gpu_profile_read(gpu_model *g, const char **names, double *ms, long *calls, int cap)
+{
+    int n = cap < OP_N ? cap : OP_N;
+    for (int i = 0; i < n; i++) {
+        names[i] = op_names[i];
+        ms[i] = g->prof_ms[i];
+        calls[i] = g->prof_calls[i];
+    }
+    memset(g->prof_ms, 0, sizeof g->prof_ms);
+    memset(g->prof_calls, 0, sizeof g->prof_calls);
+    return n;
+}
+
+/* ------------------------------------------------------------ timers */
+
+struct gpu_timer {
+    gpu_model *g;
+    cudaEvent_t a, b;
+};
+
+gpu_timer *gpu_timer_new(gpu_model *g, char *err)
+{
+    gpu_timer *t = (gpu_timer *)calloc(1, sizeof *t);
+    if (!t) { err_set(err, "out of memory"); return NULL; }
+    t->g = g;
+    if (cudaEventCreate(&t->a) != cudaSuccess || cudaEventCreate(&t->b) != cudaSuccess) {
+        err_set(err, "cudaEventCreate failed");
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+void gpu_timer_start(gpu_timer *t) { cudaEventRecord(t->a, t->g->stream); }
+
+double gpu_timer_stop_ms(gpu_timer *t)
+{
+    float ms = 0;
+    cudaEventRecord(t->b, t->g->stream);
+    cudaEventSynchronize(t->b);
+    cudaEventElapsedTime(&ms, t->a, t->b);
+    return ms;
+}
+
+void gpu_timer_free(gpu_timer *t)
+{
+    if (!t) return;
+    cudaEventDestroy(t->a);
+    cudaEventDestroy(t->b);
+    free(t);
+}

@@ -1,0 +1,96 @@
+/*
+ * gpu.h - the CUDA forward of both families: the same computation as core's
+ * model_forward (core/aspan.c, core/par.c), on the device, in float32.
+ *
+ *   gpu_model  a model's weights on the device (uploaded once) and every
+ *              per-step buffer, planned for max_batch streams x max_block
+ *              tokens: a step allocates nothing.
+ *   gpu_mem    the memory of a stream on the device: the same rings, in the
+ *              same layout and at the same offsets as core's mem_t
+ *              (core/mem.c), so a session moves between host and device with
+ *              one copy (gpu_mem_upload / gpu_mem_download).
+ *
+ * Plain C11: no CUDA type appears here. A gpu_model and its memories belong
+ * to one thread at a time. Errors follow core/err.h: -1 or NULL, and a
+ * message in ERR (ERR_LEN bytes, may be NULL).
+ */
+#ifndef SPANSERVE_GPU_H
+#define SPANSERVE_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "model.h"
+
+typedef struct gpu_model gpu_model;
+
+typedef struct gpu_mem {
+    gpu_model *g;
+    float *buf;            /* device: all rings, laid out as mem_t's buf */
+    size_t n_floats;
+    int64_t pos;           /* positions consumed so far */
+    int *len;              /* host, n_layers: par rows held per layer */
+    int32_t pending;       /* the last token, not yet fed; -1 if none */
+} gpu_mem;
+
+/* 0 when a CUDA device can be used; else -1 and why in ERR. */
+int gpu_available(char *err);
+/* The current device's name (cudaGetDeviceProperties) into NAME (CAP
+ * bytes); 0, or -1 and why in ERR. */
+int gpu_device_name(char *name, size_t cap, char *err);
+
+/* Uploads M's weights (M must outlive the result) and plans the buffers of a
+ * step of up to MAX_BATCH streams x MAX_BLOCK tokens. */
+gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *err);
+void gpu_model_free(gpu_model *g);
+const model_t *gpu_model_host(const gpu_model *g);
+const char *gpu_model_device_name(const gpu_model *g);
+/* Device bytes held by the weights (and derived tables) and by the step
+ * buffers. */
+size_t gpu_model_weight_bytes(const gpu_model *g);
+size_t gpu_model_step_bytes(const gpu_model *g);
+
+/* A zeroed memory (what mem_new gives), on the device. */
+gpu_mem *gpu_mem_new(gpu_model *g, char *err);
+void gpu_mem_free(gpu_mem *s);
+int gpu_mem_reset(gpu_mem *s, char *err);
+/* Host <-> device: rings, position, lengths, pending token. S's model must
+ * be the gpu_model's. */
+int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err);
+int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err);
+
+/* model_forward on the device: feeds tokens[b*M + i] (B <= max_batch
+ * streams, M <= max_block tokens each) with each stream's memory, advancing
+ * the memories (pos, len). Writes B*M rows of V log-probabilities to
+ * LOGPROBS (host memory) if not NULL. Returns when the step is done: 0, or
+ * -1 with ERR set. */
+int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err);
+
+/* The log-probabilities of the last step, on the device (B*M rows of V). */
+const float *gpu_logprobs_device(const gpu_model *g);
+
+/* Device time per operation: while on, each step records an event after
+ * each operation (embed, qkv, attention, ring, wo, layernorm, fc1, relu,
+ * fc2, out, logsoftmax). gpu_profile_read gives up to CAP names with their
+ * milliseconds and calls since the last read, and starts again; it returns
+ * how many. */
+int gpu_profile(gpu_model *g, int on, char *err);
+int gpu_profile_read(gpu_model *g, const char **names, double *ms, long *calls, int cap);
+
+/* Wall time between two marks on the model's stream, measured with CUDA
+ * events (for benchmarks). */
+typedef struct gpu_timer gpu_timer;
+gpu_timer *gpu_timer_new(gpu_model *g, char *err);
+void gpu_timer_start(gpu_timer *t);
+double gpu_timer_stop_ms(gpu_timer *t);   /* waits for the stop mark */
+void gpu_timer_free(gpu_timer *t);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

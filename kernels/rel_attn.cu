@@ -1,0 +1,174 @@
+/*
+ * rel_attn.cu - Transformer-XL relative attention of one PAR block, with the
+ * block's memory (core/par.c; kimiyoung/transformer-xl's
+ * RelPartialLearnableMultiHeadAttn in eval mode).
+ *
+ * Stream b holds mlen rows of memory (positions p0-mlen .. p0-1, ring slot
+ * p % mem_len); a query i of the block (key index qi = mlen + i) sees keys
+ * j = 0..qi, the memory then the block up to itself:
+ *   s(j) = ((q_i + u) . k_j + (q_i + v) . r_{qi-j}) / sqrt(d_head)
+ *   out  = sum_j softmax(s)(j) v_j
+ * u, v are r_w_bias, r_r_bias of the head; r_t = r_net(sinusoid(t)) is a
+ * table planned at load (gpu.cu) for every distance a step can ask for. The
+ * ring writes of this block come in a later launch (ring.cu).
+ *
+ * One thread block per (query, head), its warps on tiles of 32 keys, as
+ * aspan_attn.cu: a warp reads each key row and r row with lanes over the
+ * head's dims (coalesced) and warp_transpose_sum gives key j0+lane's score
+ * to lane `lane`. Scores stay in shared memory when they fit (else are
+ * recomputed); the denominator is summed in double, as core; each lane's
+ * weight is broadcast and the warp adds weight x value row in registers.
+ */
+#include "gpu_internal.cuh"
+#include "reduce.cuh"
+
+#define REL_SCORE_CAP 16384
+#define REL_DCHUNK 128
+
+typedef struct {
+    const float *qu, *qv;   /* shared: q + u, q + v */
+    const float *kb;        /* the block's key row 0 of this head (stride `stride`) */
+    const float *kr;        /* the ring's key row 0 of this head (stride A) */
+    const float *rk;        /* r_0 of this head (stride A) */
+    size_t stride;
+    int mslot;              /* ring slot of memory row 0 (position p0 - mlen): row j is slot mslot + j (mod ML) */
+    int dh, A, ML, mlen, qi;
+    float scale;
+} rel_keys;
+
+/* The score of key j0 + lane (meaningless past qi); every lane of the warp
+ * must call it with the same j0. */
+__device__ __forceinline__ static float rel_tile_scores(const rel_keys *a, int j0, int lane)
+{
+    const int dh = a->dh;
+    float v[32];
+#pragma unroll
+    for (int jj = 0; jj < 32; jj++) {
+        const int j = j0 + jj;
+        float ac = 0.0f, bd = 0.0f;
+        if (j <= a->qi) {
+            const int sl = a->mslot + j >= a->ML ? a->mslot + j - a->ML : a->mslot + j;
+            const float *k = j < a->mlen ? a->kr + (size_t)sl * a->A : a->kb + (size_t)(j - a->mlen) * a->stride;
+            const float *r = a->rk + (size_t)(a->qi - j) * a->A;
+            for (int c = lane; c < dh; c += 32) {
+                ac = fmaf(a->qu[c], k[c], ac);
+                bd = fmaf(a->qv[c], r[c], bd);
+            }
+        }
+        v[jj] = ac + bd;
+    }
+    return warp_transpose_sum(v, lane) * a->scale;
+}
+
+__global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const float *qkv, int M, int nh, int dh,
+                                                              int ML, int nl, int layer, float scale, const float *rwb,
+                                                              const float *rrb, const float *rk, int64_t off,
+                                                              float *const *ring, const int64_t *pos, const int *len,
+                                                              int cap)
+{
+    extern __shared__ float sm[];
+    __shared__ float fred[32];
+    __shared__ double dred[32];
+    const int n = blockIdx.x, h = blockIdx.y, A = nh * dh, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
+    const int b = n / M, i = n % M, mlen = len[(size_t)b * nl + layer], qi = mlen + i, L = qi + 1;
+    float *qu = sm, *qv = qu + dh, *accw = qv + dh, *sc = accw + NW * REL_DCHUNK;
+    rel_keys a;
+    a.stride = (size_t)3 * A;
+    a.qu = qu;
+    a.qv = qv;
+    a.kb = qkv + (size_t)b * M * a.stride + A + (size_t)h * dh;
+    a.kr = ring[b] + off + (size_t)h * dh;
+    a.rk = rk + (size_t)h * dh;
+    a.mslot = ML > 0 ? (int)((pos[b] - mlen) % ML) : 0;   /* the one 64-bit division */
+    a.dh = dh;
+    a.A = A;
+    a.ML = ML;
+    a.mlen = mlen;
+    a.qi = qi;
+    a.scale = scale;
+    const float *vb = a.kb + A, *vr = a.kr + (size_t)ML * A;
+    const bool store = L <= cap;
+    for (int c = tid; c < dh; c += blockDim.x) {
+        float q = qkv[(size_t)n * a.stride + (size_t)h * dh + c];
+        qu[c] = q + rwb[h * dh + c];
+        qv[c] = q + rrb[h * dh + c];
+    }
+    __syncthreads();
+
+    float mx = -INFINITY;
+    for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
+        const float s = rel_tile_scores(&a, j0, lane);
+        if (j0 + lane < L) {
+            if (store) sc[j0 + lane] = s;
+            mx = fmaxf(mx, s);
+        }
+    }
+    mx = block_max(mx, fred);
+    double z = 0;
+    for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
+        const float s = store ? sc[min(j0 + lane, L - 1)] : rel_tile_scores(&a, j0, lane);
+        if (j0 + lane < L) z += expf(s - mx);
+    }
+    const float inv = (float)(1.0 / block_sum(z, dred));
+
+    float *out = att + (size_t)n * A + (size_t)h * dh;
+    for (int cb = 0; cb < dh; cb += REL_DCHUNK) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
+            const float s = store ? sc[min(j0 + lane, L - 1)] : rel_tile_scores(&a, j0, lane);
+            const float wt = j0 + lane < L ? expf(s - mx) * inv : 0.0f;
+            const int cnt = L - j0 < 32 ? L - j0 : 32;
+#pragma unroll 4
+            for (int jj = 0; jj < cnt; jj++) {
+                const float w = __shfl_sync(0xffffffffu, wt, jj);
+                const int k = j0 + jj;
+                const int sl = a.mslot + k >= ML ? a.mslot + k - ML : a.mslot + k;
+                const float *v = k < mlen ? vr + (size_t)sl * A : vb + (size_t)(k - mlen) * a.stride;
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    const int c = cb + lane + 32 * t;
+                    if (c < dh && c < cb + REL_DCHUNK) acc[t] = fmaf(w, v[c], acc[t]);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 4; t++) accw[warp * REL_DCHUNK + lane + 32 * t] = acc[t];
+        __syncthreads();
+        for (int c = tid; c < REL_DCHUNK && cb + c < dh; c += blockDim.x) {
+            float o = 0.0f;
+            for (int w = 0; w < NW; w++) o += accw[w * REL_DCHUNK + c];
+            out[cb + c] = o;
+        }
+        __syncthreads();
+    }
+}
+
+/* Shared memory of a block of T threads: q + u, q + v, the warps' sums, the
+ * scores kept. */
+static size_t rel_smem(const gpu_model *g, int T)
+{
+    const int cap = g->max_window < REL_SCORE_CAP ? g->max_window : REL_SCORE_CAP;
+    return (size_t)(2 * g->m->d_head + (T / 32) * REL_DCHUNK + cap) * sizeof(float);
+}
+
+size_t gpu_rel_attn_smem(const gpu_model *g) { return rel_smem(g, 512); }
+
+int gpu_rel_attn(gpu_model *g, int l, int B, int M, char *err)
+{
+    const model_t *m = g->m;
+    const int nh = m->n_head, dh = m->d_head;
+    const int T = (int64_t)B * M * nh < 1024 ? 512 : 128;
+    const int cap = g->max_window < REL_SCORE_CAP ? g->max_window : REL_SCORE_CAP;
+    const size_t smem = rel_smem(g, T);
+    if (smem > 48 * 1024)
+        CU_TRY(cudaFuncSetAttribute(rel_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+               "rel_attn: shared memory");
+    dim3 grid((unsigned)(B * M), (unsigned)nh);
+    rel_attn_kernel<<<grid, T, smem, g->stream>>>(
+        g->att, g->qkv, M, nh, dh, m->mem_len, m->n_layers, l, (float)(1.0 / sqrt((double)dh)), g->r_w_bias,
+        g->r_r_bias, g->L[l].rk, (int64_t)g->h_off[l], stage_ring(g, g->d_stage), stage_pos(g, g->d_stage),
+        stage_len(g, g->d_stage), cap);
+    LAUNCH_TRY(err, "rel_attn");
+    return 0;
+}

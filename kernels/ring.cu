@@ -1,0 +1,65 @@
+/*
+ * ring.cu - a block's keys and values enter the memory, after the layer's
+ * attention has read it (a separate launch: within one launch the writes
+ * would race with other queries' reads of the same rows).
+ *
+ *   adaptive-span: per head, the last kw keys of the block go to key-ring
+ *     slot ring_slot(p, kw), the last r values to value-ring slot
+ *     ring_slot(p, r) (core/aspan.c).
+ *   PAR attention block: the last mem_len rows of keys and values (all
+ *     heads, A wide) go to slot p % mem_len (core/par.c).
+ */
+#include "gpu_internal.cuh"
+
+__global__ static void aspan_ring_kernel(const float *qkv, int M, int D, const int *krows, const int *reach,
+                                         const int64_t *off, float *const *ring, const int64_t *pos)
+{
+    const int n = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * D;
+    const int b = n / M, i = n % M, kw = krows[h], r = reach[h];
+    const int64_t p = pos[b] + i;
+    const float *k = qkv + (size_t)n * 3 * H + H + (size_t)h * D, *v = k + H;
+    float *kr = ring[b] + off[h], *vr = kr + (size_t)kw * D;
+    const bool wk = kw > 0 && i >= M - kw, wv = r > 0 && i >= M - r;
+    float *kd = wk ? kr + (size_t)ring_slot(p, kw) * D : NULL, *vd = wv ? vr + (size_t)ring_slot(p, r) * D : NULL;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        if (wk) kd[c] = k[c];
+        if (wv) vd[c] = v[c];
+    }
+}
+
+__global__ static void par_ring_kernel(const float *qkv, int M, int A, int ML, int64_t off, float *const *ring,
+                                       const int64_t *pos)
+{
+    const int n = blockIdx.x, b = n / M, i = n % M;
+    if (i < M - ML) return;
+    const int sl = (int)((pos[b] + i) % ML);
+    const float *k = qkv + (size_t)n * 3 * A + A, *v = k + A;
+    float *kd = ring[b] + off + (size_t)sl * A, *vd = ring[b] + off + (size_t)ML * A + (size_t)sl * A;
+    for (int c = threadIdx.x; c < A; c += blockDim.x) {
+        kd[c] = k[c];
+        vd[c] = v[c];
+    }
+}
+
+int gpu_aspan_ring_write(gpu_model *g, int l, int B, int M, char *err)
+{
+    const model_t *m = g->m;
+    const int K = m->n_head, D = m->d_head;
+    dim3 grid((unsigned)(B * M), (unsigned)K);
+    aspan_ring_kernel<<<grid, D < 128 ? D : 128, 0, g->stream>>>(g->qkv, M, D, g->krows + (size_t)l * K,
+                                                                 g->reach + (size_t)l * K, g->d_off + (size_t)l * K,
+                                                                 stage_ring(g, g->d_stage), stage_pos(g, g->d_stage));
+    LAUNCH_TRY(err, "aspan_ring_write");
+    return 0;
+}
+
+int gpu_par_ring_write(gpu_model *g, int l, int B, int M, char *err)
+{
+    const model_t *m = g->m;
+    const int A = m->n_head * m->d_head;
+    if (m->mem_len <= 0) return 0;
+    par_ring_kernel<<<(unsigned)(B * M), A < 256 ? A : 256, 0, g->stream>>>(
+        g->qkv, M, A, m->mem_len, (int64_t)g->h_off[l], stage_ring(g, g->d_stage), stage_pos(g, g->d_stage));
+    LAUNCH_TRY(err, "par_ring_write");
+    return 0;
+}

@@ -1,0 +1,228 @@
+/*
+ * bench_gpu.c - `make bench`: the figures of issue 4 for the benchmark
+ * models of ../shared/bench/README.md, random weights of those shapes:
+ *
+ *   aspan-enwik8  12 layers, hidden 512, 8 heads, inner 2048, span 8192,
+ *                 vocabulary 256, per-head spans of bench/span-profile.json
+ *                 (spans include the ramp R = 32: current_val = (span-R)/S);
+ *                 in both memory modes (model.h: exact keeps keys of the
+ *                 layer's whole window, span only the head's reach)
+ *   par-base      24 blocks afff x4 + f x8, d_model 512, 8 heads of 64,
+ *                 inner 2048, mem_len 512, vocabulary 256
+ *
+ * For each: decode tokens/s with 1 and 64 sessions (one token a step,
+ * memory carried; 1 session also with the logprobs copied to the host),
+ * scoring tokens/s with 1 and 16 streams in blocks of 512, memory bytes per
+ * session, and the card. Times are CUDA events on the model's stream around
+ * whole gpu_forward calls (each ends in a synchronisation, so host overhead
+ * counts), after warm-up; the median of 5 runs.
+ * SPANSERVE_SHARED names the folder of bench/span-profile.json.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "err.h"
+#include "harness.h"
+#include "model.h"
+
+#ifndef SPANSERVE_CUDA
+int main(void)
+{
+    printf("SKIP bench_gpu: no GPU (built without nvcc)\n");
+    return 0;
+}
+#else
+
+#include "../kernels/gpu.h"
+#include "randmodel.h"
+
+#include <jansson.h>
+#include <unistd.h>
+
+#define SESSIONS 64
+#define BLOCK 512
+#define RUNS 5
+
+typedef struct {
+    const char *name, *mode;
+    double dec1, dec1_lp, dec64, sc1, sc16, ms1;
+    size_t bytes, ref_bytes, full_bytes;
+} row_t;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Tokens/s of STEPS calls of gpu_forward(B streams x M tokens), the median of
+ * RUNS timed runs after WARM untimed calls. */
+static double rate(gpu_model *g, gpu_timer *t, gpu_mem **mems, int B, int M, int steps, int warm, float *lp,
+                   rm_rng *rng, double *ms_step)
+{
+    char err[ERR_LEN];
+    const int V = gpu_model_host(g)->V;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * M);
+    double r[RUNS];
+    for (int i = 0; i < B * M; i++) tok[i] = (int32_t)(rm_next(rng) % (uint64_t)V);
+    for (int i = 0; i < warm; i++)
+        if (gpu_forward(g, mems, B, tok, M, lp, err)) { printf("FAIL: %s\n", err); free(tok); return 0; }
+    if (steps == 0) { free(tok); return 0; }
+    for (int k = 0; k < RUNS; k++) {
+        gpu_timer_start(t);
+        for (int i = 0; i < steps; i++) {
+            tok[i % (B * M)] = (int32_t)(rm_next(rng) % (uint64_t)V);
+            if (gpu_forward(g, mems, B, tok, M, lp, err)) { printf("FAIL: %s\n", err); free(tok); return 0; }
+        }
+        double ms = gpu_timer_stop_ms(t);
+        r[k] = ms / steps;
+    }
+    free(tok);
+    qsort(r, RUNS, sizeof *r, cmp_double);
+    if (ms_step) *ms_step = r[RUNS / 2];
+    return (double)B * M / (r[RUNS / 2] / 1000.0);
+}
+
+/* Device time per operation over STEPS steps of B x M (gpu_profile), in ms
+ * a step, largest first. */
+static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const char *what)
+{
+    char err[ERR_LEN];
+    const int V = gpu_model_host(g)->V;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * M);
+    for (int i = 0; i < B * M; i++) tok[i] = (int32_t)(i * 7919 % V);
+    const char *names[32];
+    double ms[32], total = 0;
+    long calls[32];
+    gpu_profile(g, 1, err);
+    gpu_profile_read(g, names, ms, calls, 32);
+    for (int i = 0; i < steps; i++)
+        if (gpu_forward(g, mems, B, tok, M, NULL, err)) { printf("FAIL: %s\n", err); break; }
+    int n = gpu_profile_read(g, names, ms, calls, 32);
+    gpu_profile(g, 0, err);
+    free(tok);
+    for (int i = 0; i < n; i++) total += ms[i];
+    printf("  profile, %s: %.3f ms a step on the device:", what, total / steps);
+    for (int k = 0; k < n; k++) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (ms[i] >= 0 && (best < 0 || ms[i] > ms[best])) best = i;
+        if (best < 0 || ms[best] <= 0) break;
+        printf(" %s %.3f (%.0f%%, %ld launches)", names[best], ms[best] / steps, 100 * ms[best] / total,
+               calls[best] / steps);
+        ms[best] = -1;
+    }
+    printf("\n");
+}
+
+static int bench_model(const model_t *m, const char *name, const char *mode, row_t *row)
+{
+    char err[ERR_LEN];
+    gpu_model *g = gpu_model_new(m, SESSIONS, BLOCK, err);
+    if (!g) { printf("FAIL %s: %s\n", name, err); return -1; }
+    gpu_timer *t = gpu_timer_new(g, err);
+    gpu_mem *mems[SESSIONS];
+    for (int s = 0; s < SESSIONS; s++)
+        if (!(mems[s] = gpu_mem_new(g, err))) { printf("FAIL %s: %s\n", name, err); return -1; }
+    float *lp = malloc(sizeof(float) * SESSIONS * m->V);
+    rm_rng rng = {42};
+    /* every session first takes one block, so PAR's memory is full */
+    for (int s = 0; s < SESSIONS; s += 16) rate(g, t, mems + s, 16, BLOCK, 0, 1, NULL, &rng, NULL);
+    row->name = name;
+    row->mode = mode;
+    row->dec1 = rate(g, t, mems, 1, 1, 200, 20, NULL, &rng, &row->ms1);
+    row->dec1_lp = rate(g, t, mems, 1, 1, 200, 20, lp, &rng, NULL);
+    row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, &rng, NULL);
+    row->sc1 = rate(g, t, mems, 1, BLOCK, 10, 2, NULL, &rng, NULL);
+    row->sc16 = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, &rng, NULL);
+    row->bytes = mem_bytes(m);
+    row->ref_bytes = mem_bytes_reference(m);
+    row->full_bytes = mem_bytes_full(m);
+    printf("%-13s %-5s decode 1: %.0f tok/s (%.3f ms a step; %.0f with logprobs to the host), 64: %.0f tok/s; "
+           "scoring 1x512: %.0f tok/s, 16x512: %.0f tok/s; %zu bytes a session (reference %zu); "
+           "device: weights %.1f MB, step buffers %.1f MB\n",
+           name, mode, row->dec1, row->ms1, row->dec1_lp, row->dec64, row->sc1, row->sc16, row->bytes, row->ref_bytes,
+           gpu_model_weight_bytes(g) / 1e6, gpu_model_step_bytes(g) / 1e6);
+    profile(g, mems, 1, 1, 20, "decode 1");
+    profile(g, mems, SESSIONS, 1, 5, "decode 64");
+    profile(g, mems, 16, BLOCK, 2, "scoring 16x512");
+    fflush(stdout);
+    free(lp);
+    for (int s = 0; s < SESSIONS; s++) gpu_mem_free(mems[s]);
+    gpu_timer_free(t);
+    gpu_model_free(g);
+    return 0;
+}
+
+/* current_val per head from bench/span-profile.json: (span - R) / S. */
+static float *enwik8_spans(int *L, int *K, char *err)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/bench/span-profile.json", shared_dir());
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je), *sp = json_object_get(j, "spans");
+    if (!json_is_array(sp) || json_array_size(sp) == 0) {
+        err_set(err, "%s: %s", p, j ? "no spans" : je.text);
+        json_decref(j);
+        return NULL;
+    }
+    int S = (int)json_integer_value(json_object_get(j, "max_span")), R = (int)json_integer_value(json_object_get(j, "ramp"));
+    *L = (int)json_array_size(sp);
+    *K = (int)json_array_size(json_array_get(sp, 0));
+    float *z = malloc(sizeof(float) * (size_t)*L * *K);
+    for (int l = 0; l < *L; l++)
+        for (int h = 0; h < *K; h++) {
+            double s = json_number_value(json_array_get(json_array_get(sp, (size_t)l), (size_t)h));
+            z[l * *K + h] = (float)((s - R > 0 ? s - R : 0) / S);
+        }
+    json_decref(j);
+    return z;
+}
+
+int main(void)
+{
+    char err[ERR_LEN], card[256];
+    if (gpu_available(err)) {
+        printf("SKIP bench_gpu: no GPU (%s)\n", err);
+        return 0;
+    }
+    gpu_device_name(card, sizeof card, err);
+    const char *ped = getenv("SPANSERVE_GPU_PEDANTIC");
+    const char *math = ped && strcmp(ped, "1") == 0 ? "cuBLAS pedantic math" : "cuBLAS default math, no TF32";
+    printf("bench_gpu on %s (float32, %s)\n", card, math);
+    row_t rows[3];
+    int nrows = 0;
+
+    int L = 0, K = 0;
+    float *z = enwik8_spans(&L, &K, err);
+    if (!z) { printf("FAIL: %s\n", err); return 1; }
+    const char *pa = "/tmp/spanserve-bench-aspan-enwik8.safetensors", *pp = "/tmp/spanserve-bench-par-base.safetensors";
+    rm_aspan a = {256, 512, K, 2048, L, 8192, BLOCK, 32, z};
+    if (rm_write_aspan(pa, &a, 1, err)) { printf("FAIL: %s\n", err); return 1; }
+    free(z);
+    for (int mode = 0; mode < 2; mode++) {
+        model_t *m = model_load_mode(pa, mode ? MEM_SPAN : MEM_EXACT, err);
+        if (!m) { printf("FAIL: %s\n", err); return 1; }
+        if (bench_model(m, "aspan-enwik8", mode ? "span" : "exact", &rows[nrows]) == 0) nrows++;
+        model_free(m);
+    }
+    unlink(pa);
+
+    rm_par q = {256, 512, 8, 64, 2048, 512, BLOCK, 1, "afffafffafffafffffffffff"};
+    if (rm_write_par(pp, &q, 2, err)) { printf("FAIL: %s\n", err); return 1; }
+    model_t *m = model_load(pp, err);
+    if (!m) { printf("FAIL: %s\n", err); return 1; }
+    if (bench_model(m, "par-base", "-", &rows[nrows]) == 0) nrows++;
+    model_free(m);
+    unlink(pp);
+
+    printf("\ncard: %s; float32, %s; tokens/s (median of %d runs, CUDA events, after warm-up)\n", card, math, RUNS);
+    printf("| model | memory | decode 1 | decode 1 (+logprobs to host) | decode 64 | score 1x512 | score 16x512 | "
+           "bytes/session | reference bytes | full-span bytes |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (int i = 0; i < nrows; i++) {
+        row_t *r = &rows[i];
+        printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %zu | %zu | %zu |\n", r->name, r->mode, r->dec1,
+               r->dec1_lp, r->dec64, r->sc1, r->sc16, r->bytes, r->ref_bytes, r->full_bytes);
+    }
+    return nrows == 3 ? 0 : 1;
+}
+#endif

@@ -1,0 +1,219 @@
+/*
+ * randmodel.h - checkpoints of either family with random weights, written
+ * with core's safetensors writer: the GPU test's random models and the
+ * benchmark's models of the reference shapes (../shared/bench/README.md).
+ * Weights are uniform, scaled like PyTorch's default initialisation so that
+ * activations stay of order one; a seed makes them reproducible.
+ */
+#ifndef SPANSERVE_RANDMODEL_H
+#define SPANSERVE_RANDMODEL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "err.h"
+#include "st.h"
+
+typedef struct { uint64_t s; } rm_rng;
+
+static inline uint64_t rm_next(rm_rng *r)   /* splitmix64 */
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [-1, 1) */
+static inline float rm_uniform(rm_rng *r) { return (float)((double)(rm_next(r) >> 11) * 0x1.0p-52 - 1.0); }
+
+typedef struct {
+    st_writer *w;
+    float *data[4096];
+    char names[4096][96];
+    int n;
+    rm_rng rng;
+} rm_file;
+
+/* A tensor of the given shape: uniform * SCALE + SHIFT, or VALUES if given. */
+static int rm_add(rm_file *f, const char *name, int ndim, int64_t a, int64_t b, int64_t c, float scale, float shift,
+                  const float *values)
+{
+    if (f->n == 4096) return -1;
+    int64_t shape[3] = {a, b, c}, n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    float *d = malloc((size_t)n * sizeof *d);
+    if (!d) return -1;
+    for (int64_t i = 0; i < n; i++) d[i] = values ? values[i] : rm_uniform(&f->rng) * scale + shift;
+    f->data[f->n] = d;
+    snprintf(f->names[f->n], sizeof f->names[f->n], "%s", name);
+    st_writer_add(f->w, f->names[f->n], ST_F32, ndim, shape, d);
+    f->n++;
+    return 0;
+}
+
+/* The vocabulary: V distinct characters, U+0100 onwards. */
+static char *rm_vocab(int V)
+{
+    char *s = malloc((size_t)V * 9 + 3), *p = s;
+    if (!s) return NULL;
+    *p++ = '[';
+    for (int i = 0; i < V; i++) p += sprintf(p, "%s\"\\u%04x\"", i ? "," : "", 0x100 + i);
+    *p++ = ']';
+    *p = 0;
+    return s;
+}
+
+static void rm_free(rm_file *f)
+{
+    for (int i = 0; i < f->n; i++) free(f->data[i]);
+    st_writer_free(f->w);
+    free(f);
+}
+
+static int rm_save(rm_file *f, const char *path, const char *config, int V, char *err)
+{
+    char *vocab = rm_vocab(V);
+    int rc = vocab ? 0 : err_set(err, "out of memory");
+    if (rc == 0) {
+        st_writer_meta(f->w, "config", config);
+        st_writer_meta(f->w, "vocab", vocab);
+        rc = st_writer_save(f->w, path, err);
+    }
+    free(vocab);
+    rm_free(f);
+    return rc;
+}
+
+static rm_file *rm_open(uint64_t seed)
+{
+    rm_file *f = calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->w = st_writer_new();
+    f->rng.s = seed;
+    return f;
+}
+
+/* Adaptive-span: ZFRAC holds L*K values of current_val (z / S). */
+typedef struct {
+    int V, H, K, I, L, S, block, R;
+    const float *zfrac;
+} rm_aspan;
+
+static int rm_write_aspan(const char *path, const rm_aspan *c, uint64_t seed, char *err)
+{
+    rm_file *f = rm_open(seed);
+    if (!f) return err_set(err, "out of memory");
+    const int V = c->V, H = c->H, K = c->K, I = c->I, S = c->S, D = H / K;
+    const float sh = 1.0f / sqrtf((float)H), si = 1.0f / sqrtf((float)I);
+    float *tpl = malloc((size_t)S * sizeof *tpl);
+    char name[96];
+    int bad = !tpl;
+    for (int j = 0; !bad && j < S; j++) tpl[j] = (float)(1 - S + j);   /* linspace(1-S, 0, S) */
+    bad = bad || rm_add(f, "in_emb.weight", 2, V, H, 0, 1.0f, 0, NULL) ||
+          rm_add(f, "key_pe", 3, 1, D, S, 1.0f / sqrtf((float)D), 0, NULL) ||
+          rm_add(f, "out_emb.weight", 2, V, H, 0, sh, 0, NULL) || rm_add(f, "out_emb.bias", 1, V, 0, 0, 0.1f, 0, NULL);
+    static const char *proj[4] = {"proj_query", "proj_key", "proj_val", "proj_out"};
+    for (int l = 0; !bad && l < c->L; l++) {
+        for (int k = 0; k < 4 && !bad; k++) {
+            snprintf(name, sizeof name, "layers.%d.attn.%s.weight", l, proj[k]);
+            bad = rm_add(f, name, 2, H, H, 0, sh, 0, NULL);
+        }
+        snprintf(name, sizeof name, "layers.%d.attn.attn.adaptive_span._mask.current_val", l);
+        bad = bad || rm_add(f, name, 3, K, 1, 1, 0, 0, c->zfrac + (size_t)l * K);
+        snprintf(name, sizeof name, "layers.%d.attn.attn.adaptive_span._mask.mask_template", l);
+        bad = bad || rm_add(f, name, 1, S, 0, 0, 0, 0, tpl);
+        for (int k = 1; k <= 2 && !bad; k++) {
+            snprintf(name, sizeof name, "layers.%d.norm%d.weight", l, k);
+            bad = rm_add(f, name, 1, H, 0, 0, 0.1f, 1.0f, NULL);
+            snprintf(name, sizeof name, "layers.%d.norm%d.bias", l, k);
+            bad = bad || rm_add(f, name, 1, H, 0, 0, 0.1f, 0, NULL);
+        }
+        snprintf(name, sizeof name, "layers.%d.ff.fc1.weight", l);
+        bad = bad || rm_add(f, name, 2, I, H, 0, sh, 0, NULL);
+        snprintf(name, sizeof name, "layers.%d.ff.fc1.bias", l);
+        bad = bad || rm_add(f, name, 1, I, 0, 0, sh, 0, NULL);
+        snprintf(name, sizeof name, "layers.%d.ff.fc2.weight", l);
+        bad = bad || rm_add(f, name, 2, H, I, 0, si, 0, NULL);
+        snprintf(name, sizeof name, "layers.%d.ff.fc2.bias", l);
+        bad = bad || rm_add(f, name, 1, H, 0, 0, si, 0, NULL);
+    }
+    free(tpl);
+    char config[512];
+    snprintf(config, sizeof config,
+             "{\"family\": \"adaptive-span\", \"hidden_size\": %d, \"inner_hidden_size\": %d, \"nb_heads\": %d, "
+             "\"nb_layers\": %d, \"attn_span\": %d, \"block_size\": %d, \"adapt_span_ramp\": %d, \"vocab_size\": %d}",
+             H, I, K, c->L, S, c->block, c->R, V);
+    if (bad) {
+        rm_free(f);
+        return err_set(err, "out of memory");
+    }
+    return rm_save(f, path, config, V, err);
+}
+
+/* PAR Transformer-XL: ARCH is one letter a block: a(ttn), f(fn), s(kip). */
+typedef struct {
+    int V, D, nh, dh, I, mem_len, tgt_len, tie;
+    const char *arch;
+} rm_par;
+
+static int rm_write_par(const char *path, const rm_par *c, uint64_t seed, char *err)
+{
+    rm_file *f = rm_open(seed);
+    if (!f) return err_set(err, "out of memory");
+    const int V = c->V, D = c->D, A = c->nh * c->dh, I = c->I, nb = (int)strlen(c->arch);
+    const float sd = 1.0f / sqrtf((float)D), sa = 1.0f / sqrtf((float)A), si = 1.0f / sqrtf((float)I);
+    char name[96];
+    int bad = rm_add(f, "emb.weight", 2, V, D, 0, 1.0f / sqrtf((float)D), 0, NULL) ||
+              rm_add(f, "out.bias", 1, V, 0, 0, 0.1f, 0, NULL) ||
+              rm_add(f, "r_w_bias", 2, c->nh, c->dh, 0, 0.1f, 0, NULL) ||
+              rm_add(f, "r_r_bias", 2, c->nh, c->dh, 0, 0.1f, 0, NULL);
+    if (!c->tie) bad = bad || rm_add(f, "out.weight", 2, V, D, 0, sd, 0, NULL);
+    for (int b = 0; !bad && b < nb; b++) {
+        if (c->arch[b] == 'a') {
+            snprintf(name, sizeof name, "blocks.%d.attn.qkv_net.weight", b);
+            bad = rm_add(f, name, 2, 3 * A, D, 0, sd, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.attn.r_net.weight", b);
+            bad = bad || rm_add(f, name, 2, A, D, 0, sd, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.attn.o_net.weight", b);
+            bad = bad || rm_add(f, name, 2, D, A, 0, sa, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.attn.layer_norm.weight", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 1.0f, NULL);
+            snprintf(name, sizeof name, "blocks.%d.attn.layer_norm.bias", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 0, NULL);
+        } else if (c->arch[b] == 'f') {
+            snprintf(name, sizeof name, "blocks.%d.ff.CoreNet.0.weight", b);
+            bad = rm_add(f, name, 2, I, D, 0, sd, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.CoreNet.0.bias", b);
+            bad = bad || rm_add(f, name, 1, I, 0, 0, sd, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.CoreNet.3.weight", b);
+            bad = bad || rm_add(f, name, 2, D, I, 0, si, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.CoreNet.3.bias", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, si, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.layer_norm.weight", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 1.0f, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.layer_norm.bias", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 0, NULL);
+        }
+    }
+    char config[8192];
+    int at = snprintf(config, sizeof config,
+                      "{\"family\": \"par-transformer-xl\", \"n_blocks\": %d, \"n_head\": %d, \"d_model\": %d, "
+                      "\"d_head\": %d, \"d_inner\": %d, \"mem_len\": %d, \"tgt_len\": %d, \"tie_weight\": %s, "
+                      "\"vocab_size\": %d, \"arch\": [",
+                      nb, c->nh, D, c->dh, I, c->mem_len, c->tgt_len, c->tie ? "true" : "false", V);
+    for (int b = 0; b < nb && at < (int)sizeof config - 16; b++)
+        at += snprintf(config + at, sizeof config - at, "%s\"%s\"", b ? ", " : "",
+                       c->arch[b] == 'a' ? "attn" : c->arch[b] == 'f' ? "ffn" : "skip");
+    snprintf(config + at, sizeof config - at, "]}");
+    if (bad) {
+        rm_free(f);
+        return err_set(err, "out of memory");
+    }
+    return rm_save(f, path, config, V, err);
+}
+
+#endif

@@ -1,0 +1,407 @@
+/*
+ * test_gpu.c - the CUDA forward (kernels/) against the reference fixtures
+ * and against core's CPU forward:
+ *   - the fixtures' blocks, the single-token step and (adaptive-span) the
+ *     same tokens fed one at a time, to 1e-4 of the reference's logprobs;
+ *   - the full-evaluation bpc of expected.json, to 1e-4;
+ *   - random inputs on the fixture models and on random models: streams at
+ *     different positions in one batch, blocks, decode steps, odd block
+ *     lengths, blocks longer than the keys kept and than core's r_net
+ *     table; the logprobs and the memories after, to 1e-4 of the CPU;
+ *   - the errors gpu_forward returns.
+ * Without a GPU (or built without nvcc) it reports itself skipped.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "err.h"
+#include "harness.h"
+#include "infer.h"
+#include "model.h"
+#include "st.h"
+
+#ifndef SPANSERVE_CUDA
+int main(void)
+{
+    printf("SKIP test_gpu: no GPU (built without nvcc)\n");
+    return test_summary("test_gpu");
+}
+#else
+
+#include "../kernels/gpu.h"
+#include "randmodel.h"
+
+#include <jansson.h>
+#include <unistd.h>
+
+static char path[1024];
+
+static const char *fx(const char *name, const char *file)
+{
+    snprintf(path, sizeof path, "%s/fixtures/%s/%s", shared_dir(), name, file);
+    return path;
+}
+
+/* The largest |a - b|; NaN counts as infinite, so an unwritten output fails. */
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= w)) w = isnan(d) ? INFINITY : d;
+    }
+    return w;
+}
+
+static double worst_all;   /* the largest difference of any comparison with the CPU */
+static void note_worst(double d) { worst_all = d > worst_all || isnan(d) ? d : worst_all; }
+
+/* The fixture's blocks with both streams in one batch, the single-token step,
+ * and (adaptive-span) every token fed alone. */
+static void check_vectors(const char *name)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load(fx(name, "model.safetensors"), err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    st_file *vf = st_open(fx(name, "vectors.safetensors"), err);
+    CHECK(vf != NULL, "%s", err);
+    if (!vf) { model_free(m); return; }
+    const st_tensor *tt = st_find(vf, "tokens"), *lt = st_find(vf, "logprobs"), *stp = st_find(vf, "step_logprobs");
+    int S = (int)tt->shape[0], T = (int)tt->shape[1], NB = (int)lt->shape[1], M = (int)lt->shape[2], V = m->V;
+    int32_t *tok = malloc(sizeof(int32_t) * S * T);
+    float *ref = malloc(sizeof(float) * S * NB * M * V), *sref = malloc(sizeof(float) * S * V);
+    memcpy(tok, tt->data, sizeof(int32_t) * S * T);
+    memcpy(ref, lt->data, sizeof(float) * S * NB * M * V);
+    memcpy(sref, stp->data, sizeof(float) * S * V);
+    gpu_model *g = gpu_model_new(m, S, M, err);
+    CHECK(g != NULL, "%s", err);
+    if (!g) goto out;
+    gpu_mem *mems[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)};
+    mem_t *cm[2] = {mem_new(m), mem_new(m)};
+    fwd_ws *ws = ws_new();
+    float *lp = malloc(sizeof(float) * S * M * V), *clp = malloc(sizeof(float) * S * M * V);
+    int32_t *in = malloc(sizeof(int32_t) * S * M);
+    double worst = 0, worst_step = 0, worst_cpu = 0;
+    for (int b = 0; b < NB; b++) {
+        for (int s = 0; s < S; s++) memcpy(in + s * M, tok + s * T + b * M, sizeof(int32_t) * M);
+        CHECK(gpu_forward(g, mems, S, in, M, lp, err) == 0, "%s", err);
+        CHECK(model_forward(m, cm, S, in, M, clp, ws, err) == 0, "%s", err);
+        for (int s = 0; s < S; s++) {
+            double d = max_diff(lp + (size_t)s * M * V, ref + ((size_t)s * NB + b) * M * V, (size_t)M * V);
+            worst = d > worst || isnan(d) ? d : worst;
+        }
+        double d = max_diff(lp, clp, (size_t)S * M * V);
+        worst_cpu = d > worst_cpu || isnan(d) ? d : worst_cpu;
+    }
+    for (int s = 0; s < S; s++) in[s] = tok[s * T + NB * M];
+    CHECK(gpu_forward(g, mems, S, in, 1, lp, err) == 0, "%s", err);
+    worst_step = max_diff(lp, sref, (size_t)S * V);
+    CHECK(mems[0]->pos == NB * M + 1 && mems[1]->pos == NB * M + 1, "positions %lld", (long long)mems[0]->pos);
+    printf("%s: GPU max |logprob - reference| blocks %.2e, step %.2e; GPU vs CPU %.2e\n", name, worst, worst_step,
+           worst_cpu);
+    CHECK(worst <= 1e-4, "%s blocks: %.3g", name, worst);
+    CHECK(worst_step <= 1e-4, "%s step: %.3g", name, worst_step);
+    CHECK(worst_cpu <= 1e-4, "%s GPU vs CPU: %.3g", name, worst_cpu);
+    note_worst(worst_cpu);
+
+    if (m->fam == FAM_ASPAN) {   /* the decode path: one token a step */
+        CHECK(gpu_mem_reset(mems[0], err) == 0, "%s", err);
+        double worst_tok = 0;
+        for (int i = 0; i < NB * M; i++) {
+            CHECK(gpu_forward(g, mems, 1, tok + i, 1, lp, err) == 0, "%s", err);
+            double d = max_diff(lp, ref + (size_t)(i / M) * M * V + (size_t)(i % M) * V, (size_t)V);
+            worst_tok = d > worst_tok || isnan(d) ? d : worst_tok;
+        }
+        printf("%s: GPU token-at-a-time max diff %.2e\n", name, worst_tok);
+        CHECK(worst_tok <= 1e-4, "%s token-at-a-time: %.3g", name, worst_tok);
+    }
+    free(lp); free(clp); free(in);
+    gpu_mem_free(mems[0]); gpu_mem_free(mems[1]);
+    mem_free(cm[0]); mem_free(cm[1]);
+    ws_free(ws);
+out:
+    gpu_model_free(g);
+    free(tok); free(ref); free(sref);
+    st_close(vf);
+    model_free(m);
+}
+
+/* The validation text: the last 10% of tiny_shakespeare.txt, as token ids. */
+static int32_t *val_tokens(const model_t *m, size_t *n)
+{
+    char p[1024], err[ERR_LEN];
+    snprintf(p, sizeof p, "%s/data/tiny_shakespeare.txt", shared_dir());
+    FILE *f = fopen(p, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)len);
+    size_t got = fread(text, 1, (size_t)len, f);
+    fclose(f);
+    size_t start = (size_t)(0.9 * (double)got);
+    int32_t *t = NULL;
+    if (vocab_encode(&m->vocab, text + start, got - start, &t, n, err)) printf("note: %s\n", err);
+    free(text);
+    return t;
+}
+
+/* infer_score on the device: blocks of the model's length, the first
+ * token predicted from the pending one (none here: from toks[1]). */
+static int gpu_score(gpu_model *g, gpu_mem *s, const int32_t *toks, size_t n, score_t *out, char *err)
+{
+    const model_t *m = gpu_model_host(g);
+    const int L = m->block_len, V = m->V;
+    float *lp = malloc((size_t)L * V * sizeof *lp);
+    int32_t *in = malloc((size_t)L * sizeof *in);
+    size_t first = s->pending >= 0 ? 0 : 1, done = 0, total = n - first;
+    int rc = lp && in ? 0 : err_set(err, "out of memory");
+    while (rc == 0 && done < total) {
+        int k = total - done < (size_t)L ? (int)(total - done) : L;
+        for (int i = 0; i < k; i++) {
+            size_t t = first + done + i;
+            in[i] = t == 0 ? s->pending : toks[t - 1];
+        }
+        if (gpu_forward(g, &s, 1, in, k, lp, err)) { rc = -1; break; }
+        for (int i = 0; i < k; i++) out->nll_sum -= lp[(size_t)i * V + toks[first + done + i]];
+        out->tokens += k;
+        done += (size_t)k;
+    }
+    if (rc == 0) s->pending = toks[n - 1];
+    free(lp);
+    free(in);
+    return rc;
+}
+
+static void check_bpc(const char *name, mem_mode mode, double tol)
+{
+    char err[ERR_LEN];
+    json_t *e = json_load_file(fx(name, "expected.json"), 0, NULL);
+    model_t *m = model_load_mode(fx(name, "model.safetensors"), mode, err);
+    CHECK(e && m, "%s", err);
+    gpu_model *g = m ? gpu_model_new(m, 1, m->block_len, err) : NULL;
+    CHECK(g != NULL, "%s", err);
+    size_t n = 0;
+    int32_t *t = m ? val_tokens(m, &n) : NULL;
+    long want = e ? (long)json_integer_value(json_object_get(e, "val_tokens_scored")) : 0;
+    CHECK(t && n > (size_t)want, "validation text of %zu tokens", n);
+    if (g && t && n > (size_t)want) {
+        gpu_mem *s = gpu_mem_new(g, err);
+        score_t sc = {0, 0};
+        CHECK(s && gpu_score(g, s, t, (size_t)want + 1, &sc, err) == 0, "%s", err);
+        double bpc = sc.nll_sum / sc.tokens / log(2.0), ref = json_real_value(json_object_get(e, "val_bpc_full_eval"));
+        printf("%s (%s memory) on the GPU: bpc %.7f, reference %.7f, |diff| %.2e\n", name,
+               mode == MEM_EXACT ? "exact" : "span", bpc, ref, fabs(bpc - ref));
+        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
+        CHECK_NEAR(bpc, ref, tol, "val_bpc_full_eval on the GPU");
+        gpu_mem_free(s);
+    }
+    free(t);
+    gpu_model_free(g);
+    model_free(m);
+    json_decref(e);
+}
+
+/* Random inputs: NS streams brought to different positions on the CPU, then
+ * moved to the device, and the same steps (blocks of the lengths in STEPS)
+ * fed to both; logprobs and memories compared. */
+static void check_random(const model_t *m, const char *label, const int *pre, int NS, const int *steps, int nsteps,
+                         uint64_t seed)
+{
+    char err[ERR_LEN];
+    int maxM = 1;
+    for (int k = 0; k < nsteps; k++) maxM = steps[k] > maxM ? steps[k] : maxM;
+    gpu_model *g = gpu_model_new(m, NS, maxM, err);
+    CHECK(g != NULL, "%s: %s", label, err);
+    if (!g) return;
+    const int V = m->V;
+    rm_rng rng = {seed};
+    fwd_ws *ws = ws_new();
+    mem_t **cm = calloc((size_t)NS, sizeof *cm), **back = calloc((size_t)NS, sizeof *back);
+    gpu_mem **gm = calloc((size_t)NS, sizeof *gm);
+    int maxpre = 1;
+    for (int s = 0; s < NS; s++) maxpre = pre[s] > maxpre ? pre[s] : maxpre;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(maxpre > NS * maxM ? maxpre : NS * maxM));
+    float *lp = malloc(sizeof(float) * (size_t)NS * maxM * V), *clp = malloc(sizeof(float) * (size_t)NS * maxM * V);
+    for (int s = 0; s < NS; s++) {
+        cm[s] = mem_new(m);
+        back[s] = mem_new(m);
+        gm[s] = gpu_mem_new(g, err);
+        CHECK(gm[s] != NULL, "%s", err);
+        /* the CPU brings stream s to position pre[s], a block at a time */
+        for (int i = 0; i < pre[s]; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        for (int at = 0; at < pre[s]; at += m->block_len) {
+            int k = pre[s] - at < m->block_len ? pre[s] - at : m->block_len;
+            CHECK(model_forward(m, &cm[s], 1, tok + at, k, NULL, ws, err) == 0, "%s", err);
+        }
+        CHECK(gm[s] && gpu_mem_upload(gm[s], cm[s], err) == 0, "%s", err);
+    }
+    double worst = 0;
+    for (int k = 0; k < nsteps; k++) {
+        const int M = steps[k];
+        for (int i = 0; i < NS * M; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        CHECK(model_forward(m, cm, NS, tok, M, clp, ws, err) == 0, "%s", err);
+        CHECK(gpu_forward(g, gm, NS, tok, M, lp, err) == 0, "%s: %s", label, err);
+        double d = max_diff(lp, clp, (size_t)NS * M * V);
+        worst = d > worst || isnan(d) ? d : worst;
+    }
+    double worst_mem = 0;
+    int same = 1;
+    for (int s = 0; s < NS; s++) {
+        CHECK(gpu_mem_download(gm[s], back[s], err) == 0, "%s", err);
+        double d = max_diff(back[s]->buf, cm[s]->buf, cm[s]->n_floats);
+        worst_mem = d > worst_mem || isnan(d) ? d : worst_mem;
+        same = same && back[s]->pos == cm[s]->pos &&
+               memcmp(back[s]->len, cm[s]->len, (size_t)m->n_layers * sizeof(int)) == 0;
+    }
+    printf("%s: GPU vs CPU on random inputs: logprobs %.2e, memories %.2e\n", label, worst, worst_mem);
+    CHECK(worst <= 1e-4, "%s logprobs: %.3g", label, worst);
+    CHECK(worst_mem <= 1e-4, "%s memories: %.3g", label, worst_mem);
+    CHECK(same, "%s: positions or lengths differ", label);
+    note_worst(worst);
+    for (int s = 0; s < NS; s++) {
+        mem_free(cm[s]);
+        mem_free(back[s]);
+        gpu_mem_free(gm[s]);
+    }
+    free(cm); free(back); free(gm); free(tok); free(lp); free(clp);
+    ws_free(ws);
+    gpu_model_free(g);
+}
+
+static void check_fixture_random(const char *name, mem_mode mode, const char *label)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load_mode(fx(name, "model.safetensors"), mode, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    /* positions 0, a few and past every window; a block, decode steps, an odd
+     * block, and a block of 150 (longer than PAR's r_net table of 144) */
+    const int pre[3] = {0, 37, 700}, steps[] = {m->block_len, 1, 1, 1, 45, 150, 1};
+    check_random(m, label, pre, 3, steps, (int)(sizeof steps / sizeof *steps), 7);
+    model_free(m);
+}
+
+static void check_random_models(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    /* adaptive-span, spans from none (the ramp only) to the whole window,
+     * blocks longer than the keys a head keeps */
+    float z[3 * 4] = {0.0f, 0.1f, 0.5f, 1.0f, 0.3f, 0.0f, 0.0f, 0.05f, 0.9f, 0.2f, 0.6f, 0.0f};
+    rm_aspan a = {50, 64, 4, 128, 3, 96, 32, 16, z};
+    CHECK(rm_write_aspan(p, &a, 11, err) == 0, "%s", err);
+    const int pre[4] = {0, 5, 90, 333}, asteps[] = {32, 1, 1, 160, 7, 1};
+    for (int mode = 0; mode < 2; mode++) {
+        model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
+        CHECK(m != NULL, "random aspan: %s", err);
+        if (m) check_random(m, mode ? "random aspan (span memory)" : "random aspan (exact memory)", pre, 4, asteps, 6, 3);
+        model_free(m);
+    }
+    /* PAR: attention, skip and feed-forward blocks, untied output, blocks
+     * longer than the memory and than core's r_net table (40 + 24 rows) */
+    rm_par q = {50, 64, 4, 16, 128, 40, 24, 0, "asfa"};
+    CHECK(rm_write_par(p, &q, 12, err) == 0, "%s", err);
+    model_t *m = model_load(p, err);
+    CHECK(m != NULL, "random par: %s", err);
+    const int psteps[] = {24, 1, 1, 100, 3, 1};
+    if (m) check_random(m, "random par", pre, 4, psteps, 6, 4);
+    model_free(m);
+    /* PAR without memory */
+    rm_par q0 = {50, 64, 4, 16, 128, 0, 24, 1, "af"};
+    CHECK(rm_write_par(p, &q0, 13, err) == 0, "%s", err);
+    m = model_load(p, err);
+    CHECK(m != NULL, "random par, mem_len 0: %s", err);
+    if (m) check_random(m, "random par (mem_len 0)", pre, 4, psteps, 6, 5);
+    model_free(m);
+    /* heads wider than the 128 dims a lane pass accumulates */
+    float zw[2] = {0.4f, 1.0f};
+    rm_aspan aw = {40, 320, 2, 64, 1, 80, 16, 8, zw};
+    CHECK(rm_write_aspan(p, &aw, 14, err) == 0, "%s", err);
+    m = model_load(p, err);
+    CHECK(m != NULL, "wide aspan: %s", err);
+    const int wsteps[] = {16, 1, 40, 1};
+    if (m) check_random(m, "random aspan (heads of 160)", pre, 4, wsteps, 4, 6);
+    model_free(m);
+    rm_par qw = {40, 96, 2, 136, 64, 20, 16, 1, "fa"};
+    CHECK(rm_write_par(p, &qw, 15, err) == 0, "%s", err);
+    m = model_load(p, err);
+    CHECK(m != NULL, "wide par: %s", err);
+    if (m) check_random(m, "random par (heads of 136)", pre, 4, wsteps, 4, 7);
+    model_free(m);
+    /* a window past the scores kept in shared memory (16384): recomputed */
+    float zl[2] = {1.0f, 0.01f};
+    rm_aspan al = {30, 32, 2, 32, 1, 20000, 16, 32, zl};
+    CHECK(rm_write_aspan(p, &al, 16, err) == 0, "%s", err);
+    m = model_load(p, err);
+    CHECK(m != NULL, "long-span aspan: %s", err);
+    const int lpre[3] = {0, 70, 20050}, lsteps[] = {16, 1, 33};
+    if (m) check_random(m, "random aspan (window of 20000)", lpre, 3, lsteps, 3, 8);
+    model_free(m);
+    unlink(p);
+}
+
+/* What gpu_forward refuses, and that a refused step changes nothing. */
+static void check_errors(void)
+{
+    char err[ERR_LEN] = "";
+    model_t *m = model_load(fx("par-small", "model.safetensors"), err), *m2 = model_load(fx("aspan-small", "model.safetensors"), err);
+    CHECK(m && m2, "%s", err);
+    if (!m || !m2) { model_free(m); model_free(m2); return; }
+    gpu_model *g = gpu_model_new(m, 2, 8, err), *g2 = gpu_model_new(m2, 2, 8, err);
+    CHECK(g && g2, "%s", err);
+    CHECK(gpu_model_new(m, 0, 8, err) == NULL && strstr(err, "outside"), "a plan of 0 streams: %s", err);
+    if (g && g2) {
+        gpu_mem *a = gpu_mem_new(g, err), *b = gpu_mem_new(g, err), *o = gpu_mem_new(g2, err);
+        gpu_mem *two[2] = {a, b}, *dup[2] = {a, a}, *mixed[2] = {a, o};
+        int32_t tok[16] = {0};
+        CHECK(gpu_forward(g, two, 3, tok, 1, NULL, err) == -1 && strstr(err, "outside this plan"), "B > max: %s", err);
+        CHECK(gpu_forward(g, two, 1, tok, 9, NULL, err) == -1 && strstr(err, "outside this plan"), "M > max: %s", err);
+        CHECK(gpu_forward(g, two, 2, tok, 0, NULL, err) == -1, "M = 0");
+        CHECK(gpu_forward(g, dup, 2, tok, 1, NULL, err) == -1 && strstr(err, "share"), "one memory twice: %s", err);
+        CHECK(gpu_forward(g, mixed, 2, tok, 1, NULL, err) == -1 && strstr(err, "another model"), "foreign memory: %s", err);
+        tok[5] = m->V;
+        CHECK(gpu_forward(g, two, 2, tok, 4, NULL, err) == -1 && strstr(err, "vocabulary"), "bad token: %s", err);
+        tok[5] = -1;
+        CHECK(gpu_forward(g, two, 2, tok, 4, NULL, err) == -1 && strstr(err, "vocabulary"), "negative token: %s", err);
+        CHECK(a->pos == 0 && b->pos == 0 && a->len[3] == 0, "a refused step moved a memory");
+        tok[5] = 0;
+        CHECK(gpu_forward(g, two, 2, tok, 4, NULL, err) == 0, "%s", err);
+        CHECK(a->pos == 4 && a->len[3] == 4 && a->len[0] == 0, "pos %lld len %d", (long long)a->pos, a->len[3]);
+        mem_t *h = mem_new(m2);
+        CHECK(gpu_mem_upload(a, h, err) == -1 && strstr(err, "another model"), "upload of another model's memory");
+        CHECK(gpu_mem_download(a, h, err) == -1, "download into another model's memory");
+        mem_free(h);
+        gpu_mem_free(a); gpu_mem_free(b); gpu_mem_free(o);
+    }
+    gpu_model_free(g);
+    gpu_model_free(g2);
+    model_free(m);
+    model_free(m2);
+}
+
+int main(void)
+{
+    char err[ERR_LEN], name[256];
+    if (gpu_available(err)) {
+        printf("SKIP test_gpu: no GPU (%s)\n", err);
+        return test_summary("test_gpu");
+    }
+    CHECK(gpu_device_name(name, sizeof name, err) == 0, "%s", err);
+    printf("test_gpu on %s\n", name);
+    check_vectors("aspan-small");
+    check_vectors("par-small");
+    check_bpc("aspan-small", MEM_EXACT, 1e-4);
+    check_bpc("par-small", MEM_EXACT, 1e-4);
+    check_bpc("aspan-small", MEM_SPAN, 2e-3);
+    check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
+    check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
+    check_fixture_random("par-small", MEM_EXACT, "par-small");
+    check_random_models();
+    check_errors();
+    printf("test_gpu: largest GPU vs CPU logprob difference %.2e\n", worst_all);
+    return test_summary("test_gpu");
+}
+#endif
