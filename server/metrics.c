@@ -84,7 +84,7 @@ char *metrics_render(void)
     FILE *f = open_memstream(&buf, &len);
     if (!f) return NULL;
     pthread_mutex_lock(&srv.lock);
-    int queued = srv.queued, live = sess_count(0), disk = sess_count(1);
+    int queued = srv.queued + srv.running, live = sess_count(0), disk = sess_count(1);
     size_t bytes = sess_live_bytes();
     pthread_mutex_unlock(&srv.lock);
     pthread_mutex_lock(&mlock);
@@ -105,7 +105,7 @@ char *metrics_render(void)
     fprintf(f, "# HELP spanserve_tokens_scored_total Predictions scored.\n# TYPE spanserve_tokens_scored_total counter\n"
                "spanserve_tokens_scored_total %lu\n", tok_scored);
     pthread_mutex_unlock(&mlock);
-    fprintf(f, "# HELP spanserve_queue_depth Requests waiting for the scheduler.\n# TYPE spanserve_queue_depth gauge\n"
+    fprintf(f, "# HELP spanserve_queue_depth Requests queued or running (what --max-queue bounds).\n# TYPE spanserve_queue_depth gauge\n"
                "spanserve_queue_depth %d\n", queued);
     fprintf(f, "# HELP spanserve_sessions Sessions by where their memory is.\n# TYPE spanserve_sessions gauge\n"
                "spanserve_sessions{state=\"live\"} %d\nspanserve_sessions{state=\"disk\"} %d\n", live, disk);
