@@ -5,6 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "err.h"
+#include "fixtures.h"
 #include "harness.h"
 #include "infer.h"
 #include "model.h"
@@ -14,14 +15,6 @@
 #include <jansson.h>
 #include <stdint.h>
 #include <unistd.h>
-
-static char path[1024];
-
-static const char *fx(const char *name, const char *file)
-{
-    snprintf(path, sizeof path, "%s/fixtures/%s/%s", shared_dir(), name, file);
-    return path;
-}
 
 /* Feeds the fixture's token blocks and compares every logprob. */
 static void check_vectors(const char *name)
@@ -87,28 +80,6 @@ static void check_vectors(const char *name)
     ws_free(ws);
     st_close(vf);
     model_free(m);
-}
-
-/* The validation text: the last 10% of tiny_shakespeare.txt by characters,
- * as token ids. */
-static int32_t *val_tokens(const model_t *m, size_t *n)
-{
-    char p[1024], err[ERR_LEN];
-    snprintf(p, sizeof p, "%s/data/tiny_shakespeare.txt", shared_dir());
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)len);
-    size_t got = fread(text, 1, (size_t)len, f);
-    fclose(f);
-    /* the file is ASCII, so characters are bytes */
-    size_t start = (size_t)(0.9 * (double)got);
-    int32_t *t = NULL;
-    if (vocab_encode(&m->vocab, text + start, got - start, &t, n, err)) printf("note: %s\n", err);
-    free(text);
-    return t;
 }
 
 /* expected.json's val_bpc_full_eval: the validation text truncated to

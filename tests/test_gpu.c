@@ -13,6 +13,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "err.h"
+#include "fixtures.h"
 #include "harness.h"
 #include "infer.h"
 #include "model.h"
@@ -31,14 +32,6 @@ int main(void)
 
 #include <jansson.h>
 #include <unistd.h>
-
-static char path[1024];
-
-static const char *fx(const char *name, const char *file)
-{
-    snprintf(path, sizeof path, "%s/fixtures/%s/%s", shared_dir(), name, file);
-    return path;
-}
 
 /* The largest |a - b|; NaN counts as infinite, so an unwritten output fails. */
 static double max_diff(const float *a, const float *b, size_t n)
@@ -123,26 +116,6 @@ out:
     free(tok); free(ref); free(sref);
     st_close(vf);
     model_free(m);
-}
-
-/* The validation text: the last 10% of tiny_shakespeare.txt, as token ids. */
-static int32_t *val_tokens(const model_t *m, size_t *n)
-{
-    char p[1024], err[ERR_LEN];
-    snprintf(p, sizeof p, "%s/data/tiny_shakespeare.txt", shared_dir());
-    FILE *f = fopen(p, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = malloc((size_t)len);
-    size_t got = fread(text, 1, (size_t)len, f);
-    fclose(f);
-    size_t start = (size_t)(0.9 * (double)got);
-    int32_t *t = NULL;
-    if (vocab_encode(&m->vocab, text + start, got - start, &t, n, err)) printf("note: %s\n", err);
-    free(text);
-    return t;
 }
 
 /* infer_score on the device: blocks of the model's length, the first
