@@ -164,7 +164,8 @@ static const char serve_usage[] =
     "  --drain-timeout S       seconds to finish in-flight work on SIGTERM (default 30)\n"
     "  --memory exact|span     adaptive-span memory (default exact; see README)\n"
     "  --http-threads N        HTTP threads (default 2)\n"
-    "  --device cpu|auto       where the model runs (default auto: cpu in this build)\n";
+    "  --device cpu|auto       where the model runs (default auto: the CPU; the CUDA core is\n"
+    "                          not wired into the server yet)\n";
 
 static int parse_size(const char *s, size_t *out)
 {
@@ -316,7 +317,7 @@ int cmd_serve(int argc, char **argv)
             break;
         case 'v':
             if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0)
-                return usage("--device takes cpu or auto (this build has no CUDA core)");
+                return usage("--device takes cpu or auto (the server runs models on the CPU; the CUDA core in kernels/ is not wired into it yet)");
             break;
         case 'H': fputs(serve_usage, stdout); return 0;
         default: return usage("unknown option");
