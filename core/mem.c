@@ -74,12 +74,17 @@ mem_t *mem_new(const model_t *m)
         at += ((size_t)slot_krows(m, i) + slot_vrows(m, i)) * slot_width(m);
     }
     s->pending = -1;
+    if (m->backend && m->backend->attach(m->backend->ctx, s, NULL)) {
+        mem_free(s);
+        return NULL;
+    }
     return s;
 }
 
 void mem_free(mem_t *s)
 {
     if (!s) return;
+    if (s->dev) s->m->backend->detach(s->m->backend->ctx, s);
     free(s->buf);
     free(s->off);
     free(s->len);
@@ -92,16 +97,23 @@ void mem_reset(mem_t *s)
     memset(s->len, 0, (size_t)s->m->n_layers * sizeof *s->len);
     s->pos = 0;
     s->pending = -1;
+    if (s->dev) s->m->backend->push(s->m->backend->ctx, s, NULL);
+}
+
+/* The host copy of the rings, up to date. */
+static int mem_pull(const mem_t *s)
+{
+    return s->dev ? s->m->backend->pull(s->m->backend->ctx, (mem_t *)s, NULL) : 0;
 }
 
 int mem_copy(mem_t *dst, const mem_t *src)
 {
-    if (dst->m != src->m) return -1;
+    if (dst->m != src->m || mem_pull(src)) return -1;
     memcpy(dst->buf, src->buf, src->n_floats * sizeof(float));
     memcpy(dst->len, src->len, (size_t)src->m->n_layers * sizeof *src->len);
     dst->pos = src->pos;
     dst->pending = src->pending;
-    return 0;
+    return dst->dev ? dst->m->backend->push(dst->m->backend->ctx, dst, NULL) : 0;
 }
 
 /* ------------------------------------------------------------ serialised form
@@ -126,9 +138,9 @@ size_t mem_serial_size(const mem_t *s)
     return MEM_HDR + 4 * (size_t)s->m->n_layers + s->n_floats * sizeof(float);
 }
 
-int mem_serialize(const mem_t *s, void *buf, size_t cap)
+int mem_serialize(mem_t *s, void *buf, size_t cap)
 {
-    if (cap < mem_serial_size(s)) return -1;
+    if (cap < mem_serial_size(s) || mem_pull(s)) return -1;
     unsigned char *p = buf;
     uint32_t nl = (uint32_t)s->m->n_layers;
     uint64_t nf = s->n_floats;
@@ -184,5 +196,6 @@ int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err)
     memcpy(s->buf, p + MEM_HDR + 4 * nl, s->n_floats * sizeof(float));
     s->pos = pos;
     s->pending = pend;
+    if (s->dev && m->backend->push(m->backend->ctx, s, err)) return -1;
     return 0;
 }

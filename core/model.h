@@ -65,8 +65,24 @@ typedef struct {
     int rk_len;
 } layer_t;
 
+struct mem;
+
+/* Another device's forward (kernels/ through server/device.c): while a model
+ * has one, model_forward runs there and every memory of the model keeps its
+ * rings in a copy on that device (mem_t.dev), the host copy brought up to
+ * date only when the host needs it (export, spill to disk). */
+typedef struct fwd_backend {
+    void *ctx;
+    int (*forward)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err);
+    int (*attach)(void *ctx, struct mem *s, char *err);   /* make s->dev from the host copy */
+    void (*detach)(void *ctx, struct mem *s);             /* free s->dev */
+    int (*pull)(void *ctx, struct mem *s, char *err);     /* device -> host */
+    int (*push)(void *ctx, struct mem *s, char *err);     /* host -> device */
+} fwd_backend;
+
 typedef struct model {
     model_family fam;
+    const fwd_backend *backend;   /* NULL: the CPU */
     mem_mode mem_mode;
     char *path;
     char *config_json;     /* __metadata__.config as found */
@@ -125,6 +141,7 @@ typedef struct mem {
     int64_t pos;           /* positions consumed so far */
     int *len;              /* par: rows held per layer (<= mem_len) */
     int32_t pending;       /* the last token, not yet fed; -1 if none */
+    void *dev;             /* the backend's copy of buf (authoritative while set), or NULL */
 } mem_t;
 
 mem_t *mem_new(const model_t *m);
@@ -138,7 +155,7 @@ size_t mem_bytes_full(const model_t *m);        /* the reference at the full spa
 /* Serialised memory (for session export and snapshots): a header naming the
  * model's shape, then the rings. */
 size_t mem_serial_size(const mem_t *s);
-int mem_serialize(const mem_t *s, void *buf, size_t cap);
+int mem_serialize(mem_t *s, void *buf, size_t cap);   /* brings the host copy up to date first */
 int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err);
 
 /* ------------------------------------------------------------------ forward

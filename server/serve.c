@@ -85,8 +85,15 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
         snprintf(err, 512, "%s", e2);
         return NULL;
     }
+    if (srv.cfg.cuda && device_attach(m, e2)) {
+        model_free(m);
+        *status = 503;
+        snprintf(err, 512, "%s: cannot put the model on the GPU: %s", name, e2);
+        return NULL;
+    }
     smodel_t *sm = calloc(1, sizeof *sm);
     if (!sm || !(sm->path = strdup(path))) {
+        device_detach(m);
         free(sm);
         model_free(m);
         *status = 503;
@@ -98,8 +105,8 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
     smodel_t **p = &srv.models;
     while (*p) p = &(*p)->next;
     *p = sm;
-    log_line("model %s: %s, %s, %lld parameters, %zu bytes per session", name, path, model_family_name(m->fam),
-             (long long)m->n_params, mem_bytes(m));
+    log_line("model %s: %s, %s, %lld parameters, %zu bytes per session, on %s", name, path, model_family_name(m->fam),
+             (long long)m->n_params, mem_bytes(m), device_name(m));
     if (srv.ready) {   /* loaded at run time: its saved sessions come back too */
         int n = sess_load_all(sm);
         if (n) log_line("state: %d sessions of %s found", n, name);
@@ -124,6 +131,7 @@ int models_remove(const char *name, char *err, int *status)
     }
     *p = sm->next;
     sess_delete_model(sm);
+    device_detach(sm->m);
     model_free(sm->m);
     free(sm->path);
     free(sm);
@@ -135,6 +143,7 @@ json_t *models_json(const smodel_t *sm)
 {
     json_t *j = report_model(sm->m);
     json_object_set_new(j, "name", json_string(sm->name));
+    json_object_set_new(j, "device", json_string(device_name(sm->m)));
     return j;
 }
 
@@ -164,8 +173,8 @@ static const char serve_usage[] =
     "  --drain-timeout S       seconds to finish in-flight work on SIGTERM (default 30)\n"
     "  --memory exact|span     adaptive-span memory (default exact; see README)\n"
     "  --http-threads N        HTTP threads (default 2)\n"
-    "  --device cpu|auto       where the model runs (default auto: the CPU; the CUDA core is\n"
-    "                          not wired into the server yet)\n";
+    "  --device cpu|cuda|auto  where the models run (default auto: the GPU when there is\n"
+    "                          one and this build has the CUDA core, else the CPU)\n";
 
 static int parse_size(const char *s, size_t *out)
 {
@@ -251,7 +260,7 @@ int cmd_serve(int argc, char **argv)
     c->drain_timeout = 30;
     c->mem_mode = MEM_EXACT;
     c->http_threads = 2;
-    const char *models[64];
+    const char *models[64], *device = "auto";
     int n_models = 0, ch;
     double d;
     size_t z;
@@ -316,8 +325,9 @@ int cmd_serve(int argc, char **argv)
             c->http_threads = (int)d;
             break;
         case 'v':
-            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0)
-                return usage("--device takes cpu or auto (the server runs models on the CPU; the CUDA core in kernels/ is not wired into it yet)");
+            if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cuda") != 0)
+                return usage("--device takes cpu, cuda or auto");
+            device = optarg;
             break;
         case 'H': fputs(serve_usage, stdout); return 0;
         default: return usage("unknown option");
@@ -327,6 +337,12 @@ int cmd_serve(int argc, char **argv)
     const char *colon = strrchr(c->listen_addr, ':');
     if (!colon || parse_num(colon + 1, 1, 65535, &d)) return usage("--listen takes HOST:PORT");
     c->port = (int)d;
+    char derr[ERR_LEN];
+    if (strcmp(device, "cpu") != 0) {
+        c->cuda = device_cuda_usable(derr);
+        if (!c->cuda && strcmp(device, "cuda") == 0)
+            return fprintf(stderr, "spanserve serve: --device cuda: %s\n", derr), 1;
+    }
     const char *envkey = getenv("SPANSERVE_API_KEY");
     if (envkey && *envkey && add_key(envkey)) return 1;
     if (c->model_dir) {

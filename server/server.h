@@ -42,6 +42,7 @@ typedef struct {
     double request_timeout;      /* --request-timeout: seconds a request may run */
     size_t max_download;         /* --max-download: bytes of a checkpoint fetched by URL */
     mem_mode mem_mode;           /* --memory exact|span */
+    int cuda;                    /* --device: models run on the CUDA core */
     int http_threads;            /* --http-threads */
 } config_t;
 
@@ -167,6 +168,12 @@ void metrics_request(const char *route, int status, double seconds);
 void metrics_ttft(double seconds);
 void metrics_tokens(long generated, long scored);
 char *metrics_render(void);
+
+/* device (device.c): the CUDA core as a model's backend */
+int device_cuda_usable(char *err);   /* 1 when a GPU can be used */
+int device_attach(model_t *m, char *err);
+void device_detach(model_t *m);
+const char *device_name(const model_t *m);
 
 /* svg (svg.c) */
 char *svg_spans(const model_t *m);

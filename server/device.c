@@ -1,0 +1,137 @@
+/*
+ * device.c - where the models run (--device cpu|cuda|auto): with the CUDA
+ * core (kernels/gpu.h), each model gets a gpu_model and core's backend hook
+ * (model.h: fwd_backend), so model_forward runs on the device and every
+ * memory of the model keeps its rings there; the host copy is brought up to
+ * date only when a session is exported or spilled to disk.
+ *
+ * The scheduler thread runs the steps; HTTP threads create and export
+ * memories. One lock per model orders them (kernels/gpu.h: one thread at a
+ * time per gpu_model).
+ */
+#include "server.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef SPANSERVE_CUDA
+#include "../kernels/gpu.h"
+
+/* A step plans buffers for this many streams: more than the scheduler ever
+ * batches (256). */
+#define DEVICE_MAX_BATCH 256
+
+typedef struct {
+    gpu_model *g;
+    const model_t *m;
+    pthread_mutex_t lock;
+    fwd_backend be;
+    gpu_mem *batch[DEVICE_MAX_BATCH];
+} device_model;
+
+/* The device memory's position, lengths and pending token follow the host
+ * memory's: model_forward and the scheduler keep those on the host. */
+static void sync_scalars(gpu_mem *g, const mem_t *s)
+{
+    g->pos = s->pos;
+    g->pending = s->pending;
+    memcpy(g->len, s->len, (size_t)s->m->n_layers * sizeof *g->len);
+}
+
+static int dev_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err)
+{
+    device_model *d = ctx;
+    if (B > DEVICE_MAX_BATCH) return err_set(err, "a step of %d streams is over %d", B, DEVICE_MAX_BATCH);
+    pthread_mutex_lock(&d->lock);
+    for (int b = 0; b < B; b++) {
+        d->batch[b] = mems[b]->dev;
+        sync_scalars(d->batch[b], mems[b]);
+    }
+    int rc = gpu_forward(d->g, d->batch, B, tokens, M, logprobs, err);
+    for (int b = 0; rc == 0 && b < B; b++)   /* par: the rows each attention block now holds */
+        memcpy(mems[b]->len, d->batch[b]->len, (size_t)d->m->n_layers * sizeof *mems[b]->len);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static int dev_attach(void *ctx, mem_t *s, char *err)
+{
+    device_model *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    gpu_mem *g = gpu_mem_new(d->g, err);
+    int rc = g ? gpu_mem_upload(g, s, err) : -1;
+    if (rc && g) gpu_mem_free(g);
+    else if (!rc) s->dev = g;
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static void dev_detach(void *ctx, mem_t *s)
+{
+    device_model *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    gpu_mem_free(s->dev);
+    s->dev = NULL;
+    pthread_mutex_unlock(&d->lock);
+}
+
+static int dev_pull(void *ctx, mem_t *s, char *err)
+{
+    device_model *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    sync_scalars(s->dev, s);
+    int rc = gpu_mem_download(s->dev, s, err);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+static int dev_push(void *ctx, mem_t *s, char *err)
+{
+    device_model *d = ctx;
+    pthread_mutex_lock(&d->lock);
+    int rc = gpu_mem_upload(s->dev, s, err);
+    pthread_mutex_unlock(&d->lock);
+    return rc;
+}
+
+int device_cuda_usable(char *err) { return gpu_available(err) == 0; }
+
+int device_attach(model_t *m, char *err)
+{
+    device_model *d = calloc(1, sizeof *d);
+    if (!d) return err_set(err, "out of memory");
+    d->m = m;
+    d->g = gpu_model_new(m, DEVICE_MAX_BATCH, m->block_len, err);
+    if (!d->g) {
+        free(d);
+        return -1;
+    }
+    pthread_mutex_init(&d->lock, NULL);
+    d->be = (fwd_backend){d, dev_forward, dev_attach, dev_detach, dev_pull, dev_push};
+    m->backend = &d->be;
+    return 0;
+}
+
+void device_detach(model_t *m)
+{
+    if (!m->backend) return;
+    device_model *d = m->backend->ctx;
+    m->backend = NULL;
+    gpu_model_free(d->g);
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}
+
+const char *device_name(const model_t *m)
+{
+    return m->backend ? gpu_model_device_name(((device_model *)m->backend->ctx)->g) : "cpu";
+}
+
+#else /* a build without nvcc */
+
+int device_cuda_usable(char *err) { return err_set(err, "this build has no CUDA core (nvcc was not found)"), 0; }
+int device_attach(model_t *m, char *err) { (void)m; return err_set(err, "this build has no CUDA core"); }
+void device_detach(model_t *m) { (void)m; }
+const char *device_name(const model_t *m) { (void)m; return "cpu"; }
+
+#endif
