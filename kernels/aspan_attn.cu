@@ -15,11 +15,19 @@
  * made of. The ring writes of this block come in a later launch (ring.cu),
  * so every read here sees the memory as it was before the block.
  *
- * One thread block per (query, head); its warps take tiles of 32 distances.
+ * One thread block per (query, head, split): with few pairs (decode) each
+ * window is split into chunks of ASPAN_SPLIT_MIN distances or more
+ * (flash-decoding); a split leaves its local max m_s, sum z_s of exp(s - m_s),
+ * sum w_s of exp(s - m_s) m(d) and the unnormalised output in g->part, and
+ * aspan_combine_kernel meets them (the same softmax, mask and 1e-8). Without
+ * splits the block normalises itself, as before. Its warps take tiles of 32
+ * distances.
  * A key row is read by a whole warp, lanes over its dims (coalesced), for 32
  * keys at once, and warp_transpose_sum leaves key d0+lane's dot product in
  * lane `lane`; the position term reads key_pe's column S-d, lanes over d
- * (coalesced too). Pass 1 keeps the scores in shared memory (recomputed when
+ * (coalesced too). A lane issues the loads of several key rows (and
+ * position-term columns, and value rows) before their products: one
+ * dependent load after another was most of the kernel's time. Pass 1 keeps the scores in shared memory (recomputed when
  * the window is past ASPAN_SCORE_CAP) and takes their maximum; pass 2 sums
  * the softmax's denominator in double, as core; pass 3 forms each weight in
  * its lane, broadcasts it, and the warp adds weight x value row (lanes over
@@ -32,6 +40,25 @@
 #define ASPAN_SCORE_CAP 16384
 /* Dims a lane accumulates in registers per pass over the values: 4 x 32. */
 #define ASPAN_DCHUNK 128
+/* Decode (flash-decoding): a window is split into chunks of at least this
+ * many distances, for about this many blocks in a step. */
+#define ASPAN_SPLIT_MIN 128
+#define ASPAN_SPLIT_TARGET 4096
+/* Key rows whose loads a lane issues at once (two dims each). */
+/* The most threads a block has (few pairs, windows too short to split). */
+#ifndef ASPAN_MAXT
+#define ASPAN_MAXT 512
+#endif
+#ifndef ASPAN_KROWS
+#define ASPAN_KROWS 8
+#endif
+#ifndef ASPAN_PEROWS
+#define ASPAN_PEROWS 16
+#endif
+/* Value rows whose loads a warp has in flight at once. */
+#ifndef ASPAN_VROWS
+#define ASPAN_VROWS 8
+#endif
 
 typedef struct {
     const float *q;       /* shared: the query's D dims */
@@ -41,6 +68,7 @@ typedef struct {
     size_t stride;
     int kslot;            /* key-ring slot of the query's own position: distance d is slot kslot - d (mod kw) */
     int D, S, i, kw;
+    int dhi;              /* the last distance this block visits (kw, or its split's end) */
     float scale;
 } aspan_keys;
 
@@ -51,30 +79,58 @@ __device__ __forceinline__ static float aspan_tile_scores(const aspan_keys *a, i
     const int D = a->D;
     float v[32];
 #pragma unroll
-    for (int j = 0; j < 32; j++) {
-        const int d = d0 + j;
-        float part = 0.0f;
-        if (d <= a->kw) {
-            const int sl = a->kslot - d < 0 ? a->kslot - d + a->kw : a->kslot - d;
-            const float *k = d <= a->i ? a->kb + (size_t)(a->i - d) * a->stride : a->kr + (size_t)sl * D;
-            for (int c = lane; c < D; c += 32) part = fmaf(a->q[c], k[c], part);
+    for (int j = 0; j < 32; j++) v[j] = 0.0f;
+    /* 64 dims at a time, ASPAN_KROWS key rows' loads issued before their products:
+     * the loads of a tile overlap (one dependent load per key row was the
+     * cost); the sums run in core's order (dims lane, lane + 32, ...) */
+    for (int cb = 0; cb < D; cb += 64) {
+        const int c0 = cb + lane, c1 = cb + 32 + lane;
+        const float q0 = c0 < D ? a->q[c0] : 0.0f, q1 = c1 < D ? a->q[c1] : 0.0f;
+#pragma unroll
+        for (int hf = 0; hf < 32; hf += ASPAN_KROWS) {
+            float k0[ASPAN_KROWS], k1[ASPAN_KROWS];
+#pragma unroll
+            for (int j = 0; j < ASPAN_KROWS; j++) {
+                const int d = d0 + hf + j;
+                const bool ok = d <= a->dhi;
+                const int sl = a->kslot - d < 0 ? a->kslot - d + a->kw : a->kslot - d;
+                const float *k = d <= a->i ? a->kb + (size_t)(a->i - d) * a->stride : a->kr + (size_t)sl * D;
+                k0[j] = ok && c0 < D ? __ldg(k + c0) : 0.0f;
+                k1[j] = ok && c1 < D ? __ldg(k + c1) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < ASPAN_KROWS; j++) v[hf + j] = c1 < D ? fmaf(q1, k1[j], fmaf(q0, k0[j], v[hf + j])) : fmaf(q0, k0[j], v[hf + j]);
         }
-        v[j] = part;
     }
     const float qk = warp_transpose_sum(v, lane);
     const int d = d0 + lane;
     float qp = 0.0f;
-    if (d <= a->kw) {
+    if (d <= a->dhi) {
         const float *pe = a->key_pe + (a->S - d);
-        for (int c = 0; c < D; c++) qp = fmaf(a->q[c], pe[(size_t)c * a->S], qp);
+        int c = 0;
+        for (; c + ASPAN_PEROWS <= D; c += ASPAN_PEROWS) {
+            float t[ASPAN_PEROWS];
+#pragma unroll
+            for (int u = 0; u < ASPAN_PEROWS; u++) t[u] = __ldg(pe + (size_t)(c + u) * a->S);
+#pragma unroll
+            for (int u = 0; u < ASPAN_PEROWS; u++) qp = fmaf(a->q[c + u], t[u], qp);
+        }
+        for (; c < D; c++) qp = fmaf(a->q[c], pe[(size_t)c * a->S], qp);
     }
     return (qk + qp) / a->scale;
 }
 
-__global__ static void __launch_bounds__(512) aspan_attn_kernel(float *att, const float *qkv, int M, int D, int S, float scale,
+/* The same, out of line: the passes that recompute scores (windows past
+ * ASPAN_SCORE_CAP) call it, so that its registers are not the kernel's. */
+__device__ __noinline__ static float aspan_tile_scores_again(const aspan_keys *a, int d0, int lane)
+{
+    return aspan_tile_scores(a, d0, lane);
+}
+
+__global__ static void __launch_bounds__(ASPAN_MAXT) aspan_attn_kernel(float *att, const float *qkv, int M, int D, int S, float scale,
                                          const float *key_pe, const int *krows, const int *reach,
                                          const int64_t *mask_off, const float *derived, const int64_t *off,
-                                         float *const *ring, const int64_t *pos, int cap)
+                                         float *const *ring, const int64_t *pos, int cap, int chunk, float *part)
 {
     extern __shared__ float sm[];
     __shared__ float fred[32];
@@ -83,8 +139,13 @@ __global__ static void __launch_bounds__(512) aspan_attn_kernel(float *att, cons
     const int lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
     const int b = n / M, i = n % M, r = reach[h], kw = krows[h];
     float *out = att + (size_t)n * H + (size_t)h * D;
-    if (r == 0) {   /* a head whose mask is zero everywhere outputs zeros */
-        for (int c = tid; c < D; c += blockDim.x) out[c] = 0.0f;
+    /* split (part != NULL): this block takes distances dlo..dhi of the
+     * window and leaves its partial max, sum and output in `part` */
+    const int dlo = 1 + blockIdx.z * chunk, dhi = min(kw, dlo + chunk - 1);
+    float *rec = part ? part + (((size_t)n * K + h) * gridDim.z + blockIdx.z) * (D + 4) : NULL;
+    if (r == 0 || dlo > kw) {   /* a head whose mask is zero everywhere outputs zeros */
+        if (!part)
+            for (int c = tid; c < D; c += blockDim.x) out[c] = 0.0f;
         return;
     }
     float *q = sm, *accw = q + D, *sc = accw + NW * ASPAN_DCHUNK;
@@ -99,63 +160,127 @@ __global__ static void __launch_bounds__(512) aspan_attn_kernel(float *att, cons
     a.S = S;
     a.i = i;
     a.kw = kw;
+    a.dhi = dhi;
     a.scale = scale;
     const float *vb = a.kb + H, *vr = a.kr + (size_t)kw * D;
     const int vslot = ring_slot(pos[b] + i, r);
-    const bool store = kw <= cap;
+    const bool store = dhi - dlo + 1 <= cap;
     for (int c = tid; c < D; c += blockDim.x) q[c] = qkv[(size_t)n * a.stride + (size_t)h * D + c];
     __syncthreads();
 
     float mx = -INFINITY;
-    for (int d0 = 1 + 32 * warp; d0 <= kw; d0 += 32 * NW) {
+    for (int d0 = dlo + 32 * warp; d0 <= dhi; d0 += 32 * NW) {
         const float s = aspan_tile_scores(&a, d0, lane);
-        if (d0 + lane <= kw) {
-            if (store) sc[d0 + lane - 1] = s;
+        if (d0 + lane <= dhi) {
+            if (store) sc[d0 + lane - dlo] = s;
             mx = fmaxf(mx, s);
         }
     }
     mx = block_max(mx, fred);   /* its barrier also publishes sc */
     double z = 0;
-    for (int d0 = 1 + 32 * warp; d0 <= kw; d0 += 32 * NW) {
-        const float s = store ? sc[min(d0 + lane, kw) - 1] : aspan_tile_scores(&a, d0, lane);
-        if (d0 + lane <= kw) z += expf(s - mx);
+    for (int d0 = dlo + 32 * warp; d0 <= dhi; d0 += 32 * NW) {
+        const float s = store ? sc[min(d0 + lane, dhi) - dlo] : aspan_tile_scores_again(&a, d0, lane);
+        if (d0 + lane <= dhi) z += expf(s - mx);
     }
     z = block_sum(z, dred);
 
     const float *mask = derived + mask_off[h];
     double wsum = 0;
     float inv = 0.0f;
+    const int vhi = min(r, dhi);   /* the mask is zero past the reach */
     for (int cb = 0; cb < D; cb += ASPAN_DCHUNK) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int d0 = 1 + 32 * warp; d0 <= r; d0 += 32 * NW) {
+        for (int d0 = dlo + 32 * warp; d0 <= vhi; d0 += 32 * NW) {
             const int d = d0 + lane;
-            const float s = store ? sc[min(d, kw) - 1] : aspan_tile_scores(&a, d0, lane);
-            const float wt = d <= r ? (float)((double)expf(s - mx) / z) * mask[d - 1] : 0.0f;
+            const float s = store ? sc[min(d, dhi) - dlo] : aspan_tile_scores_again(&a, d0, lane);
+            /* split: unnormalised exp(s - local max) x mask; the combine scales it */
+            const float wt = d > vhi ? 0.0f
+                             : part  ? expf(s - mx) * mask[d - 1]
+                                     : (float)((double)expf(s - mx) / z) * mask[d - 1];
             if (cb == 0) wsum += wt;
-            const int cnt = r - d0 + 1 < 32 ? r - d0 + 1 : 32;
-#pragma unroll 4
-            for (int j = 0; j < cnt; j++) {
-                const float w = __shfl_sync(0xffffffffu, wt, j);
-                const int dd = d0 + j;
-                const int sl = vslot - dd < 0 ? vslot - dd + r : vslot - dd;
-                const float *v = dd <= i ? vb + (size_t)(i - dd) * a.stride : vr + (size_t)sl * D;
+            const int cnt = vhi - d0 + 1 < 32 ? vhi - d0 + 1 : 32;
+            /* ASPAN_VROWS value rows' loads in flight, then their products */
+            for (int j0 = 0; j0 < cnt; j0 += ASPAN_VROWS) {
+                float vv[ASPAN_VROWS][4];
 #pragma unroll
-                for (int t = 0; t < 4; t++) {
-                    const int c = cb + lane + 32 * t;
-                    if (c < D && c < cb + ASPAN_DCHUNK) acc[t] = fmaf(w, v[c], acc[t]);
+                for (int u = 0; u < ASPAN_VROWS; u++) {
+                    const int dd = d0 + j0 + u;
+                    const bool ok = j0 + u < cnt;
+                    const int sl = vslot - dd < 0 ? vslot - dd + r : vslot - dd;
+                    const float *v = dd <= i ? vb + (size_t)(i - dd) * a.stride : vr + (size_t)sl * D;
+#pragma unroll
+                    for (int t = 0; t < 4; t++) {
+                        const int c = cb + lane + 32 * t;
+                        vv[u][t] = ok && c < D && c < cb + ASPAN_DCHUNK ? __ldg(v + c) : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < ASPAN_VROWS; u++) {
+                    const float w = __shfl_sync(0xffffffffu, wt, (j0 + u) & 31);
+                    if (j0 + u < cnt) {
+#pragma unroll
+                        for (int t = 0; t < 4; t++) {
+                            const int c = cb + lane + 32 * t;
+                            if (c < D && c < cb + ASPAN_DCHUNK) acc[t] = fmaf(w, vv[u][t], acc[t]);
+                        }
+                    }
                 }
             }
         }
 #pragma unroll
         for (int t = 0; t < 4; t++) accw[warp * ASPAN_DCHUNK + lane + 32 * t] = acc[t];
-        if (cb == 0) inv = (float)(1.0 / (block_sum(wsum, dred) + 1e-8));   /* its barrier publishes accw */
-        else __syncthreads();
+        if (cb == 0) {
+            const double ws = block_sum(wsum, dred);   /* its barrier publishes accw */
+            inv = part ? 1.0f : (float)(1.0 / (ws + 1e-8));
+            if (part && tid == 0) {
+                rec[0] = mx;
+                rec[1] = (float)z;
+                rec[2] = (float)ws;
+            }
+        } else
+            __syncthreads();
+        float *dst = part ? rec + 4 : out;
         for (int c = tid; c < ASPAN_DCHUNK && cb + c < D; c += blockDim.x) {
             float o = 0.0f;
             for (int w = 0; w < NW; w++) o += accw[w * ASPAN_DCHUNK + c];
-            out[cb + c] = o * inv;
+            dst[cb + c] = o * inv;
         }
         __syncthreads();   /* accw is read before the next chunk writes it */
+    }
+}
+
+/* The splits of (query n, head h) met: with M the largest partial max and
+ * e_s = exp(m_s - M), Z = sum z_s e_s is the softmax's denominator over the
+ * whole window, W = sum w_s e_s / Z the weights' sum, and the output
+ * sum o_s e_s / Z / (W + 1e-8), as the one-block kernel's. */
+__global__ static void aspan_combine_kernel(float *att, const float *part, int D, int chunk, int nsplit,
+                                            const int *krows, const int *reach)
+{
+    const int n = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * D;
+    float *out = att + (size_t)n * H + (size_t)h * D;
+    const int r = reach[h], ns = (krows[h] + chunk - 1) / chunk;   /* the splits that met a key */
+    if (r == 0) {
+        for (int c = threadIdx.x; c < D; c += blockDim.x) out[c] = 0.0f;
+        return;
+    }
+    const float *rec = part + ((size_t)n * K + h) * nsplit * (D + 4);
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++) M = fmaxf(M, rec[(size_t)s * (D + 4)]);
+    double Z = 0, W = 0;
+    for (int s = 0; s < ns; s++) {
+        const float *p = rec + (size_t)s * (D + 4);
+        const double e = (double)expf(p[0] - M);
+        Z += (double)p[1] * e;
+        W += (double)p[2] * e;
+    }
+    const double inv = 1.0 / Z / (W / Z + 1e-8);
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        double o = 0;
+        for (int s = 0; s < ns; s++) {
+            const float *p = rec + (size_t)s * (D + 4);
+            o += (double)p[4 + c] * (double)expf(p[0] - M);
+        }
+        out[c] = (float)(o * inv);
     }
 }
 
@@ -167,24 +292,50 @@ static size_t aspan_smem(const gpu_model *g, int T)
     return (size_t)(g->m->d_head + (T / 32) * ASPAN_DCHUNK + cap) * sizeof(float);
 }
 
-size_t gpu_aspan_attn_smem(const gpu_model *g) { return aspan_smem(g, 512); }
+size_t gpu_aspan_attn_smem(const gpu_model *g) { return aspan_smem(g, ASPAN_MAXT); }
 
 int gpu_aspan_attn(gpu_model *g, int l, int B, int M, char *err)
 {
     const model_t *m = g->m;
     const int K = m->n_head, D = m->d_head;
-    /* few (query, head) pairs (decode): more warps each, to share a long span */
-    const int T = (int64_t)B * M * K < 1024 ? 512 : 128;
-    const int cap = g->max_window < ASPAN_SCORE_CAP ? g->max_window : ASPAN_SCORE_CAP;
-    const size_t smem = aspan_smem(g, T);
+    const int64_t pairs = (int64_t)B * M * K;
+    int lw = 0;   /* the layer's widest window */
+    for (int h = 0; h < K; h++)
+        if (m->layers[l].krows[h] > lw) lw = m->layers[l].krows[h];
+    /* few (query, head) pairs (decode): split each window into chunks of at
+     * least ASPAN_SPLIT_MIN distances (a multiple of 32), one block of 128
+     * threads each, for about ASPAN_SPLIT_TARGET blocks in all */
+    int nsplit = 1, chunk = lw;
+    if (pairs * 2 <= ASPAN_SPLIT_BLOCKS && lw > ASPAN_SPLIT_MIN) {
+        int want = (int)((ASPAN_SPLIT_TARGET + pairs - 1) / pairs), most = (lw + ASPAN_SPLIT_MIN - 1) / ASPAN_SPLIT_MIN;
+        if ((int64_t)want * pairs > ASPAN_SPLIT_BLOCKS) want = (int)(ASPAN_SPLIT_BLOCKS / pairs);
+        nsplit = want < most ? want : most;
+        if (nsplit < 2) nsplit = 1;
+        else {
+            chunk = (lw + nsplit - 1) / nsplit;
+            chunk = (chunk + 31) & ~31;
+            nsplit = (lw + chunk - 1) / chunk;
+        }
+    }
+    const int T = nsplit > 1 ? 128 : pairs < 1024 ? ASPAN_MAXT : 128;
+    const int wmax = nsplit > 1 ? chunk : g->max_window;
+    const int cap = wmax < ASPAN_SCORE_CAP ? wmax : ASPAN_SCORE_CAP;
+    const size_t smem = (size_t)(D + (T / 32) * ASPAN_DCHUNK + cap) * sizeof(float);
     if (smem > 48 * 1024)
         CU_TRY(cudaFuncSetAttribute(aspan_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
                "aspan_attn: shared memory");
-    dim3 grid((unsigned)(B * M), (unsigned)K);
+    dim3 grid((unsigned)(B * M), (unsigned)K, (unsigned)nsplit);
+    float *part = nsplit > 1 ? g->part : NULL;
+    if (nsplit == 1) chunk = g->max_window > 0 ? g->max_window : 1;
     aspan_attn_kernel<<<grid, T, smem, g->stream>>>(
         g->att, g->qkv, M, D, m->span, sqrtf((float)D), g->key_pe, g->krows + (size_t)l * K, g->reach + (size_t)l * K,
         g->mask_off + (size_t)l * K, g->derived, g->d_off + (size_t)l * K, stage_ring(g, g->d_stage),
-        stage_pos(g, g->d_stage), cap);
+        stage_pos(g, g->d_stage), cap, chunk, part);
     LAUNCH_TRY(err, "aspan_attn");
+    if (nsplit > 1) {
+        aspan_combine_kernel<<<dim3((unsigned)(B * M), (unsigned)K), 64, 0, g->stream>>>(
+            g->att, g->part, D, chunk, nsplit, g->krows + (size_t)l * K, g->reach + (size_t)l * K);
+        LAUNCH_TRY(err, "aspan_attn: combine");
+    }
     return 0;
 }

@@ -72,6 +72,7 @@ void gpu_model_free(gpu_model *g)
     cudaFree(g->mask_off);
     cudaFree(g->d_off);
     cudaFree(g->x);
+    cudaFree(g->part);
     cudaFree(g->d_stage);
     cudaFree(g->blas_ws);
     if (g->h_stage) cudaFreeHost(g->h_stage);
@@ -326,6 +327,9 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *e
             g->step_bytes = total * sizeof(float);
             if (cudaMemset(g->x, 0xFF, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "cudaMemset");
         }
+        if (rc == 0 && m->fam == FAM_ASPAN &&
+            cudaMalloc(&g->part, (size_t)ASPAN_SPLIT_BLOCKS * (m->d_head + 4) * sizeof(float)) != cudaSuccess)
+            rc = err_set(err, "out of device memory for the attention's partial sums");
         g->o_tok = 0;
         g->o_pos = align16(g->o_tok + N * sizeof(int32_t));
         g->o_ring = align16(g->o_pos + (size_t)max_batch * sizeof(int64_t));

@@ -68,6 +68,9 @@ struct gpu_model {
     int64_t *d_off;
     /* per-step buffers, rows N = max_batch * max_block */
     float *x, *qkv, *att, *tmp, *ff, *logits;
+    /* aspan decode: the partial results of a query's key splits
+     * (ASPAN_SPLIT_BLOCKS records of d_head + 4 floats), NULL for par */
+    float *part;
     /* per-step inputs: staged in pinned host memory, copied in one transfer */
     void *h_stage, *d_stage;
     size_t stage_bytes;
@@ -94,6 +97,10 @@ static __device__ __forceinline__ int ring_slot(int64_t p, int r)
     int64_t s = p % r;
     return (int)(s < 0 ? s + r : s);
 }
+
+/* The most (query, head, split) blocks an adaptive-span step splits its keys
+ * over (flash-decoding); the partials buffer holds one record for each. */
+#define ASPAN_SPLIT_BLOCKS 8192
 
 /* ---- launchers (each in its own file) ---- */
 

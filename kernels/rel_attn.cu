@@ -18,12 +18,18 @@
  * to lane `lane`. Scores stay in shared memory when they fit (else are
  * recomputed); the denominator is summed in double, as core; each lane's
  * weight is broadcast and the warp adds weight x value row in registers.
+ * Loads of several key, r and value rows are issued before their products.
  */
 #include "gpu_internal.cuh"
 #include "reduce.cuh"
 
 #define REL_SCORE_CAP 16384
 #define REL_DCHUNK 128
+/* Key (and r) rows, and value rows, whose loads a lane issues at once. */
+#ifndef REL_KROWS
+#define REL_KROWS 4
+#endif
+#define REL_VROWS 8
 
 typedef struct {
     const float *qu, *qv;   /* shared: q + u, q + v */
@@ -43,21 +49,47 @@ __device__ __forceinline__ static float rel_tile_scores(const rel_keys *a, int j
     const int dh = a->dh;
     float v[32];
 #pragma unroll
-    for (int jj = 0; jj < 32; jj++) {
-        const int j = j0 + jj;
-        float ac = 0.0f, bd = 0.0f;
-        if (j <= a->qi) {
-            const int sl = a->mslot + j >= a->ML ? a->mslot + j - a->ML : a->mslot + j;
-            const float *k = j < a->mlen ? a->kr + (size_t)sl * a->A : a->kb + (size_t)(j - a->mlen) * a->stride;
-            const float *r = a->rk + (size_t)(a->qi - j) * a->A;
-            for (int c = lane; c < dh; c += 32) {
-                ac = fmaf(a->qu[c], k[c], ac);
-                bd = fmaf(a->qv[c], r[c], bd);
+    for (int jj = 0; jj < 32; jj++) v[jj] = 0.0f;
+    /* 64 dims at a time, REL_KROWS key and r rows' loads issued before their
+     * products, so that a tile's loads overlap (one dependent load after
+     * another was the cost); heads of up to 64 dims sum as before */
+    for (int cb = 0; cb < dh; cb += 64) {
+        const int c0 = cb + lane, c1 = cb + 32 + lane;
+        const float u0 = c0 < dh ? a->qu[c0] : 0.0f, u1 = c1 < dh ? a->qu[c1] : 0.0f;
+        const float w0 = c0 < dh ? a->qv[c0] : 0.0f, w1 = c1 < dh ? a->qv[c1] : 0.0f;
+#pragma unroll
+        for (int hf = 0; hf < 32; hf += REL_KROWS) {
+            float k0[REL_KROWS], k1[REL_KROWS], r0[REL_KROWS], r1[REL_KROWS];
+#pragma unroll
+            for (int jj = 0; jj < REL_KROWS; jj++) {
+                const int j = j0 + hf + jj;
+                const bool ok = j <= a->qi;
+                const int sl = a->mslot + j >= a->ML ? a->mslot + j - a->ML : a->mslot + j;
+                const float *k = j < a->mlen ? a->kr + (size_t)sl * a->A : a->kb + (size_t)(j - a->mlen) * a->stride;
+                const float *r = a->rk + (size_t)(ok ? a->qi - j : 0) * a->A;
+                k0[jj] = ok && c0 < dh ? __ldg(k + c0) : 0.0f;
+                k1[jj] = ok && c1 < dh ? __ldg(k + c1) : 0.0f;
+                r0[jj] = ok && c0 < dh ? __ldg(r + c0) : 0.0f;
+                r1[jj] = ok && c1 < dh ? __ldg(r + c1) : 0.0f;
+            }
+#pragma unroll
+            for (int jj = 0; jj < REL_KROWS; jj++) {
+                float ac = fmaf(u0, k0[jj], 0.0f), bd = fmaf(w0, r0[jj], 0.0f);
+                if (c1 < dh) {
+                    ac = fmaf(u1, k1[jj], ac);
+                    bd = fmaf(w1, r1[jj], bd);
+                }
+                v[hf + jj] += ac + bd;
             }
         }
-        v[jj] = ac + bd;
     }
     return warp_transpose_sum(v, lane) * a->scale;
+}
+
+/* The same, out of line, for the passes that recompute scores. */
+__device__ __noinline__ static float rel_tile_scores_again(const rel_keys *a, int j0, int lane)
+{
+    return rel_tile_scores(a, j0, lane);
 }
 
 __global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const float *qkv, int M, int nh, int dh,
@@ -107,7 +139,7 @@ __global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const 
     mx = block_max(mx, fred);
     double z = 0;
     for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
-        const float s = store ? sc[min(j0 + lane, L - 1)] : rel_tile_scores(&a, j0, lane);
+        const float s = store ? sc[min(j0 + lane, L - 1)] : rel_tile_scores_again(&a, j0, lane);
         if (j0 + lane < L) z += expf(s - mx);
     }
     const float inv = (float)(1.0 / block_sum(z, dred));
@@ -116,19 +148,34 @@ __global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const 
     for (int cb = 0; cb < dh; cb += REL_DCHUNK) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
-            const float s = store ? sc[min(j0 + lane, L - 1)] : rel_tile_scores(&a, j0, lane);
+            const float s = store ? sc[min(j0 + lane, L - 1)] : rel_tile_scores_again(&a, j0, lane);
             const float wt = j0 + lane < L ? expf(s - mx) * inv : 0.0f;
             const int cnt = L - j0 < 32 ? L - j0 : 32;
-#pragma unroll 4
-            for (int jj = 0; jj < cnt; jj++) {
-                const float w = __shfl_sync(0xffffffffu, wt, jj);
-                const int k = j0 + jj;
-                const int sl = a.mslot + k >= ML ? a.mslot + k - ML : a.mslot + k;
-                const float *v = k < mlen ? vr + (size_t)sl * A : vb + (size_t)(k - mlen) * a.stride;
+            /* REL_VROWS value rows' loads in flight, then their products */
+            for (int jb = 0; jb < cnt; jb += REL_VROWS) {
+                float vv[REL_VROWS][4];
 #pragma unroll
-                for (int t = 0; t < 4; t++) {
-                    const int c = cb + lane + 32 * t;
-                    if (c < dh && c < cb + REL_DCHUNK) acc[t] = fmaf(w, v[c], acc[t]);
+                for (int u = 0; u < REL_VROWS; u++) {
+                    const int k = j0 + jb + u;
+                    const bool ok = jb + u < cnt;
+                    const int sl = a.mslot + k >= ML ? a.mslot + k - ML : a.mslot + k;
+                    const float *v = k < mlen ? vr + (size_t)sl * A : vb + (size_t)(k - mlen) * a.stride;
+#pragma unroll
+                    for (int t = 0; t < 4; t++) {
+                        const int c = cb + lane + 32 * t;
+                        vv[u][t] = ok && c < dh && c < cb + REL_DCHUNK ? __ldg(v + c) : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < REL_VROWS; u++) {
+                    const float w = __shfl_sync(0xffffffffu, wt, (jb + u) & 31);
+                    if (jb + u < cnt) {
+#pragma unroll
+                        for (int t = 0; t < 4; t++) {
+                            const int c = cb + lane + 32 * t;
+                            if (c < dh && c < cb + REL_DCHUNK) acc[t] = fmaf(w, vv[u][t], acc[t]);
+                        }
+                    }
                 }
             }
         }
