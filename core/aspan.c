@@ -86,10 +86,15 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                 for (int i = 0; i < M; i++) {
                     const float *smi = scm + (size_t)i * kw, *sbi = scb + (size_t)i * M, *pi = pe + (size_t)i * kw;
                     float mx = -INFINITY;
-                    for (int c = 0; c < kw; c++) {   /* distance d = kw - c */
-                        int d = kw - c;
-                        float qk = d <= i ? sbi[i - d] : smi[ring_slot(p0 + i - d, kw)];
-                        p[c] = (qk + pi[c]) / scale;
+                    /* distance d = kw - c: the ring (position p0+i-d, slots
+                     * running on from that of p0+i-kw) while d > i, then the block */
+                    const int in_ring = kw - i < 0 ? 0 : kw - i;   /* c < in_ring: d > i */
+                    for (int c = 0, sl = ring_slot(p0 + i - kw, kw); c < in_ring; c++, sl = sl + 1 == kw ? 0 : sl + 1) {
+                        p[c] = (smi[sl] + pi[c]) / scale;
+                        mx = p[c] > mx ? p[c] : mx;
+                    }
+                    for (int c = in_ring; c < kw; c++) {
+                        p[c] = (sbi[i - (kw - c)] + pi[c]) / scale;
                         mx = p[c] > mx ? p[c] : mx;
                     }
                     double z = 0, zm = 0;
@@ -106,10 +111,10 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                     const float inv = (float)(1.0 / (zm + 1e-8));
                     float *o = att + (row0 + i) * H + h * D;
                     memset(o, 0, (size_t)D * sizeof *o);
-                    for (int j = 0; j < r; j++) {   /* distance r - j */
-                        int d = r - j;
+                    for (int j = 0, sl = ring_slot(p0 + i - r, r); j < r; j++, sl = sl + 1 == r ? 0 : sl + 1) {
+                        int d = r - j;   /* distance; the ring's slot of position p0+i-d runs with j */
                         const float a = pr[j] * inv;
-                        const float *vv = d <= i ? vb + (size_t)(i - d) * H : vr + (size_t)ring_slot(p0 + i - d, r) * D;
+                        const float *vv = d <= i ? vb + (size_t)(i - d) * H : vr + (size_t)sl * D;
                         for (int c = 0; c < D; c++) o[c] += a * vv[c];
                     }
                 }

@@ -92,10 +92,15 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
                     const float *ami = acm + (size_t)i * (mlen ? mlen : 1), *abi = acb + (size_t)i * M,
                                 *bi = bd + (size_t)i * klen;
                     float mx = -INFINITY;
-                    for (int j = 0; j <= qi; j++) {
-                        /* key j: memory row j (ring slot of position p0-mlen+j) or block row j-mlen */
-                        float a = j < mlen ? ami[(p0 - mlen + j) % ML] : abi[j - mlen];
-                        p[j] = (a + bi[qi - j]) * scale;
+                    /* key j: memory row j (the ring's slot of position p0-mlen+j, running on
+                     * with j) or block row j-mlen */
+                    const int sl0 = mlen ? (int)((p0 - mlen) % ML) : 0;
+                    for (int j = 0, sl = sl0; j < mlen; j++, sl = sl + 1 == ML ? 0 : sl + 1) {
+                        p[j] = (ami[sl] + bi[qi - j]) * scale;
+                        mx = p[j] > mx ? p[j] : mx;
+                    }
+                    for (int j = mlen; j <= qi; j++) {
+                        p[j] = (abi[j - mlen] + bi[qi - j]) * scale;
                         mx = p[j] > mx ? p[j] : mx;
                     }
                     double z = 0;
@@ -106,10 +111,10 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
                     const float inv = (float)(1.0 / z);
                     float *o = att + (row0 + i) * A + h * dh;
                     memset(o, 0, (size_t)dh * sizeof *o);
-                    for (int j = 0; j <= qi; j++) {
+                    for (int j = 0, sl = sl0; j <= qi; j++) {
                         const float a = p[j] * inv;
-                        const float *vv = j < mlen ? vr + (size_t)((p0 - mlen + j) % ML) * A + h * dh
-                                                   : vb + (size_t)(j - mlen) * 3 * A;
+                        const float *vv = j < mlen ? vr + (size_t)sl * A + h * dh : vb + (size_t)(j - mlen) * 3 * A;
+                        if (j < mlen) sl = sl + 1 == ML ? 0 : sl + 1;
                         for (int c = 0; c < dh; c++) o[c] += a * vv[c];
                     }
                 }
