@@ -364,7 +364,6 @@ enum MHD_Result route_task_done(request_t *r)
 
 void route_stream_final(task_t *t)
 {
-    char *s = NULL;
     json_t *j;
     if (t->status) {
         j = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", t->status, "type", error_type(t->status), "message", t->err);
@@ -376,21 +375,11 @@ void route_stream_final(task_t *t)
                       "logprobs", "finish_reason", finish_str(t));
         json_object_set_new(j, "usage", usage(t));
     }
-    s = json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
-    json_decref(j);
-    if (!s) return;
-    /* the same event shape as sched.c's: appended directly */
-    size_t need = strlen(s) + 64;
-    if (t->sse_len + need > t->sse_cap) {
-        char *nb = realloc(t->sse, t->sse_len + need);
-        if (!nb) { free(s); return; }
-        t->sse = nb;
-        t->sse_cap = t->sse_len + need;
+    if (t->api == API_NATIVE) {
+        task_event(t, t->status ? "error" : "done", j);
+    } else {
+        task_event(t, NULL, j);
+        task_sse_append(t, "data: [DONE]\n\n", 14);
     }
-    if (t->api == API_NATIVE)
-        t->sse_len += (size_t)sprintf(t->sse + t->sse_len, "event: %s\ndata: %s\n\n", t->status ? "error" : "done", s);
-    else
-        t->sse_len += (size_t)sprintf(t->sse + t->sse_len, "data: %s\n\ndata: [DONE]\n\n", s);
-    free(s);
 }
 

@@ -72,7 +72,7 @@ void task_release(task_t *t)
 
 /* ------------------------------------------------------------ events */
 
-static void sse_append(task_t *t, const char *s, size_t n)
+void task_sse_append(task_t *t, const char *s, size_t n)
 {
     if (t->sse_len + n + 1 > t->sse_cap) {
         size_t cap = (t->sse_len + n + 1) * 2;
@@ -89,17 +89,17 @@ static void sse_append(task_t *t, const char *s, size_t n)
  * OpenAI API, "data: JSON\n\n". */
 void task_event(task_t *t, const char *name, json_t *data)
 {
-    char *s = json_dumps(data, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
+    char *s = json_dumps(data, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(data);
     if (!s) return;
     if (name) {
-        sse_append(t, "event: ", 7);
-        sse_append(t, name, strlen(name));
-        sse_append(t, "\n", 1);
+        task_sse_append(t, "event: ", 7);
+        task_sse_append(t, name, strlen(name));
+        task_sse_append(t, "\n", 1);
     }
-    sse_append(t, "data: ", 6);
-    sse_append(t, s, strlen(s));
-    sse_append(t, "\n\n", 2);
+    task_sse_append(t, "data: ", 6);
+    task_sse_append(t, s, strlen(s));
+    task_sse_append(t, "\n\n", 2);
     free(s);
 }
 

@@ -161,6 +161,7 @@ int sched_submit(task_t *t, char *err, int *status);
 void task_release(task_t *t);   /* srv.lock held */
 /* Appends an SSE event to T's stream ("event: NAME" when NAME; steals DATA). */
 void task_event(task_t *t, const char *name, json_t *data);
+void task_sse_append(task_t *t, const char *s, size_t n);   /* raw bytes of the stream */
 int sched_busy(void);           /* tasks queued or running (srv.lock held) */
 
 /* metrics (metrics.c) */
