@@ -1,0 +1,219 @@
+/*
+ * train.h - the CPU trainer of both families: configuration, parameters,
+ * the training forward (activations kept) and its backward, the optimizers,
+ * and the loop that reads a text, logs JSON lines and writes checkpoints in
+ * the layout model_load() reads.
+ *
+ * The CPU trainer computes in double precision: it is the reference that a
+ * faster trainer is checked against, and finite differences need it. Weights
+ * are saved as float32 in the checkpoint; the exact double state (weights,
+ * optimizer moments, memories, random generator, data position) goes to a
+ * sidecar so that --resume continues bit for bit.
+ *
+ * Files: train_config.c (keys, defaults, checks), train_params.c (tensor
+ * table, initialisation, checkpoint and state files), train_ops.c (double
+ * linear algebra and their backwards), train_aspan.c, train_par.c (the two
+ * families' forward and backward), train_optim.c (Adagrad, Adam, clipping),
+ * train_loop.c (data, steps, evaluation, logging, resume).
+ */
+#ifndef SPANSERVE_TRAIN_H
+#define SPANSERVE_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "model.h"
+
+#define TRAIN_PATH_LEN 1024
+
+/* The trainer's random numbers: splitmix64, so that a state is one word
+ * that the sidecar can carry. */
+typedef struct { uint64_t s; } train_rng;
+static inline uint64_t train_rng_next(train_rng *r)
+{
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+/* uniform in (0, 1): never 0, so that logs are finite */
+static inline double train_rng_unif(train_rng *r) { return ((double)(train_rng_next(r) >> 11) + 0.5) * 0x1.0p-53; }
+
+typedef enum { OPT_ADAGRAD, OPT_ADAM } train_optim;
+
+/* Every key of a training config (train_config.c documents each, and
+ * README.md "Training" lists them). Defaults are the reference recipes of
+ * ../shared/fixtures/{aspan-small,par-small}/expected.json. */
+typedef struct {
+    model_family fam;
+    /* data and outputs */
+    char data[TRAIN_PATH_LEN];   /* the text file */
+    char out[TRAIN_PATH_LEN];    /* the checkpoint; the state sidecar is OUT.state */
+    char log[TRAIN_PATH_LEN];    /* JSON lines; empty: standard output */
+    char device[16];             /* "cpu" (the CUDA trainer is not built yet) */
+    double val_fraction;         /* the last fraction of the text (in characters) is validation */
+    /* schedule */
+    long steps, log_every, eval_every, checkpoint_every, eval_tokens;
+    uint64_t seed;
+    int batch_size;
+    /* optimizer */
+    train_optim optim;
+    long lr_warmup;
+    double lr, grad_clip, beta1, beta2, adam_eps;
+    /* adaptive-span */
+    int hidden_size, inner_hidden_size, nb_heads, nb_layers, attn_span, block_size, adapt_span_ramp;
+    double adapt_span_loss, adapt_span_init;
+    /* par-transformer-xl */
+    int n_blocks, n_head, d_model, d_head, d_inner, mem_len, tgt_len, tie_weight;
+    long search_steps;
+    double arch_lr, tau_start, tau_end;
+} train_cfg;
+
+/* Defaults of FAM's recipe (data, out empty). */
+void train_cfg_defaults(train_cfg *c, model_family fam);
+/* Reads a JSON config object: "family" first, then every key; an unknown
+ * key, a key of the other family, a wrong type or a value out of range is an
+ * error naming the key. */
+int train_cfg_from_json(train_cfg *c, const char *json_text, const char *label, char *err);
+/* Checks the keys together (sizes that must divide, required paths). */
+int train_cfg_check(const train_cfg *c, char *err);
+/* The config as a JSON object (every key), as stored in the state sidecar;
+ * caller frees. */
+char *train_cfg_json(const train_cfg *c);
+/* The model's config as the checkpoint records it (__metadata__.config). */
+char *train_model_config_json(const train_cfg *c, int V, const char *const *arch);
+
+/* ------------------------------------------------------------------ model */
+
+/* One tensor of the checkpoint: its name as the loader knows it, its shape,
+ * and where it lives in the parameter arena. */
+typedef enum { TP_WEIGHT, TP_ZFRAC, TP_ALPHA } tparam_kind;
+typedef struct {
+    char name[96];
+    int ndim;
+    int64_t shape[3];
+    size_t off, n;
+    tparam_kind kind;
+    int branch;   /* par: BLK_ATTN or BLK_FFN branch of block `layer`; -1 otherwise */
+    int layer;
+} tparam;
+
+/* Offsets of a layer's tensors in the arena (SIZE_MAX: none). */
+typedef struct {
+    size_t wq, wk, wv, wo, zfrac;                       /* aspan */
+    size_t qkv, rnet, onet, alpha;                      /* par */
+    size_t ln1_w, ln1_b, fc1_w, fc1_b, fc2_w, fc2_b, ln2_w, ln2_b;
+} tlayer;
+
+/* Activations of one step and the backward's scratch: buffers laid out once
+ * by the family's *_acts_alloc (indices are the family's), no allocation in
+ * a step. */
+#define TACT_MAX 40
+typedef struct tacts {
+    double *b[TACT_MAX];
+} tacts;
+
+typedef struct trainer {
+    train_cfg c;
+    int V, L, H, K, D, I, A, M, B;   /* vocab, layers, width, heads, head dim, inner, nh*dh (par), block, streams */
+    /* parameters, gradients, optimizer moments: arenas of n doubles */
+    tparam *tp;
+    int n_tp;
+    size_t n;
+    double *w, *g, *m1, *m2;
+    tlayer *ly;
+    size_t emb, key_pe, out_w, out_b, r_w_bias, r_r_bias;
+    long step;          /* optimizer steps done */
+    /* memory carried between blocks (no gradient through it):
+     *   aspan: per layer, B x S x H, the layer's input of the last S positions,
+     *          rows the reference would not keep are zeros;
+     *   par:   per layer, B x mem_len x D, the block's input of the last
+     *          mlen[l] positions (rows 0..mlen-1). */
+    double *mem;
+    int *mlen;
+    /* par: the search */
+    int searching;      /* 1 while the architecture is searched */
+    blk_kind *arch;     /* the fixed architecture (argmax alpha) once searching ends */
+    double *mix;        /* L x 3: this step's block weights (Gumbel-softmax sample, or one-hot) */
+    double *gumbel;     /* L x 3: this step's Gumbel noise g (the weights are softmax((alpha + g) / tau)) */
+    double tau;
+    tacts *act;
+    double *logp;       /* log-probabilities of the last forward without backward, B*M rows of V */
+} trainer;
+
+trainer *trainer_new(const train_cfg *c, int V, char *err);
+void trainer_free(trainer *t);
+/* Initialises the weights as the reference modules do, from SEED. */
+void trainer_init(trainer *t, uint64_t seed);
+/* Zeroes every memory (start of the data, or a wrap). */
+void trainer_reset_memory(trainer *t);
+
+/* The training forward of one block: X, Y are B x M token ids (input and
+ * next token). Returns the mean negative log-likelihood (nats); *AUX gets the
+ * regulariser (aspan: the span loss; par: 0). With BACKWARD, the gradient of
+ * nll + aux goes to t->g (overwritten). With CARRY, the memories advance. On
+ * error returns NAN with ERR set. PAR reads t->mix for the blocks' weights. */
+double trainer_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux,
+                       char *err);
+
+double aspan_train_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux);
+double par_train_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry);
+int aspan_acts_alloc(trainer *t);
+int par_acts_alloc(trainer *t);
+void acts_free(tacts *a);
+/* Allocates buffer I of N doubles (zeroed); -1 when out of memory. */
+int acts_add(trainer *t, int i, size_t n);
+
+/* PAR: the index (attn, ffn, skip) of the largest of 3 logits, the first on a tie. */
+static inline blk_kind par_argmax(const double *a)
+{
+    int k = 0;
+    for (int i = 1; i < 3; i++)
+        if (a[i] > a[k]) k = i;
+    return (blk_kind)k;
+}
+
+/* The adaptive-span window the reference attends to at layer l with the
+ * current z (S - trim_len), and the rows it caches (cache_size). */
+void aspan_window(const trainer *t, int l, int *window, int *cache);
+
+/* PAR: this step's Gumbel noise G (L x 3; NULL: none, for evaluation).
+ * The forward mixes the blocks by softmax((alpha + g) / tau) while
+ * searching, one-hot of the fixed arch after. */
+void par_set_mix(trainer *t, const double *gumbel);
+/* Fixes the architecture as argmax(alpha) and ends the search. */
+void par_fix_arch(trainer *t);
+
+/* ------------------------------------------------------------------ optimizer */
+
+/* One update with the gradient in t->g at learning rate LR (weights) and
+ * ARCH_LR (alpha, Adam, not clipped). Tensors that took no part in the step
+ * are left alone, as PyTorch leaves parameters without a gradient: alpha
+ * once the architecture is fixed, and the branches it did not choose. Then
+ * z/S is clamped to [0, 1]. */
+void train_optim_step(trainer *t, double lr, double arch_lr);
+/* Whether tensor I of the table takes part in the current step. */
+int train_param_active(const trainer *t, int i);
+/* The learning rate of step (1-based) S: lr * min(1, s / lr_warmup). */
+double train_lr(const train_cfg *c, long s);
+
+/* ------------------------------------------------------------------ files */
+
+/* Writes the checkpoint in the loader's layout (float32), atomically;
+ * VOCAB_JSON is the vocabulary's JSON array, HISTORY (may be NULL) the PAR
+ * annealing history, stored as __metadata__.arch_history. */
+int trainer_save_checkpoint(const trainer *t, const char *path, const char *vocab_json, const char *history,
+                            char *err);
+
+/* ------------------------------------------------------------------ loop */
+
+/* Runs the whole training of C: reads the text, builds the vocabulary,
+ * trains, evaluates, writes checkpoints and the state sidecar (OUT.state),
+ * and writes progress as JSON lines to LOG. With RESUME, continues from the
+ * sidecar. Returns 0, or -1 with ERR set. */
+int train_run(const train_cfg *c, int resume, FILE *log, char *err);
+
+/* The path of the state sidecar of checkpoint OUT. */
+void train_state_path(const char *out, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,293 @@
+/*
+ * train_par.c - PAR Transformer-XL's training forward and backward: the
+ * search supernet of stochastic blocks, and the fixed model after it.
+ *
+ * Block l with input X (B x M x D), memory C of its input at the last mlen
+ * positions (no gradient through it), mixed by w = softmax((alpha + g)/tau)
+ * (g Gumbel noise, one sample per block per step) while searching, one-hot
+ * of the fixed arch after:
+ *   X' = w_attn LN_a(X + Attn(X)) + w_ffn LN_f(X + FF(X)) + w_skip X
+ * Attention (Transformer-XL), cat = [C; X], klen = mlen + M:
+ *   q, k, v = split(cat Wqkv^T) (queries of X's rows), r_t = Wr sinusoid(t)
+ *   s(i, j) = ((q_i + u) . k_j + (q_i + v) . r_{mlen+i-j}) / sqrt(dh), j <= mlen+i
+ *   Attn = softmax(s) v Wo^T
+ * Backward of the mixture: dw_k = sum dX' . branch_k, and
+ *   dalpha = w (dw - sum_k w_k dw_k) / tau.
+ * Memory after a block: the last mem_len rows of cat.
+ */
+#include "train.h"
+#include "train_ops.h"
+
+#include <math.h>
+#include <string.h>
+
+enum {
+    P_X,      /* (L+1) x N x D */
+    P_CAT,    /* L x B x KL x D */
+    P_QKV,    /* L x B x KL x 3A */
+    P_POS,    /* KL x D: sinusoid(t), t = 0..KL-1 */
+    P_RK,     /* L x KL x A */
+    P_P,      /* L x B x nh x M x KL */
+    P_AV,     /* L x N x A */
+    P_OA, P_XHA, P_RA, /* L x N x D, rstd L x N */
+    P_FF, P_OF, P_XHF, P_RF,
+    P_LOGP,
+    /* backward scratch */
+    P_DX, P_DXN, P_DY, P_DS, P_DAV, P_DFF, P_DQKV, P_DRK, P_QU, P_QV, P_SC, P_SC2, P_DQ,
+    P_MLEN,   /* L: the mlen of the forward */
+    P_N
+};
+
+int par_acts_alloc(trainer *t)
+{
+    const size_t L = t->L, B = t->B, M = t->M, D = t->H, A = t->A, nh = t->K, I = t->I, V = t->V, N = B * M,
+                 KL = (size_t)t->c.mem_len + M, dh = t->D;
+    size_t sz[P_N] = {
+        [P_X] = (L + 1) * N * D, [P_CAT] = L * B * KL * D, [P_QKV] = L * B * KL * 3 * A, [P_POS] = KL * D,
+        [P_RK] = L * KL * A, [P_P] = L * B * nh * M * KL, [P_AV] = L * N * A, [P_OA] = L * N * D,
+        [P_XHA] = L * N * D, [P_RA] = L * N, [P_FF] = L * N * I, [P_OF] = L * N * D, [P_XHF] = L * N * D,
+        [P_RF] = L * N, [P_LOGP] = N * V, [P_DX] = N * D, [P_DXN] = N * D, [P_DY] = N * D, [P_DS] = N * D, [P_DAV] = N * A,
+        [P_DFF] = N * I, [P_DQKV] = B * KL * 3 * A, [P_DRK] = KL * A, [P_QU] = M * dh, [P_QV] = M * dh,
+        [P_SC] = M * KL, [P_SC2] = M * KL, [P_DQ] = M * dh, [P_MLEN] = L,
+    };
+    for (int i = 0; i < P_N; i++)
+        if (acts_add(t, i, sz[i])) return -1;
+    t->logp = t->act->b[P_LOGP];
+    /* Transformer-XL's sinusoid: [sin(t f_i), cos(t f_i)], f_i = 1/10000^(2i/D) */
+    for (size_t p = 0; p < KL; p++)
+        for (size_t i = 0; i < D / 2; i++) {
+            double f = 1.0 / pow(10000.0, (2.0 * i) / D);
+            t->act->b[P_POS][p * D + i] = sin((double)p * f);
+            t->act->b[P_POS][p * D + D / 2 + i] = cos((double)p * f);
+        }
+    return 0;
+}
+
+void par_set_mix(trainer *t, const double *gumbel)
+{
+    for (int i = 0; i < 3 * t->L; i++) t->gumbel[i] = gumbel ? gumbel[i] : 0.0;
+}
+
+void par_fix_arch(trainer *t)
+{
+    for (int b = 0; b < t->L; b++) t->arch[b] = par_argmax(t->w + t->ly[b].alpha);
+    t->searching = 0;
+}
+
+static void compute_mix(trainer *t)
+{
+    for (int b = 0; b < t->L; b++) {
+        double *m = t->mix + 3 * b;
+        if (!t->searching) {
+            for (int k = 0; k < 3; k++) m[k] = k == (int)t->arch[b];
+            continue;
+        }
+        const double *a = t->w + t->ly[b].alpha, *gn = t->gumbel + 3 * b;
+        double y[3], mx = -INFINITY, z = 0;
+        for (int k = 0; k < 3; k++) {
+            y[k] = (a[k] + gn[k]) / t->tau;
+            mx = y[k] > mx ? y[k] : mx;
+        }
+        for (int k = 0; k < 3; k++) z += m[k] = exp(y[k] - mx);
+        for (int k = 0; k < 3; k++) m[k] /= z;
+    }
+}
+
+double par_train_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry)
+{
+    double **P = t->act->b;
+    const int L = t->L, B = t->B, M = t->M, D = t->H, nh = t->K, dh = t->D, A = t->A, I = t->I, V = t->V,
+              ML = t->c.mem_len, KL = ML + M, N = B * M;
+    const double scale = 1.0 / sqrt((double)dh), esc = sqrt((double)D);
+    double *w = t->w, *g = t->g;
+    const double *u = w + t->r_w_bias, *vb = w + t->r_r_bias;
+    compute_mix(t);
+
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < D; j++) P[P_X][(size_t)n * D + j] = w[t->emb + (size_t)x[n] * D + j] * esc;
+
+    for (int l = 0; l < L; l++) {
+        const tlayer *ly = &t->ly[l];
+        const double *mix = t->mix + 3 * l;
+        const int mlen = t->mlen[l], klen = mlen + M;
+        P[P_MLEN][l] = mlen;
+        double *X = P[P_X] + (size_t)l * N * D, *Xn = X + (size_t)N * D;
+        for (size_t j = 0; j < (size_t)N * D; j++) Xn[j] = mix[BLK_SKIP] * X[j];
+        double *cat = P[P_CAT] + (size_t)l * B * KL * D, *mem = t->mem + (size_t)l * B * ML * D;
+        for (int b = 0; b < B; b++) {
+            double *cb = cat + (size_t)b * KL * D;
+            memcpy(cb, mem + (size_t)b * ML * D, (size_t)mlen * D * sizeof *cb);
+            memcpy(cb + (size_t)mlen * D, X + (size_t)b * M * D, (size_t)M * D * sizeof *cb);
+        }
+        if (mix[BLK_ATTN] != 0) {
+            double *qkv = P[P_QKV] + (size_t)l * B * KL * 3 * A, *rk = P[P_RK] + (size_t)l * KL * A,
+                   *pr = P[P_P] + (size_t)l * B * nh * M * KL, *av = P[P_AV] + (size_t)l * N * A,
+                   *oa = P[P_OA] + (size_t)l * N * D, *tmp = P[P_DY];
+            tops_linear(rk, P[P_POS], w + ly->rnet, NULL, klen, D, A);
+            for (int b = 0; b < B; b++) {
+                double *qb = qkv + (size_t)b * KL * 3 * A;
+                tops_linear(qb, cat + (size_t)b * KL * D, w + ly->qkv, NULL, klen, D, 3 * A);
+                for (int h = 0; h < nh; h++) {
+                    double *qu = P[P_QU], *qv = P[P_QV], *ac = P[P_SC], *bd = P[P_SC2];
+                    for (int i = 0; i < M; i++)
+                        for (int c = 0; c < dh; c++) {
+                            double q = qb[(size_t)(mlen + i) * 3 * A + h * dh + c];
+                            qu[i * dh + c] = q + u[h * dh + c];
+                            qv[i * dh + c] = q + vb[h * dh + c];
+                        }
+                    tops_gemm(0, 1, M, klen, dh, 1.0, qu, dh, qb + A + h * dh, 3 * A, 0.0, ac, klen);
+                    tops_gemm(0, 1, M, klen, dh, 1.0, qv, dh, rk + h * dh, A, 0.0, bd, klen);
+                    double *pb = pr + ((size_t)b * nh + h) * M * KL;
+                    for (int i = 0; i < M; i++) {
+                        const int qi = mlen + i;
+                        double *pi = pb + (size_t)i * KL, mx = -INFINITY, z = 0;
+                        for (int j = 0; j <= qi; j++) {
+                            pi[j] = (ac[(size_t)i * klen + j] + bd[(size_t)i * klen + qi - j]) * scale;
+                            mx = pi[j] > mx ? pi[j] : mx;
+                        }
+                        for (int j = 0; j <= qi; j++) z += pi[j] = exp(pi[j] - mx);
+                        for (int j = 0; j <= qi; j++) pi[j] /= z;
+                        for (int j = qi + 1; j < klen; j++) pi[j] = 0;
+                    }
+                    tops_gemm(0, 0, M, dh, klen, 1.0, pb, KL, qb + 2 * A + h * dh, 3 * A, 0.0,
+                              av + (size_t)b * M * A + h * dh, A);
+                }
+            }
+            tops_linear(tmp, av, w + ly->onet, NULL, N, A, D);
+            for (size_t j = 0; j < (size_t)N * D; j++) tmp[j] += X[j];
+            tops_layernorm(oa, P[P_XHA] + (size_t)l * N * D, P[P_RA] + (size_t)l * N, tmp, w + ly->ln1_w,
+                           w + ly->ln1_b, N, D);
+            for (size_t j = 0; j < (size_t)N * D; j++) Xn[j] += mix[BLK_ATTN] * oa[j];
+        }
+        if (mix[BLK_FFN] != 0) {
+            double *ff = P[P_FF] + (size_t)l * N * I, *of = P[P_OF] + (size_t)l * N * D, *tmp = P[P_DY];
+            tops_linear(ff, X, w + ly->fc1_w, w + ly->fc1_b, N, D, I);
+            for (size_t j = 0; j < (size_t)N * I; j++) ff[j] = ff[j] > 0 ? ff[j] : 0;
+            tops_linear(tmp, ff, w + ly->fc2_w, w + ly->fc2_b, N, I, D);
+            for (size_t j = 0; j < (size_t)N * D; j++) tmp[j] += X[j];
+            tops_layernorm(of, P[P_XHF] + (size_t)l * N * D, P[P_RF] + (size_t)l * N, tmp, w + ly->ln2_w,
+                           w + ly->ln2_b, N, D);
+            for (size_t j = 0; j < (size_t)N * D; j++) Xn[j] += mix[BLK_FFN] * of[j];
+        }
+        if (carry && ML > 0) {   /* the last mem_len rows of [memory; X] */
+            int keep = klen < ML ? klen : ML;
+            for (int b = 0; b < B; b++)
+                memcpy(mem + (size_t)b * ML * D, cat + ((size_t)b * KL + klen - keep) * D, (size_t)keep * D * sizeof *mem);
+            t->mlen[l] = keep;
+        }
+    }
+    double *logp = P[P_LOGP], *XL = P[P_X] + (size_t)L * N * D;
+    tops_linear(logp, XL, w + t->out_w, w + t->out_b, N, D, V);
+    double nll = tops_logsoftmax_nll(logp, y, N, V) / N;
+    if (!backward) return nll;
+
+    /* ---------------------------------------------------------- backward */
+    memset(g, 0, t->n * sizeof *g);
+    tops_nll_back(logp, y, N, V, 1.0 / N);
+    double *dX = P[P_DX], *dXn = P[P_DXN], *dY = P[P_DY];
+    tops_linear_back(dX, 0, g + t->out_w, g + t->out_b, logp, XL, w + t->out_w, N, D, V);
+    for (int l = L - 1; l >= 0; l--) {
+        const tlayer *ly = &t->ly[l];
+        const double *mix = t->mix + 3 * l, *X = P[P_X] + (size_t)l * N * D;
+        const int mlen = (int)P[P_MLEN][l], klen = mlen + M;
+        double dmix[3] = {0, 0, 0};
+        for (size_t j = 0; j < (size_t)N * D; j++) {
+            dmix[BLK_SKIP] += dX[j] * X[j];
+            dXn[j] = mix[BLK_SKIP] * dX[j];
+        }
+        if (mix[BLK_FFN] != 0) {
+            const double *ff = P[P_FF] + (size_t)l * N * I, *of = P[P_OF] + (size_t)l * N * D;
+            double *dFF = P[P_DFF], *dS = P[P_DS];
+            for (size_t j = 0; j < (size_t)N * D; j++) {
+                dmix[BLK_FFN] += dX[j] * of[j];
+                dS[j] = mix[BLK_FFN] * dX[j];
+            }
+            memset(dY, 0, (size_t)N * D * sizeof *dY);
+            tops_layernorm_back(dY, g + ly->ln2_w, g + ly->ln2_b, dS, P[P_XHF] + (size_t)l * N * D,
+                                P[P_RF] + (size_t)l * N, w + ly->ln2_w, N, D);
+            for (size_t j = 0; j < (size_t)N * D; j++) dXn[j] += dY[j];
+            tops_linear_back(dFF, 0, g + ly->fc2_w, g + ly->fc2_b, dY, ff, w + ly->fc2_w, N, I, D);
+            for (size_t j = 0; j < (size_t)N * I; j++)
+                if (ff[j] <= 0) dFF[j] = 0;
+            tops_linear_back(dXn, 1, g + ly->fc1_w, g + ly->fc1_b, dFF, X, w + ly->fc1_w, N, D, I);
+        }
+        if (mix[BLK_ATTN] != 0) {
+            const double *qkv = P[P_QKV] + (size_t)l * B * KL * 3 * A, *rk = P[P_RK] + (size_t)l * KL * A,
+                         *pr = P[P_P] + (size_t)l * B * nh * M * KL, *av = P[P_AV] + (size_t)l * N * A,
+                         *oa = P[P_OA] + (size_t)l * N * D, *cat = P[P_CAT] + (size_t)l * B * KL * D;
+            double *dAV = P[P_DAV], *dQKV = P[P_DQKV], *dRK = P[P_DRK];
+            double *dS = P[P_DS];
+            for (size_t j = 0; j < (size_t)N * D; j++) {
+                dmix[BLK_ATTN] += dX[j] * oa[j];
+                dS[j] = mix[BLK_ATTN] * dX[j];
+            }
+            memset(dY, 0, (size_t)N * D * sizeof *dY);
+            tops_layernorm_back(dY, g + ly->ln1_w, g + ly->ln1_b, dS, P[P_XHA] + (size_t)l * N * D,
+                                P[P_RA] + (size_t)l * N, w + ly->ln1_w, N, D);
+            for (size_t j = 0; j < (size_t)N * D; j++) dXn[j] += dY[j];
+            tops_linear_back(dAV, 0, g + ly->onet, NULL, dY, av, w + ly->onet, N, A, D);
+            memset(dRK, 0, (size_t)klen * A * sizeof *dRK);
+            for (int b = 0; b < B; b++) {
+                const double *qb = qkv + (size_t)b * KL * 3 * A;
+                double *dqb = dQKV + (size_t)b * KL * 3 * A;
+                memset(dqb, 0, (size_t)klen * 3 * A * sizeof *dqb);
+                for (int h = 0; h < nh; h++) {
+                    const double *pb = pr + ((size_t)b * nh + h) * M * KL, *doh = dAV + (size_t)b * M * A + h * dh;
+                    double *qu = P[P_QU], *qv = P[P_QV], *dp = P[P_SC], *dbd = P[P_SC2], *dq = P[P_DQ];
+                    for (int i = 0; i < M; i++)
+                        for (int c = 0; c < dh; c++) {
+                            double q = qb[(size_t)(mlen + i) * 3 * A + h * dh + c];
+                            qu[i * dh + c] = q + u[h * dh + c];
+                            qv[i * dh + c] = q + vb[h * dh + c];
+                        }
+                    /* dV = P^T dO;  dP = dO V^T */
+                    tops_gemm(1, 0, klen, dh, M, 1.0, pb, KL, doh, A, 0.0, dqb + 2 * A + h * dh, 3 * A);
+                    tops_gemm(0, 1, M, klen, dh, 1.0, doh, A, qb + 2 * A + h * dh, 3 * A, 0.0, dp, klen);
+                    memset(dbd, 0, (size_t)M * klen * sizeof *dbd);
+                    for (int i = 0; i < M; i++) {
+                        const int qi = mlen + i;
+                        const double *pi = pb + (size_t)i * KL;
+                        double *dpi = dp + (size_t)i * klen, s = 0;
+                        for (int j = 0; j <= qi; j++) s += pi[j] * dpi[j];
+                        for (int j = 0; j <= qi; j++) {
+                            dpi[j] = pi[j] * (dpi[j] - s) * scale;   /* d(AC) */
+                            dbd[(size_t)i * klen + qi - j] = dpi[j];
+                        }
+                        for (int j = qi + 1; j < klen; j++) dpi[j] = 0;
+                    }
+                    /* dq = dAC k + dBD r;  dk = dAC^T (q+u);  dr += dBD^T (q+v);  du, dv: sums over queries */
+                    tops_gemm(0, 0, M, dh, klen, 1.0, dp, klen, qb + A + h * dh, 3 * A, 0.0, dq, dh);
+                    for (int i = 0; i < M; i++)
+                        for (int c = 0; c < dh; c++) g[t->r_w_bias + h * dh + c] += dq[i * dh + c];
+                    tops_gemm(0, 0, M, dh, klen, 1.0, dbd, klen, rk + h * dh, A, 0.0, qu, dh);   /* qu := dBD r */
+                    for (int i = 0; i < M; i++)
+                        for (int c = 0; c < dh; c++) {
+                            g[t->r_r_bias + h * dh + c] += qu[i * dh + c];
+                            dqb[(size_t)(mlen + i) * 3 * A + h * dh + c] = dq[i * dh + c] + qu[i * dh + c];
+                        }
+                    /* qu was overwritten: dk needs q + u again */
+                    for (int i = 0; i < M; i++)
+                        for (int c = 0; c < dh; c++) qu[i * dh + c] = qb[(size_t)(mlen + i) * 3 * A + h * dh + c] + u[h * dh + c];
+                    tops_gemm(1, 0, klen, dh, M, 1.0, dp, klen, qu, dh, 0.0, dqb + A + h * dh, 3 * A);
+                    tops_gemm(1, 0, klen, dh, M, 1.0, dbd, klen, qv, dh, 1.0, dRK + h * dh, A);
+                }
+                /* weights see every row of cat; the input only the block's (memory is detached) */
+                tops_gemm(1, 0, 3 * A, D, klen, 1.0, dqb, 3 * A, cat + (size_t)b * KL * D, D, 1.0, g + ly->qkv, D);
+                tops_gemm(0, 0, M, D, 3 * A, 1.0, dqb + (size_t)mlen * 3 * A, 3 * A, w + ly->qkv, D, 1.0,
+                          dXn + (size_t)b * M * D, D);
+            }
+            tops_gemm(1, 0, A, D, klen, 1.0, dRK, A, P[P_POS], D, 1.0, g + ly->rnet, D);
+        }
+        if (t->searching) {   /* through the Gumbel-softmax to alpha */
+            double s = 0, *ga = g + ly->alpha;
+            for (int k = 0; k < 3; k++) s += mix[k] * dmix[k];
+            for (int k = 0; k < 3; k++) ga[k] += mix[k] * (dmix[k] - s) / t->tau;
+        }
+        memcpy(dX, dXn, (size_t)N * D * sizeof *dX);
+    }
+    for (int n = 0; n < N; n++) {
+        double *ge = g + t->emb + (size_t)x[n] * D;
+        for (int j = 0; j < D; j++) ge[j] += dX[(size_t)n * D + j] * esc;
+    }
+    return nll;
+}
