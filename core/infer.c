@@ -16,39 +16,26 @@ const char *finish_name(finish_reason f)
 int infer_score(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *toks, size_t n, score_t *out,
                 float *per_token, char *err)
 {
-    if (n == 0) return 0;
-    const int L = m->block_len, V = m->V;
-    float *lp = malloc((size_t)L * V * sizeof *lp);
-    int32_t *in = malloc((size_t)L * sizeof *in);
-    if (!lp || !in) {
-        free(lp);
-        free(in);
-        return err_set(err, "out of memory");
-    }
-    /* inputs: [pending] + toks[0..n-2]; targets: toks[0..n-1] (or without a
-     * pending token: toks[0..n-2] predicting toks[1..n-1]) */
-    size_t first = s->pending >= 0 ? 0 : 1, done = 0, total = n - first;
-    int rc = 0;
-    while (done < total) {
-        int k = total - done < (size_t)L ? (int)(total - done) : L;
-        for (int i = 0; i < k; i++) {
-            size_t t = first + done + i;   /* index of the target */
-            in[i] = t == 0 ? s->pending : toks[t - 1];
-        }
-        if (model_forward(m, &s, 1, in, k, lp, ws, err)) { rc = -1; break; }
-        for (int i = 0; i < k; i++) {
-            int32_t y = toks[first + done + i];
-            float l = lp[(size_t)i * V + y];
-            out->nll_sum -= l;
-            if (per_token) per_token[done + i] = l;
-        }
-        out->tokens += k;
-        done += (size_t)k;
-    }
-    if (rc == 0) s->pending = toks[n - 1];
-    free(lp);
-    free(in);
-    return rc;
+    score_job j = {s, toks, n, out, per_token};
+    return infer_score_many(m, &j, 1, ws, err);
+}
+
+size_t score_inputs(const score_job *j)
+{
+    return j->n && j->s->pending < 0 ? j->n - 1 : j->n;
+}
+
+int infer_score_many(const model_t *m, score_job *jobs, int B, fwd_ws *ws, char *err)
+{
+    size_t M = 0;   /* the inputs of the streams that have some (infer_feed_many checks they agree) */
+    for (int b = 0; jobs && b < B; b++)
+        if (jobs[b].s && score_inputs(&jobs[b])) M = score_inputs(&jobs[b]);
+    return infer_feed_many(m, jobs, B, NULL, 0, M, NULL, ws, err);
+}
+
+int infer_chunking_exact(const model_t *m)
+{
+    return m->fam == FAM_ASPAN;
 }
 
 void gen_result_free(gen_result *r)
@@ -143,30 +130,139 @@ static size_t prefill_total(const gen_state *g)
     return g->p.max_tokens > 0 ? g->n_in : g->n_in - 1;
 }
 
+size_t gen_prefill_left(const gen_state *g)
+{
+    return prefill_total(g) - g->fed;
+}
+
 long gen_prefill(gen_state *g, fwd_ws *ws, char *err)
 {
-    const model_t *m = g->m;
-    const int V = m->V;
-    size_t total = prefill_total(g);
-    if (g->fed < total) {
-        int k = total - g->fed < (size_t)m->block_len ? (int)(total - g->fed) : m->block_len;
-        if (model_forward(m, &g->s, 1, g->in + g->fed, k, g->block, ws, err)) return -1;
-        g->s->pending = -1;
-        for (int i = 0; g->echo && i < k; i++) {
-            /* row i predicts input fed+i+1, which is prompt token fed+i+1-has_pending */
-            size_t r = g->fed + (size_t)i + 1;
-            if (r >= g->n_in) break;
-            size_t j = r - (size_t)g->has_pending_in;
-            const float *row = g->block + (size_t)i * V;
-            g->prompt_lp[j] = row[g->in[r]];
-            if (g->top_n) top_tokens(row, V, g->top_n, g->prompt_top + j * g->top_n, g->prompt_top_lp + j * g->top_n);
-        }
-        g->fed += (size_t)k;
-        if (g->fed == total && g->p.max_tokens > 0)
-            memcpy(g->cur, g->block + (size_t)(k - 1) * V, (size_t)V * sizeof *g->cur);
+    size_t left = gen_prefill_left(g), L = (size_t)g->m->block_len;
+    if (infer_feed_many(g->m, NULL, 0, &g, 1, left < L ? left : L, g->block, ws, err)) return -1;
+    return (long)gen_prefill_left(g);
+}
+
+/* The logprobs ROWS (K x V) of the prompt's next K inputs, just fed. */
+static void prefill_accept(gen_state *g, int k, const float *rows)
+{
+    const int V = g->m->V;
+    g->s->pending = -1;
+    for (int i = 0; g->echo && i < k; i++) {
+        /* row i predicts input fed+i+1, which is prompt token fed+i+1-has_pending */
+        size_t r = g->fed + (size_t)i + 1;
+        if (r >= g->n_in) break;
+        size_t j = r - (size_t)g->has_pending_in;
+        const float *row = rows + (size_t)i * V;
+        g->prompt_lp[j] = row[g->in[r]];
+        if (g->top_n) top_tokens(row, V, g->top_n, g->prompt_top + j * g->top_n, g->prompt_top_lp + j * g->top_n);
     }
-    if (g->fed == total && g->p.max_tokens == 0 && g->n_in > 0) g->s->pending = g->in[g->n_in - 1];
-    return (long)(total - g->fed);
+    g->fed += (size_t)k;
+    if (g->fed == prefill_total(g) && g->p.max_tokens > 0)
+        memcpy(g->cur, rows + (size_t)(k - 1) * V, (size_t)V * sizeof *g->cur);
+}
+
+/* Checks the streams of infer_feed_many; the memories of those with inputs
+ * go to MEMS (score jobs first, then generations). Returns their number, or
+ * -1. */
+static int feed_check(const model_t *m, const score_job *jobs, int ns, gen_state *const *gens, int ng, size_t M,
+                      mem_t **mems, char *err)
+{
+    int S = 0;
+    for (int b = 0; b < ns; b++) {
+        const score_job *j = &jobs[b];
+        if (!j->s || j->s->m != m || !j->out || (j->n && !j->toks))
+            return err_set(err, "score stream %d: no memory of this model, no totals, or no tokens", b);
+        for (size_t i = 0; i < j->n; i++)
+            if (j->toks[i] < 0 || j->toks[i] >= m->V)
+                return err_set(err, "score stream %d: token id %d at %zu is outside the vocabulary [0, %d)", b,
+                               j->toks[i], i, m->V);
+        size_t k = score_inputs(j);
+        if (k && k != M) return err_set(err, "score stream %d has %zu inputs, not the block's %zu", b, k, M);
+        if (k) mems[S++] = j->s;
+    }
+    for (int b = 0; b < ng; b++) {
+        const gen_state *g = gens[b];
+        if (!g || g->m != m || !g->s) return err_set(err, "generation %d: not begun with this model", b);
+        if (gen_prefill_left(g) < M)
+            return err_set(err, "generation %d has %zu prompt inputs left, fewer than the block's %zu", b,
+                           gen_prefill_left(g), M);
+        if (M) mems[S++] = g->s;
+    }
+    /* one memory fed twice in one forward would see neither block */
+    for (int b = 0; b < ns + ng; b++) {
+        const mem_t *s = b < ns ? jobs[b].s : gens[b - ns]->s;
+        for (int c = 0; c < b; c++)
+            if ((c < ns ? jobs[c].s : gens[c - ns]->s) == s)
+                return err_set(err, "streams %d and %d share one memory", c, b);
+    }
+    return S;
+}
+
+int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens, int ng, size_t M, float *lp,
+                    fwd_ws *ws, char *err)
+{
+    if (!m || ns < 0 || ng < 0 || (ns && !jobs) || (ng && !gens)) return err_set(err, "no model or no streams");
+    const int V = m->V;
+    const size_t L = (size_t)m->block_len, blk = M < L ? M : L;
+    mem_t **mems = malloc(((size_t)ns + (size_t)ng + 1) * sizeof *mems);
+    if (!mems) return err_set(err, "out of memory");
+    int S = feed_check(m, jobs, ns, gens, ng, M, mems, err), rc = S < 0 ? -1 : 0;
+    int32_t *in = NULL;
+    float *own = NULL;
+    if (rc == 0 && S > 0 && M > 0) {
+        in = malloc((size_t)S * blk * sizeof *in);
+        if (!lp) lp = own = malloc((size_t)S * blk * V * sizeof *lp);
+        if (!in || !lp) rc = err_set(err, "out of memory for a block of %d x %zu tokens", S, blk);
+    }
+    size_t k;
+    for (size_t done = 0; rc == 0 && S > 0 && done < M; done += k) {
+        k = M - done < L ? M - done : L;
+        /* a text's inputs: [pending] + toks[0..n-2] predicting toks[0..n-1], or
+         * without a pending token toks[0..n-2] predicting toks[1..n-1] */
+        int b = 0;
+        for (int j = 0; j < ns; j++) {
+            const score_job *sj = &jobs[j];
+            if (!score_inputs(sj)) continue;
+            const size_t first = sj->s->pending >= 0 ? 0 : 1;
+            for (size_t i = 0; i < k; i++) {
+                size_t t = first + done + i;   /* index of the target */
+                in[(size_t)b * k + i] = t == 0 ? sj->s->pending : sj->toks[t - 1];
+            }
+            b++;
+        }
+        for (int j = 0; j < ng; j++, b++) memcpy(in + (size_t)b * k, gens[j]->in + gens[j]->fed, k * sizeof *in);
+        if (model_forward(m, mems, S, in, (int)k, lp, ws, err)) {
+            rc = -1;
+            break;
+        }
+        b = 0;
+        for (int j = 0; j < ns; j++) {
+            const score_job *sj = &jobs[j];
+            if (!score_inputs(sj)) continue;
+            const size_t first = sj->s->pending >= 0 ? 0 : 1;
+            const float *rows = lp + (size_t)b * k * V;
+            for (size_t i = 0; i < k; i++) {
+                float l = rows[i * V + sj->toks[first + done + i]];
+                sj->out->nll_sum -= l;
+                if (sj->per_token) sj->per_token[done + i] = l;
+            }
+            sj->out->tokens += (long)k;
+            b++;
+        }
+        for (int j = 0; j < ng; j++, b++) prefill_accept(gens[j], (int)k, lp + (size_t)b * k * V);
+    }
+    if (rc == 0) {
+        for (int j = 0; j < ns; j++)
+            if (jobs[j].n) jobs[j].s->pending = jobs[j].toks[jobs[j].n - 1];
+        for (int j = 0; j < ng; j++) {
+            gen_state *g = gens[j];
+            if (g->fed == prefill_total(g) && g->p.max_tokens == 0 && g->n_in > 0) g->s->pending = g->in[g->n_in - 1];
+        }
+    }
+    free(mems);
+    free(in);
+    free(own);
+    return rc;
 }
 
 int gen_sample(gen_state *g)

@@ -28,6 +28,36 @@ typedef struct {
 int infer_score(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *toks, size_t n, score_t *out,
                 float *per_token, char *err);
 
+/* One stream of infer_score_many: the arguments of one infer_score call. */
+typedef struct {
+    mem_t *s;
+    const int32_t *toks;
+    size_t n;
+    score_t *out;
+    float *per_token;
+} score_job;
+
+/* The tokens J feeds to the model: all n after a pending token, n - 1
+ * without one (the first token is then fed but not predicted). */
+size_t score_inputs(const score_job *j);
+
+/* infer_score for B streams at once: each stream (distinct memories) is
+ * scored as infer_score would score it alone, but the streams' blocks go
+ * through one model_forward side by side (B streams x up to block_len
+ * tokens), which on a GPU costs little more than one stream's. Every stream
+ * with inputs must have the same number of them (score_inputs); streams with
+ * none (n == 0, or one token and no pending token) only take their pending
+ * token, as infer_score does. On failure the memories hold what was fed
+ * before it and their pending tokens are unchanged. */
+int infer_score_many(const model_t *m, score_job *jobs, int B, fwd_ws *ws, char *err);
+
+/* 1 when feeding a stream in chunks of any sizes predicts what feeding it in
+ * whole blocks does (to float rounding), so that a scheduler may cut a text
+ * at any token: adaptive-span, whose heads reach back a fixed distance from
+ * each position. 0 for Transformer-XL, whose segment attends to the memory
+ * and to itself so far: its predictions depend on where a block starts. */
+int infer_chunking_exact(const model_t *m);
+
 typedef enum { FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED } finish_reason;
 const char *finish_name(finish_reason f);
 
@@ -95,6 +125,8 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
 /* Feeds up to one block of the prompt; returns the inputs left to feed (0:
  * the prefill is done and the first prediction is ready), or -1. */
 long gen_prefill(gen_state *g, fwd_ws *ws, char *err);
+/* The prompt inputs gen_prefill has still to feed. */
+size_t gen_prefill_left(const gen_state *g);
 /* Samples the next token from the current logprobs. Returns 1 when it must
  * be fed (g->next) before the next sample, 0 when the generation finished
  * (length or stop). */
@@ -111,6 +143,16 @@ void gen_end(gen_state *g, gen_result *out);
 int infer_generate(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *prompt, size_t n_prompt,
                    const gen_params *p, gen_emit emit, void *ctx, gen_result *res, char *err);
 void gen_result_free(gen_result *r);
+
+/* Texts being scored and prompts being read, fed together: one forward per
+ * block of up to block_len tokens, every stream side by side. The NS score
+ * jobs as infer_score_many (each with M inputs, or none); the NG generations
+ * each feed the next M inputs of their prompt (at least M left), as
+ * gen_prefill would in blocks of that size. All memories distinct. LP is
+ * scratch for one block's logprobs, (streams with inputs) x min(M,
+ * block_len) x V floats, or NULL to allocate it for the call. */
+int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens, int ng, size_t M, float *lp,
+                    fwd_ws *ws, char *err);
 
 /* The N most likely tokens of LOGPROBS (V), most likely first. */
 void top_tokens(const float *logprobs, int V, int n, int32_t *ids, float *lps);

@@ -78,6 +78,131 @@ static void check_chunks(const char *name, mem_mode mode)
     model_free(m);
 }
 
+#define MANY_B 6
+
+/* infer_score_many equals infer_score stream by stream (to 1e-5): streams at
+ * different positions, with and without a pending token, one with nothing to
+ * predict, in rounds of different block counts (under, at and over the
+ * model's block length); a prompt read by infer_feed_many beside them equals
+ * gen_prefill's; the memories carry on alike. */
+static void check_many(const char *name, mem_mode mode)
+{
+    char err[ERR_LEN];
+    model_t *m = load(name, mode);
+    if (!m) return;
+    size_t n;
+    int32_t *t = text_tokens(m, 20000, &n);
+    fwd_ws *ws = ws_new();
+    const int L = m->block_len;
+    /* streams prepared alike, REF[b] to score alone and BAT[b] batched: PRE[b]
+     * tokens of the text at OFF[b] scored (0: fresh, without a pending token) */
+    static const size_t pre[MANY_B] = {0, 37, 1, 0, 200, 0};
+    static const size_t off[MANY_B] = {0, 1000, 2500, 4000, 6000, 9000};
+    mem_t *ref[MANY_B], *bat[MANY_B];
+    score_t sink = {0, 0};
+    for (int b = 0; b < MANY_B; b++) {
+        ref[b] = mem_new(m);
+        bat[b] = mem_new(m);
+        CHECK(infer_score(m, ref[b], ws, t + off[b], pre[b], &sink, NULL, err) == 0, "%s", err);
+        CHECK(infer_score(m, bat[b], ws, t + off[b], pre[b], &sink, NULL, err) == 0, "%s", err);
+    }
+    /* rounds: M inputs per stream; stream 5 only takes a pending token, then scores nothing */
+    const size_t rounds[] = {1, 50, (size_t)L, (size_t)L + 17, 3, 2 * (size_t)L + 1};
+    size_t at[MANY_B] = {0};
+    for (size_t b = 0; b < MANY_B; b++) at[b] = off[b] + pre[b];
+    float *pr = malloc(sizeof(float) * (3 * L + 2)), *pb = malloc(sizeof(float) * MANY_B * (3 * L + 2));
+    double worst = 0;
+    int same_counts = 1, same_state = 1;
+    for (size_t r = 0; r < sizeof rounds / sizeof *rounds; r++) {
+        size_t M = rounds[r];
+        score_job jobs[MANY_B];
+        score_t ob[MANY_B], orf[MANY_B];
+        for (int b = 0; b < MANY_B; b++) {
+            size_t k = M + (bat[b]->pending < 0);   /* a fresh stream feeds one token more than it predicts */
+            if (b == 5) k = r == 0;   /* one token of a fresh stream, then none: nothing to predict */
+            ob[b] = orf[b] = (score_t){b, 0.5 * b};   /* totals are added to */
+            jobs[b] = (score_job){bat[b], t + at[b], k, &ob[b], pb + (size_t)b * (3 * L + 2)};
+        }
+        CHECK(infer_score_many(m, jobs, MANY_B, ws, err) == 0, "round %zu: %s", r, err);
+        for (int b = 0; b < MANY_B; b++) {
+            CHECK(infer_score(m, ref[b], ws, t + at[b], jobs[b].n, &orf[b], pr, err) == 0, "%s", err);
+            same_counts &= ob[b].tokens == orf[b].tokens;
+            CHECK_NEAR(ob[b].nll_sum, orf[b].nll_sum, 1e-5 * (double)(M + 1), "total nll, batched vs alone");
+            for (long i = 0; i < orf[b].tokens - b; i++) worst = fmax(worst, fabs(pr[i] - jobs[b].per_token[i]));
+            same_state &= ref[b]->pos == bat[b]->pos && ref[b]->pending == bat[b]->pending;
+            at[b] += jobs[b].n;
+        }
+        CHECK(ob[0].tokens == (long)M && ob[1].tokens == 1 + (long)M && ob[5].tokens == 5,
+              "round %zu: %ld, %ld, %ld predictions", r, ob[0].tokens, ob[1].tokens, ob[5].tokens);
+    }
+    printf("%s: %d streams batched vs alone: worst token %.2e\n", name, MANY_B, worst);
+    CHECK(same_counts, "the same predictions counted");
+    CHECK(worst < 1e-5, "worst per-token difference %.3g", worst);
+    CHECK(same_state, "the same positions and pending tokens");
+
+    /* a prompt read beside two texts, against gen_prefill alone */
+    gen_params gp = {{0, 0, 1.0f}, 1, 4, NULL, 0};
+    gen_state ga, gb;
+    mem_t *pa = mem_new(m), *pbm = mem_new(m);
+    const size_t np = 2 * (size_t)L + 9;
+    CHECK(gen_begin(&ga, m, pa, t + 12000, np, &gp, 2, 1, err) == 0, "%s", err);
+    CHECK(gen_begin(&gb, m, pbm, t + 12000, np, &gp, 2, 1, err) == 0, "%s", err);
+    long left;
+    while ((left = gen_prefill(&ga, ws, err)) > 0) {}
+    CHECK(left == 0, "%s", err);
+    gen_state *gs = &gb;
+    size_t M = 30;
+    while (gen_prefill_left(&gb) > 0) {
+        M = M < gen_prefill_left(&gb) ? M : gen_prefill_left(&gb);
+        score_job jobs[2];
+        score_t o[2] = {{0, 0}, {0, 0}};
+        for (int b = 0; b < 2; b++) {
+            jobs[b] = (score_job){bat[b], t + at[b], M + (bat[b]->pending < 0), &o[b], NULL};
+            at[b] += jobs[b].n;
+        }
+        CHECK(infer_feed_many(m, jobs, 2, &gs, 1, M, NULL, ws, err) == 0, "%s", err);
+        M = M * 2 + 1;
+    }
+    double wg = 0;
+    for (size_t i = 1; i < np; i++) wg = fmax(wg, fabs(ga.prompt_lp[i] - gb.prompt_lp[i]));
+    for (int i = 0; i < m->V; i++) wg = fmax(wg, fabs(ga.cur[i] - gb.cur[i]));
+    CHECK(wg < 1e-5, "prompt read beside texts vs alone: worst %.3g", wg);
+    CHECK(memcmp(ga.prompt_top + 2, gb.prompt_top + 2, (np - 1) * 2 * sizeof(int32_t)) == 0, "the same top tokens");
+    CHECK(pa->pos == pbm->pos && pa->pending == pbm->pending, "prompt memories at %lld/%lld",
+          (long long)pa->pos, (long long)pbm->pos);
+    gen_result res;
+    gen_end(&ga, &res);
+    gen_result_free(&res);
+    gen_end(&gb, &res);
+    gen_result_free(&res);
+
+    /* what the streams must agree on, and what is refused */
+    const int64_t pos0 = bat[0]->pos;
+    score_t o[2] = {{0, 0}, {0, 0}};
+    score_job bad[2] = {{bat[0], t, 10, &o[0], NULL}, {bat[1], t, 11, &o[1], NULL}};
+    CHECK(infer_score_many(m, bad, 2, ws, err) != 0 && strstr(err, "inputs"), "unequal inputs: %s", err);
+    bad[1].s = bat[0];
+    bad[1].n = 10;
+    CHECK(infer_score_many(m, bad, 2, ws, err) != 0 && strstr(err, "share one memory"), "shared memory: %s", err);
+    int32_t wrong[3] = {1, m->V, 2};
+    bad[1] = (score_job){bat[1], wrong, 3, &o[1], NULL};
+    bad[0].n = 3;
+    CHECK(infer_score_many(m, bad, 2, ws, err) != 0 && strstr(err, "outside the vocabulary"), "bad token: %s", err);
+    CHECK(o[0].tokens == 0 && o[1].tokens == 0 && bat[0]->pos == pos0, "a refused call changes nothing");
+
+    free(pr);
+    free(pb);
+    free(t);
+    for (int b = 0; b < MANY_B; b++) {
+        mem_free(ref[b]);
+        mem_free(bat[b]);
+    }
+    mem_free(pa);
+    mem_free(pbm);
+    ws_free(ws);
+    model_free(m);
+}
+
 /* A memory exported and imported gives the same next distribution; an
  * export refuses a model of another shape or weights. */
 static void check_serialize(const char *name)
@@ -257,6 +382,9 @@ int main(void)
     check_chunks("aspan-small", MEM_EXACT);
     check_chunks("aspan-small", MEM_SPAN);
     check_chunks("par-small", MEM_EXACT);
+    check_many("aspan-small", MEM_EXACT);
+    check_many("aspan-small", MEM_SPAN);
+    check_many("par-small", MEM_EXACT);
     check_serialize("aspan-small");
     check_serialize("par-small");
     check_generate();
