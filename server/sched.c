@@ -7,8 +7,9 @@
  *   2. runs one decode step for every generating task, batched per model:
  *      each task samples its next token, then one forward feeds all of them
  *      (continuous batching: tasks join and leave between steps);
- *   3. feeds one block of one task that is still reading its prompt or
- *      scoring a text (round robin), so long inputs never stall decoding;
+ *   3. feeds one block of the tasks still reading a prompt or scoring a
+ *      text, many sessions in one forward (reader_batch says which), so long
+ *      inputs never stall decoding and many of them fill the device;
  *   4. finishes what is done: results for the waiting connections, events
  *      for the streaming ones, sessions released.
  */
@@ -21,6 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+
+/* Streams in one forward, for the decode step and for the readers' block
+ * alike; server/device.c plans the device's buffers for as many
+ * (DEVICE_MAX_BATCH). */
+#define SCHED_MAX_BATCH 256
 
 static fwd_ws *ws;
 static float *batch_lp;
@@ -176,17 +182,100 @@ static void fail(task_t *t, int status, const char *msg)
 
 /* ------------------------------------------------------------ work */
 
-/* One block of a score task (outside the lock). Chunks line up with the
- * command line's blocks: L+1 tokens first when there is no pending token. */
-static int score_step(task_t *t, char *err)
+/* batch_lp holds at least N floats; -1 when out of memory. */
+static int grow_batch_lp(size_t n)
 {
-    const model_t *m = t->sm->m;
-    size_t L = (size_t)m->block_len, left = t->n - t->scored_upto;
-    size_t k = t->scored_upto == 0 && t->mem->pending < 0 ? L + 1 : L;
-    if (k > left) k = left;
-    long before = t->sc.tokens;
-    if (infer_score(m, t->mem, ws, t->toks + t->scored_upto, k, &t->sc, t->lps ? t->lps + before : NULL, err)) return -1;
-    t->scored_upto += k;
+    if (n <= batch_lp_cap) return 0;
+    float *p = realloc(batch_lp, n * sizeof *p);
+    if (!p) return -1;
+    batch_lp = p;
+    batch_lp_cap = n;
+    return 0;
+}
+
+/* Inputs a task has still to feed before it is done reading: a score task's
+ * tokens, less the one a stream without a pending token starts from (it is
+ * fed, not predicted); a generation's prompt (gen_prefill_left). */
+static size_t inputs_left(const task_t *t)
+{
+    if (t->kind == TASK_GENERATE) return gen_prefill_left(&t->g);
+    size_t left = t->n - t->scored_upto;
+    return left && t->mem->pending < 0 ? left - 1 : left;
+}
+
+static int is_decoding(const task_t *t)
+{
+    return t->kind == TASK_GENERATE && t->prefill_done && !t->done;
+}
+
+static int is_reading(const task_t *t)
+{
+    return !t->done && !is_decoding(t);
+}
+
+/* The tasks whose next block goes through one forward (srv.lock held),
+ * oldest first: the first reading task of the active list (the one that has
+ * waited longest for its turn) feeds the block it would feed alone, M =
+ * min(block_len, its inputs left) inputs; every later reading task of the
+ * same model joins with M inputs of its own, up to SCHED_MAX_BATCH. A model
+ * whose predictions do not depend on where a block starts (adaptive-span,
+ * infer_chunking_exact) takes anyone with M inputs or more: cutting a text
+ * anywhere scores it the same. Otherwise (PAR) only tasks whose own next
+ * block is M long join, so each text is cut where it would be cut alone.
+ * Sessions are exclusive to one task (sess_acquire), so the memories are
+ * distinct; a task with nothing to feed (M = 0) goes alone. Returns B. */
+static int reader_batch(task_t **batch, size_t *M)
+{
+    task_t *head = srv.active;
+    while (head && !is_reading(head)) head = head->next;
+    if (!head) return 0;
+    const model_t *m = head->sm->m;
+    const size_t L = (size_t)m->block_len, left = inputs_left(head);
+    const int exact = infer_chunking_exact(m);
+    *M = left < L ? left : L;
+    batch[0] = head;
+    int B = 1;
+    for (task_t *t = head->next; t && *M > 0 && B < SCHED_MAX_BATCH; t = t->next) {
+        if (t->sm != head->sm || !is_reading(t)) continue;
+        size_t l = inputs_left(t);
+        if (exact ? l >= *M : (l < L ? l : L) == *M) batch[B++] = t;
+    }
+    return B;
+}
+
+/* One block of M inputs for each task of BATCH in one forward (outside the
+ * lock): a score task feeds M inputs of its text (one token more, to start
+ * from, when its stream has no pending token), a generation M inputs of its
+ * prompt. */
+static int feed_readers(task_t **batch, int B, size_t M, char *err)
+{
+    const model_t *m = batch[0]->sm->m;
+    score_job jobs[SCHED_MAX_BATCH];
+    gen_state *gens[SCHED_MAX_BATCH];
+    task_t *scoring[SCHED_MAX_BATCH];
+    int ns = 0, ng = 0;
+    for (int i = 0; i < B; i++) {
+        task_t *t = batch[i];
+        if (t->kind == TASK_GENERATE) {
+            gens[ng++] = &t->g;
+            continue;
+        }
+        size_t left = t->n - t->scored_upto, k = M + (t->mem->pending < 0);
+        if (k > left) k = left;
+        scoring[ns] = t;
+        jobs[ns++] = (score_job){t->mem, t->toks + t->scored_upto, k, &t->sc, t->lps ? t->lps + t->sc.tokens : NULL};
+    }
+    size_t blk = M < (size_t)m->block_len ? M : (size_t)m->block_len;
+    if (grow_batch_lp((size_t)B * blk * m->V)) return err_set(err, "out of memory for a block of %d x %zu", B, blk);
+    if (infer_feed_many(m, jobs, ns, gens, ng, M, batch_lp, ws, err)) return -1;
+    for (int i = 0; i < ns; i++) scoring[i]->scored_upto += jobs[i].n;
+    for (int i = 0; i < B; i++) {
+        task_t *t = batch[i];
+        if (t->kind == TASK_GENERATE && gen_prefill_left(&t->g) == 0) {
+            t->prefill_done = 1;
+            t->t_prefill = now_s();
+        }
+    }
     return 0;
 }
 
@@ -195,10 +284,10 @@ static int score_step(task_t *t, char *err)
 static void decode_batch(task_t **batch, int B)
 {
     const model_t *m = batch[0]->sm->m;
-    mem_t *mems[256];
-    int32_t toks[256];
+    mem_t *mems[SCHED_MAX_BATCH];
+    int32_t toks[SCHED_MAX_BATCH];
     int n = 0;
-    task_t *feed[256];
+    task_t *feed[SCHED_MAX_BATCH];
     for (int i = 0; i < B; i++) {
         task_t *t = batch[i];
         int more = gen_sample(&t->g);
@@ -216,17 +305,11 @@ static void decode_batch(task_t **batch, int B)
         }
     }
     if (n == 0) return;
-    size_t need = (size_t)n * m->V;
-    if (need > batch_lp_cap) {
-        float *p = realloc(batch_lp, need * sizeof *p);
-        if (!p) {
-            pthread_mutex_lock(&srv.lock);
-            for (int i = 0; i < n; i++) fail(feed[i], 500, "out of memory");
-            pthread_mutex_unlock(&srv.lock);
-            return;
-        }
-        batch_lp = p;
-        batch_lp_cap = need;
+    if (grow_batch_lp((size_t)n * m->V)) {
+        pthread_mutex_lock(&srv.lock);
+        for (int i = 0; i < n; i++) fail(feed[i], 500, "out of memory");
+        pthread_mutex_unlock(&srv.lock);
+        return;
     }
     char err[ERR_LEN];
     if (model_forward(m, mems, n, toks, 1, batch_lp, ws, err)) {
@@ -236,11 +319,6 @@ static void decode_batch(task_t **batch, int B)
         return;
     }
     for (int i = 0; i < n; i++) gen_accept(&feed[i]->g, batch_lp + (size_t)i * m->V);
-}
-
-static int is_decoding(const task_t *t)
-{
-    return t->kind == TASK_GENERATE && t->prefill_done && !t->done;
 }
 
 static int finished_generating(const task_t *t)
@@ -284,10 +362,10 @@ static void *sched_main(void *arg)
             continue;
         }
         /* 2. one decode step for all generating tasks, per model */
-        task_t *batch[256];
+        task_t *batch[SCHED_MAX_BATCH];
         for (smodel_t *sm = srv.models; sm; sm = sm->next) {
             int B = 0;
-            for (task_t *t = srv.active; t && B < 256; t = t->next)
+            for (task_t *t = srv.active; t && B < SCHED_MAX_BATCH; t = t->next)
                 if (t->sm == sm && is_decoding(t)) batch[B++] = t;
             if (!B) continue;
             pthread_mutex_unlock(&srv.lock);
@@ -298,36 +376,29 @@ static void *sched_main(void *arg)
             nx = t->next;
             if (is_decoding(t) && finished_generating(t)) finish(t);
         }
-        /* 3. one block of one task still reading its input; it then goes to
-         * the end of the list, so these tasks take turns */
-        task_t *pick = NULL;
-        for (task_t *t = srv.active; t && !pick; t = t->next)
-            if (!t->done && !is_decoding(t)) pick = t;
-        if (pick) {
+        /* 3. one block of the tasks still reading their input, in one
+         * forward; those not done then go to the end of the list, so
+         * readers take turns */
+        size_t M;
+        int B = reader_batch(batch, &M);
+        if (B) {
             char err[ERR_LEN];
-            int rc;
             pthread_mutex_unlock(&srv.lock);
-            if (pick->kind == TASK_SCORE) {
-                rc = score_step(pick, err);
-            } else {
-                long left = gen_prefill(&pick->g, ws, err);
-                rc = left < 0 ? -1 : 0;
-                if (left == 0) {
-                    pick->prefill_done = 1;
-                    pick->t_prefill = now_s();
-                }
-            }
+            int rc = feed_readers(batch, B, M, err);
             pthread_mutex_lock(&srv.lock);
-            if (rc) fail(pick, 500, err);
-            else if (pick->kind == TASK_SCORE && pick->scored_upto == pick->n) finish(pick);
-            else if (pick->kind == TASK_GENERATE && pick->prefill_done && pick->g.p.max_tokens == 0) finish(pick);
-            else {
-                task_t **p = &srv.active;
-                while (*p != pick) p = &(*p)->next;
-                *p = pick->next;
-                while (*p) p = &(*p)->next;
-                *p = pick;
-                pick->next = NULL;
+            for (int i = 0; i < B; i++) {
+                task_t *t = batch[i];
+                if (rc) fail(t, 500, err);
+                else if (t->kind == TASK_SCORE && t->scored_upto == t->n) finish(t);
+                else if (t->kind == TASK_GENERATE && t->prefill_done && t->g.p.max_tokens == 0) finish(t);
+                else {
+                    task_t **p = &srv.active;
+                    while (*p != t) p = &(*p)->next;
+                    *p = t->next;
+                    while (*p) p = &(*p)->next;
+                    *p = t;
+                    t->next = NULL;
+                }
             }
         }
     }

@@ -1067,6 +1067,80 @@ def score_session_chunks(S):
     S.call("DELETE", "/v1/sessions/one")
 
 
+@test("main")
+def score_many_sessions(S):
+    """Requests that read text at once (the scheduler feeds their blocks through one forward) give
+    what the same requests give one at a time: /v1/score in sessions at different positions and
+    without one, of both models and many lengths, beside prompts read by /v1/generate and
+    /v1/completions (echo)."""
+    lens = [700, 333, 64, 65, 1000, 2, 129, 48, 97, 1200, 17, 450, 49, 300]
+    pres = [0, 0, 2, 37, 200, 65, None, 500, 49, 3, 0, 130, None, 96]   # tokens the session saw first; None: no session
+    specs = []
+    for i, (n, pre) in enumerate(zip(lens, pres)):
+        at = 3000 + 400 * i + (pre or 0)
+        specs.append((("aspan", "par")[i % 2], pre, TEXT[at - (pre or 0):at], TEXT[at:at + n]))
+    prompts = [("aspan", TEXT[9000:9300]), ("par", TEXT[9500:9700])]
+
+    def requests(tag):
+        """The sessions made ready, and one function per request."""
+        fns = []
+        for i, (model, pre, before, text) in enumerate(specs):
+            body = {"per_token": True}
+            if pre is None:
+                body["model"] = model
+            else:
+                body["session"] = sid = f"many-{tag}-{i}"
+                new_session(S, model, sid)
+                if before:
+                    score(S, before, session=sid)
+            fns.append(lambda text=text, body=body: score(S, text, timeout=120, **body))
+        for model, prompt in prompts:
+            fns.append(lambda model=model, prompt=prompt: gen(S, model=model, prompt=prompt, max_tokens=12, temperature=0,
+                                                            timeout=120))
+            fns.append(lambda model=model, prompt=prompt: S.call("POST", "/v1/completions", {
+                "model": model, "prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 0}, timeout=120))
+        return fns
+
+    alone = [fn() for fn in requests("alone")]
+    fns = requests("together")
+    together = [None] * len(fns)
+    go = threading.Barrier(len(fns))
+
+    def one(i):
+        go.wait(30)
+        together[i] = fns[i]()
+
+    ths = [threading.Thread(target=one, args=(i,)) for i in range(len(fns))]
+    [t.start() for t in ths]
+    [t.join(180) for t in ths]
+    worst, bad = 0.0, []
+    for i, (a, b) in enumerate(zip(alone, together)):
+        ja, jb = (a.json or {}) if a else {}, (b.json or {}) if b else {}
+        if not (a and b and a.status == 200 and b.status == 200):
+            bad.append((i, a, b))
+            continue
+        if "tokens" in ja and isinstance(ja["tokens"], int):   # a score
+            la, lb = ja.get("token_logprobs") or [], jb.get("token_logprobs") or []
+            if ja["tokens"] != jb.get("tokens") or len(la) != len(lb) or len(la) != ja["tokens"] \
+                    or not close(ja.get("nll"), jb.get("nll"), 1e-5 * max(1.0, abs(ja.get("nll", 0)))):
+                bad.append((i, ja.get("tokens"), jb.get("tokens"), ja.get("nll"), jb.get("nll")))
+            worst = max([worst] + [abs(x - y) for x, y in zip(la, lb)])
+        elif "choices" in ja:   # echoed prompt logprobs
+            la = ((ja["choices"][0].get("logprobs") or {}).get("token_logprobs") or [None])[1:]
+            lb = (((jb.get("choices") or [{}])[0].get("logprobs") or {}).get("token_logprobs") or [None])[1:]
+            if len(la) != len(lb) or not la:
+                bad.append((i, len(la), len(lb)))
+            worst = max([worst] + [abs(x - y) for x, y in zip(la, lb)])
+        elif ja.get("text") != jb.get("text") or not ja.get("text"):   # a greedy generation
+            bad.append((i, ja.get("text"), jb.get("text")))
+    check(f"{len(fns)} requests at once answer as one at a time", not bad, f"{bad[:3]}")
+    check("per-token logprobs at once as alone", worst < 5e-5, f"worst difference {worst:.3g}")
+    for tag in ("alone", "together"):
+        for i, spec in enumerate(specs):
+            if spec[1] is not None:
+                S.call("DELETE", f"/v1/sessions/many-{tag}-{i}")
+
+
 # ================================================================ completions (openai)
 
 
