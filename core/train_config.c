@@ -40,7 +40,7 @@ static const keydef keys[] = {
     {"batch_size", -1, K_INT, 1, 1 << 16, 0, F(batch_size), "parallel streams the training text is split into"},
     {"seed", -1, K_U64, 0, 9007199254740992.0, 0, F(seed), "initialisation and Gumbel noise; the same seed gives the same run"},
     {"log_every", -1, K_LONG, 1, BIG, 0, F(log_every), "a progress line every N steps (train loss averaged over them)"},
-    {"eval_every", -1, K_LONG, 0, BIG, 0, F(eval_every), "validation bpc every N steps (0: only at the end)"},
+    {"eval_every", -1, K_LONG, 0, BIG, 0, F(eval_every), "validation bpc on the progress lines whose step is a multiple of N, and at the end (0: only at the end)"},
     {"eval_tokens", -1, K_LONG, 0, BIG, 0, F(eval_tokens), "predictions scored per evaluation (0: the whole validation text)"},
     {"checkpoint_every", -1, K_LONG, 0, BIG, 0, F(checkpoint_every), "checkpoint and state every N steps (0: only at the end)"},
     /* optimizer */

@@ -4,6 +4,7 @@
  *   spanserve score    --model PATH [--json] FILE   bits per character of a text
  *   spanserve spans    --model PATH [--json]        what the model learned
  *   spanserve generate --model PATH [...]           sample text
+ *   spanserve train    --config FILE [...]          train a model (cmd_train.c)
  *
  * Every subcommand answers --help; wrong arguments print the usage and exit
  * with status 2; a failure at run time prints one line and exits 1.
@@ -15,6 +16,7 @@
 #include "report.h"
 
 int cmd_serve(int argc, char **argv);
+int cmd_train(int argc, char **argv);
 
 #include <errno.h>
 #include <getopt.h>
@@ -371,6 +373,7 @@ static const char main_usage[] =
     "  score      bits per character and perplexity of a text\n"
     "  spans      what a model learned: spans per head, PAR block choices, memory\n"
     "  generate   sample text from a model\n"
+    "  train      train a model on a text file (CPU)\n"
     "  version    print the version\n"
     "\n"
     "`spanserve COMMAND --help` describes each.\n";
@@ -388,7 +391,7 @@ int main(int argc, char **argv)
         return 0;
     }
     static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
-        {"serve", cmd_serve}, {"score", cmd_score}, {"spans", cmd_spans}, {"generate", cmd_generate}};
+        {"serve", cmd_serve}, {"score", cmd_score}, {"spans", cmd_spans}, {"generate", cmd_generate}, {"train", cmd_train}};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
         if (strcmp(cmd, cmds[i].name) == 0) return cmds[i].fn(argc - 1, argv + 1);
     return usage_error(main_usage, "unknown command '%s'", cmd);
