@@ -251,8 +251,8 @@ int trainer_save_checkpoint(const trainer *t, const char *path, const char *voca
     const int S = t->c.attn_span;
     float *f = malloc((t->n ? t->n : 1) * sizeof *f), *tpl = NULL;
     st_writer *w = st_writer_new();
-    const char *arch[1024];
-    char *cfg = NULL;
+    const char *arch[1024];   /* n_blocks <= 1024 (config) */
+    char *cfg = NULL, (*names)[96] = NULL;
     int rc = -1;
     if (!f || !w) { err_set(err, "out of memory"); goto out; }
     for (size_t i = 0; i < t->n; i++) f[i] = (float)t->w[i];
@@ -264,9 +264,9 @@ int trainer_save_checkpoint(const trainer *t, const char *path, const char *voca
         /* the reference's derived buffer: linspace(1-S, 0, S) */
         if (!(tpl = malloc((size_t)S * sizeof *tpl))) { err_set(err, "out of memory"); goto out; }
         for (int j = 0; j < S; j++) tpl[j] = (float)(1 - S + j);
-        static char names[1024][96];
+        if (!(names = malloc((size_t)t->L * sizeof *names))) { err_set(err, "out of memory"); goto out; }
         int64_t shape[1] = {S};
-        for (int l = 0; l < t->L && l < 1024; l++) {
+        for (int l = 0; l < t->L; l++) {
             snprintf(names[l], sizeof names[l], "layers.%d.attn.attn.adaptive_span._mask.mask_template", l);
             if (st_writer_add(w, names[l], ST_F32, 1, shape, tpl)) { err_set(err, "out of memory"); goto out; }
         }
@@ -284,9 +284,10 @@ int trainer_save_checkpoint(const trainer *t, const char *path, const char *voca
     }
     rc = st_writer_save(w, path, err);
 out:
+    st_writer_free(w);   /* before the names and data it refers to */
+    free(names);
     free(cfg);
     free(tpl);
     free(f);
-    st_writer_free(w);
     return rc;
 }
