@@ -449,6 +449,7 @@ static void progress(run_t *r, double lr, double tok_s, int with_eval, double va
     if (with_eval) json_object_set_new(o, "val_bpc", json_real(val_bpc));
     json_object_set_new(o, "lr", json_real(lr));
     json_object_set_new(o, "tokens_per_s", json_real(tok_s));
+    json_object_set_new(o, "data_pos", json_integer(r->pos));   /* where the next block starts in every stream */
     if (t->c.fam == FAM_ASPAN) {
         const int S = t->c.attn_span;
         json_object_set_new(o, "span_loss", json_real(r->loss_n ? r->aux_sum / r->loss_n : 0));

@@ -148,6 +148,24 @@ PY
     contains "$tmp/err" "config 'seed' is 3 now but 1"
 done
 
+# ------------------------------------------------------------------ the data wraps
+# 3,000 characters: 2,700 to train in 8 streams of 337; blocks of 16 start at
+# 0, 16, ..., 320, then every stream starts over (and the memories are reset)
+head -c 3000 "$tmp/text.txt" >"$tmp/short.txt"
+for fam in aspan par; do
+    expect 0 "$bin" train --config "$tmp/$fam.json" --data "$tmp/short.txt" --steps 30 --out "$tmp/w-$fam.safetensors" --log "$tmp/w-$fam.log"
+    python3 - "$tmp/w-$fam.log" <<'PY' && ok || bad "$fam: positions over a wrap: $(grep data_pos "$tmp/w-$fam.log" | head -c 300)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
+pos = [(r["step"], r["data_pos"]) for r in rows]
+assert pos == [(10, 160), (20, 320), (30, 144)], pos
+PY
+    # a resume across the wrap: stopped at 18, on to 30
+    expect 0 "$bin" train --config "$tmp/$fam.json" --data "$tmp/short.txt" --steps 18 --out "$tmp/w2-$fam.safetensors" --log "$tmp/w2-$fam.log"
+    expect 0 "$bin" train --config "$tmp/$fam.json" --data "$tmp/short.txt" --steps 30 --resume --out "$tmp/w2-$fam.safetensors" --log "$tmp/w2-$fam.log"
+    cmp -s "$tmp/w-$fam.safetensors" "$tmp/w2-$fam.safetensors" && ok || bad "$fam: a resume across the wrap gave another checkpoint"
+done
+
 # ------------------------------------------------------------------ errors
 # badcfg STATUS TEXT JSON: a config that must fail with STATUS, its message containing TEXT
 badcfg() {
