@@ -60,21 +60,22 @@
 #define ASPAN_VROWS 8
 #endif
 
-typedef struct {
+template <typename RT> struct aspan_keys {
     const float *q;       /* shared: the query's D dims */
-    const float *kb;      /* the block's key row 0 of this head (row stride `stride`) */
-    const float *kr;      /* the head's key ring */
+    const RT *kb;         /* the block's key row 0 of this head (row stride `stride`) */
+    const RT *kr;         /* the head's key ring; RT: float, or bf16 in GPU_BF16 */
     const float *key_pe;  /* D x S */
     size_t stride;
     int kslot;            /* key-ring slot of the query's own position: distance d is slot kslot - d (mod kw) */
     int D, S, i, kw;
     int dhi;              /* the last distance this block visits (kw, or its split's end) */
     float scale;
-} aspan_keys;
+};
 
 /* The score of distance d0 + lane (meaningless past kw); every lane of the
  * warp must call it with the same d0. */
-__device__ __forceinline__ static float aspan_tile_scores(const aspan_keys *a, int d0, int lane)
+template <typename RT>
+__device__ __forceinline__ static float aspan_tile_scores(const aspan_keys<RT> *a, int d0, int lane)
 {
     const int D = a->D;
     float v[32];
@@ -84,7 +85,7 @@ __device__ __forceinline__ static float aspan_tile_scores(const aspan_keys *a, i
      * the loads of a tile overlap (one dependent load per key row was the
      * cost); the sums run in core's order (dims lane, lane + 32, ...) */
     for (int cb = 0; cb < D; cb += 64) {
-        const int c0 = cb + lane, c1 = cb + 32 + lane;
+        const int c0 = cb + lanes<RT>::pd0(lane), c1 = cb + lanes<RT>::pd1(lane);
         const float q0 = c0 < D ? a->q[c0] : 0.0f, q1 = c1 < D ? a->q[c1] : 0.0f;
 #pragma unroll
         for (int hf = 0; hf < 32; hf += ASPAN_KROWS) {
@@ -94,9 +95,8 @@ __device__ __forceinline__ static float aspan_tile_scores(const aspan_keys *a, i
                 const int d = d0 + hf + j;
                 const bool ok = d <= a->dhi;
                 const int sl = a->kslot - d < 0 ? a->kslot - d + a->kw : a->kslot - d;
-                const float *k = d <= a->i ? a->kb + (size_t)(a->i - d) * a->stride : a->kr + (size_t)sl * D;
-                k0[j] = ok && c0 < D ? __ldg(k + c0) : 0.0f;
-                k1[j] = ok && c1 < D ? __ldg(k + c1) : 0.0f;
+                const RT *k = d <= a->i ? a->kb + (size_t)(a->i - d) * a->stride : a->kr + (size_t)sl * D;
+                lanes<RT>::ld2(k, c0, c1, ok && c0 < D, ok && c1 < D, k0[j], k1[j]);
             }
 #pragma unroll
             for (int j = 0; j < ASPAN_KROWS; j++) v[hf + j] = c1 < D ? fmaf(q1, k1[j], fmaf(q0, k0[j], v[hf + j])) : fmaf(q0, k0[j], v[hf + j]);
@@ -122,15 +122,17 @@ __device__ __forceinline__ static float aspan_tile_scores(const aspan_keys *a, i
 
 /* The same, out of line: the passes that recompute scores (windows past
  * ASPAN_SCORE_CAP) call it, so that its registers are not the kernel's. */
-__device__ __noinline__ static float aspan_tile_scores_again(const aspan_keys *a, int d0, int lane)
+template <typename RT>
+__device__ __noinline__ static float aspan_tile_scores_again(const aspan_keys<RT> *a, int d0, int lane)
 {
     return aspan_tile_scores(a, d0, lane);
 }
 
-__global__ static void __launch_bounds__(ASPAN_MAXT) aspan_attn_kernel(float *att, const float *qkv, int M, int D, int S, float scale,
-                                         const float *key_pe, const int *krows, const int *reach,
-                                         const int64_t *mask_off, const float *derived, const int64_t *off,
-                                         float *const *ring, const int64_t *pos, int cap, int chunk, float *part)
+template <typename RT>
+__global__ static void __launch_bounds__(ASPAN_MAXT)
+    aspan_attn_kernel(float *att, bf16 *attb, const RT *qkv, int M, int D, int S, float scale, const float *key_pe,
+                      const int *krows, const int *reach, const int64_t *mask_off, const float *derived,
+                      const int64_t *off, RT *const *ring, const int64_t *pos, int cap, int chunk, float *part)
 {
     extern __shared__ float sm[];
     __shared__ float fred[32];
@@ -138,18 +140,18 @@ __global__ static void __launch_bounds__(ASPAN_MAXT) aspan_attn_kernel(float *at
     const int n = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * D, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
     const int b = n / M, i = n % M, r = reach[h], kw = krows[h];
-    float *out = att + (size_t)n * H + (size_t)h * D;
+    const size_t oo = (size_t)n * H + (size_t)h * D;   /* the output's offset in att (or attb) */
     /* split (part != NULL): this block takes distances dlo..dhi of the
      * window and leaves its partial max, sum and output in `part` */
     const int dlo = 1 + blockIdx.z * chunk, dhi = min(kw, dlo + chunk - 1);
     float *rec = part ? part + (((size_t)n * K + h) * gridDim.z + blockIdx.z) * (D + 4) : NULL;
     if (r == 0 || dlo > kw) {   /* a head whose mask is zero everywhere outputs zeros */
         if (!part)
-            for (int c = tid; c < D; c += blockDim.x) out[c] = 0.0f;
+            for (int c = tid; c < D; c += blockDim.x) attb ? stf(attb + oo + c, 0.0f) : stf(att + oo + c, 0.0f);
         return;
     }
     float *q = sm, *accw = q + D, *sc = accw + NW * ASPAN_DCHUNK;
-    aspan_keys a;
+    aspan_keys<RT> a;
     a.stride = (size_t)3 * H;
     a.q = q;
     a.kb = qkv + (size_t)b * M * a.stride + H + (size_t)h * D;
@@ -162,10 +164,10 @@ __global__ static void __launch_bounds__(ASPAN_MAXT) aspan_attn_kernel(float *at
     a.kw = kw;
     a.dhi = dhi;
     a.scale = scale;
-    const float *vb = a.kb + H, *vr = a.kr + (size_t)kw * D;
+    const RT *vb = a.kb + H, *vr = a.kr + (size_t)kw * D;
     const int vslot = ring_slot(pos[b] + i, r);
     const bool store = dhi - dlo + 1 <= cap;
-    for (int c = tid; c < D; c += blockDim.x) q[c] = qkv[(size_t)n * a.stride + (size_t)h * D + c];
+    for (int c = tid; c < D; c += blockDim.x) q[c] = ldf(qkv + (size_t)n * a.stride + (size_t)h * D + c);
     __syncthreads();
 
     float mx = -INFINITY;
@@ -207,28 +209,22 @@ __global__ static void __launch_bounds__(ASPAN_MAXT) aspan_attn_kernel(float *at
                     const int dd = d0 + j0 + u;
                     const bool ok = j0 + u < cnt;
                     const int sl = vslot - dd < 0 ? vslot - dd + r : vslot - dd;
-                    const float *v = dd <= i ? vb + (size_t)(i - dd) * a.stride : vr + (size_t)sl * D;
-#pragma unroll
-                    for (int t = 0; t < 4; t++) {
-                        const int c = cb + lane + 32 * t;
-                        vv[u][t] = ok && c < D && c < cb + ASPAN_DCHUNK ? __ldg(v + c) : 0.0f;
-                    }
+                    const RT *v = dd <= i ? vb + (size_t)(i - dd) * a.stride : vr + (size_t)sl * D;
+                    lanes<RT>::ld4(v, cb, lane, D, ok, vv[u]);   /* (ASPAN_DCHUNK is 128: cb + vd < cb + 128) */
                 }
 #pragma unroll
                 for (int u = 0; u < ASPAN_VROWS; u++) {
                     const float w = __shfl_sync(0xffffffffu, wt, (j0 + u) & 31);
                     if (j0 + u < cnt) {
 #pragma unroll
-                        for (int t = 0; t < 4; t++) {
-                            const int c = cb + lane + 32 * t;
-                            if (c < D && c < cb + ASPAN_DCHUNK) acc[t] = fmaf(w, vv[u][t], acc[t]);
-                        }
+                        for (int t = 0; t < 4; t++)
+                            if (cb + lanes<RT>::vd(t, lane) < D) acc[t] = fmaf(w, vv[u][t], acc[t]);
                     }
                 }
             }
         }
 #pragma unroll
-        for (int t = 0; t < 4; t++) accw[warp * ASPAN_DCHUNK + lane + 32 * t] = acc[t];
+        for (int t = 0; t < 4; t++) accw[warp * ASPAN_DCHUNK + lanes<RT>::vd(t, lane)] = acc[t];
         if (cb == 0) {
             const double ws = block_sum(wsum, dred);   /* its barrier publishes accw */
             inv = part ? 1.0f : (float)(1.0 / (ws + 1e-8));
@@ -239,11 +235,12 @@ __global__ static void __launch_bounds__(ASPAN_MAXT) aspan_attn_kernel(float *at
             }
         } else
             __syncthreads();
-        float *dst = part ? rec + 4 : out;
         for (int c = tid; c < ASPAN_DCHUNK && cb + c < D; c += blockDim.x) {
             float o = 0.0f;
             for (int w = 0; w < NW; w++) o += accw[w * ASPAN_DCHUNK + c];
-            dst[cb + c] = o * inv;
+            if (part) rec[4 + cb + c] = o;
+            else if (attb) stf(attb + oo + cb + c, o * inv);
+            else att[oo + cb + c] = o * inv;
         }
         __syncthreads();   /* accw is read before the next chunk writes it */
     }
@@ -253,14 +250,14 @@ __global__ static void __launch_bounds__(ASPAN_MAXT) aspan_attn_kernel(float *at
  * e_s = exp(m_s - M), Z = sum z_s e_s is the softmax's denominator over the
  * whole window, W = sum w_s e_s / Z the weights' sum, and the output
  * sum o_s e_s / Z / (W + 1e-8), as the one-block kernel's. */
-__global__ static void aspan_combine_kernel(float *att, const float *part, int D, int chunk, int nsplit,
+__global__ static void aspan_combine_kernel(float *att, bf16 *attb, const float *part, int D, int chunk, int nsplit,
                                             const int *krows, const int *reach)
 {
     const int n = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * D;
-    float *out = att + (size_t)n * H + (size_t)h * D;
+    const size_t oo = (size_t)n * H + (size_t)h * D;
     const int r = reach[h], ns = (krows[h] + chunk - 1) / chunk;   /* the splits that met a key */
     if (r == 0) {
-        for (int c = threadIdx.x; c < D; c += blockDim.x) out[c] = 0.0f;
+        for (int c = threadIdx.x; c < D; c += blockDim.x) attb ? stf(attb + oo + c, 0.0f) : stf(att + oo + c, 0.0f);
         return;
     }
     const float *rec = part + ((size_t)n * K + h) * nsplit * (D + 4);
@@ -280,7 +277,8 @@ __global__ static void aspan_combine_kernel(float *att, const float *part, int D
             const float *p = rec + (size_t)s * (D + 4);
             o += (double)p[4 + c] * (double)expf(p[0] - M);
         }
-        out[c] = (float)(o * inv);
+        if (attb) stf(attb + oo + c, (float)(o * inv));
+        else att[oo + c] = (float)(o * inv);
     }
 }
 
@@ -299,6 +297,8 @@ int gpu_aspan_attn(gpu_model *g, int l, int B, int M, char *err)
     const model_t *m = g->m;
     const int K = m->n_head, D = m->d_head;
     const int64_t pairs = (int64_t)B * M * K;
+    const int tiled = gpu_aspan_tile(g, l, B, M, err);   /* blocks of many queries: aspan_tile.cu */
+    if (tiled) return tiled < 0 ? -1 : 0;
     int lw = 0;   /* the layer's widest window */
     for (int h = 0; h < K; h++)
         if (m->layers[l].krows[h] > lw) lw = m->layers[l].krows[h];
@@ -321,20 +321,30 @@ int gpu_aspan_attn(gpu_model *g, int l, int B, int M, char *err)
     const int wmax = nsplit > 1 ? chunk : g->max_window;
     const int cap = wmax < ASPAN_SCORE_CAP ? wmax : ASPAN_SCORE_CAP;
     const size_t smem = (size_t)(D + (T / 32) * ASPAN_DCHUNK + cap) * sizeof(float);
-    if (smem > 48 * 1024)
-        CU_TRY(cudaFuncSetAttribute(aspan_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
-               "aspan_attn: shared memory");
     dim3 grid((unsigned)(B * M), (unsigned)K, (unsigned)nsplit);
     float *part = nsplit > 1 ? g->part : NULL;
     if (nsplit == 1) chunk = g->max_window > 0 ? g->max_window : 1;
-    aspan_attn_kernel<<<grid, T, smem, g->stream>>>(
-        g->att, g->qkv, M, D, m->span, sqrtf((float)D), g->key_pe, g->krows + (size_t)l * K, g->reach + (size_t)l * K,
-        g->mask_off + (size_t)l * K, g->derived, g->d_off + (size_t)l * K, stage_ring(g, g->d_stage),
-        stage_pos(g, g->d_stage), cap, chunk, part);
+    const bool bf = g->prec == GPU_BF16;
+    float *att = bf ? NULL : g->att;
+    bf16 *attb = bf ? g->attb : NULL;
+    const int *kr = g->krows + (size_t)l * K, *re = g->reach + (size_t)l * K;
+    const int64_t *mo = g->mask_off + (size_t)l * K, *off = g->d_off + (size_t)l * K, *pos = stage_pos(g, g->d_stage);
+    if (smem > 48 * 1024)
+        CU_TRY(bf ? cudaFuncSetAttribute(aspan_attn_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                  : cudaFuncSetAttribute(aspan_attn_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               err, "aspan_attn: shared memory");
+    if (bf)
+        aspan_attn_kernel<bf16><<<grid, T, smem, g->stream>>>(att, attb, g->qkvb, M, D, m->span, sqrtf((float)D), g->key_pe,
+                                                               kr, re, mo, g->derived, off,
+                                                               (bf16 *const *)stage_ring(g, g->d_stage), pos, cap, chunk, part);
+    else
+        aspan_attn_kernel<float><<<grid, T, smem, g->stream>>>(att, attb, g->qkv, M, D, m->span, sqrtf((float)D), g->key_pe,
+                                                                kr, re, mo, g->derived, off, stage_ring(g, g->d_stage), pos,
+                                                                cap, chunk, part);
     LAUNCH_TRY(err, "aspan_attn");
     if (nsplit > 1) {
-        aspan_combine_kernel<<<dim3((unsigned)(B * M), (unsigned)K), 64, 0, g->stream>>>(
-            g->att, g->part, D, chunk, nsplit, g->krows + (size_t)l * K, g->reach + (size_t)l * K);
+        aspan_combine_kernel<<<dim3((unsigned)(B * M), (unsigned)K), 64, 0, g->stream>>>(att, attb, g->part, D, chunk,
+                                                                                         nsplit, kr, re);
         LAUNCH_TRY(err, "aspan_attn: combine");
     }
     return 0;

@@ -16,6 +16,18 @@
  * the step allocates nothing. It ends with one synchronisation, after which
  * the memories' positions and lengths advance on the host. With gpu_profile
  * on, an event after each operation times it (gpu.cu sums them).
+ *
+ * GPU_BF16: each linear layer reads a bfloat16 copy of its input, written by
+ * the operation before it (embedding, LayerNorm, attention, ReLU), and its
+ * bfloat16 weights; the projections write queries, keys and values in
+ * bfloat16 (what the rings keep); the other outputs, the residual stream,
+ * the softmaxes and LayerNorm stay float32.
+ *
+ * Decode steps (M = 1) are launch-bound: about ten launches a layer of a few
+ * microseconds each. The first step of B streams is captured as a CUDA graph
+ * (everything between the input transfer and the logprobs' copy: the
+ * kernels read the step's inputs from the same device buffer every time),
+ * later steps of B streams launch the graph.
  */
 #include "gpu_internal.cuh"
 
@@ -34,14 +46,21 @@ static void mark(gpu_model *g, int op)
 /* Runs CALL (a launcher returning 0 or -1), then marks it as operation OP. */
 #define OP(op, call) ((call) ? -1 : (mark(g, op), 0))
 
+/* y = x W^T in the model's precision: float32 (x, W) or bfloat16 (xb, Wb). */
+static int linear(gpu_model *g, float *y, const float *x, const bf16 *xb, const float *W, const bf16 *Wb, int n, int in,
+                  int out, char *err)
+{
+    return g->prec == GPU_BF16 ? gpu_linear_bf16(g, y, xb, Wb, n, in, out, err) : gpu_linear(g, y, x, W, n, in, out, err);
+}
+
 static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
 {
     const model_t *m = g->m;
     const int Dm = m->d_model, I = m->d_inner;
-    if (OP(OP_FC1, gpu_linear(g, g->ff, g->x, d->fc1_w, N, Dm, I, err)) ||
-        OP(OP_RELU, gpu_bias_relu(g, g->ff, d->fc1_b, N, I, err)) ||
-        OP(OP_FC2, gpu_linear(g, g->tmp, g->ff, d->fc2_w, N, I, Dm, err)) ||
-        OP(OP_LN, gpu_add_layernorm(g, g->x, g->tmp, d->fc2_b, d->ln2_w, d->ln2_b, N, Dm, err)))
+    if (OP(OP_FC1, linear(g, g->ff, g->x, g->xb, d->fc1_w, d->fc1_h, N, Dm, I, err)) ||
+        OP(OP_RELU, gpu_bias_relu(g, g->ff, g->ffb, d->fc1_b, N, I, err)) ||
+        OP(OP_FC2, linear(g, g->tmp, g->ff, g->ffb, d->fc2_w, d->fc2_h, N, I, Dm, err)) ||
+        OP(OP_LN, gpu_add_layernorm(g, g->x, g->xb, g->tmp, d->fc2_b, d->ln2_w, d->ln2_b, N, Dm, err)))
         return -1;
     return 0;
 }
@@ -55,7 +74,10 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
         const blk_kind kind = m->fam == FAM_ASPAN ? BLK_ATTN : m->layers[l].kind;
         if (kind == BLK_SKIP) continue;
         if (kind == BLK_ATTN) {
-            if (OP(OP_QKV, gpu_linear(g, g->qkv, g->x, d->wqkv, N, Dm, 3 * A, err))) return -1;
+            /* GPU_BF16: queries, keys and values in bf16, the rings' type */
+            if (OP(OP_QKV, g->prec == GPU_BF16 ? gpu_linear_bf16_out(g, g->qkvb, g->xb, d->wqkv_h, N, Dm, 3 * A, err)
+                                                : gpu_linear(g, g->qkv, g->x, d->wqkv, N, Dm, 3 * A, err)))
+                return -1;
             if (m->fam == FAM_ASPAN) {
                 if (OP(OP_ATTN, gpu_aspan_attn(g, l, B, M, err)) || OP(OP_RING, gpu_aspan_ring_write(g, l, B, M, err)))
                     return -1;
@@ -63,14 +85,58 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
                 if (OP(OP_ATTN, gpu_rel_attn(g, l, B, M, err)) || OP(OP_RING, gpu_par_ring_write(g, l, B, M, err)))
                     return -1;
             }
-            if (OP(OP_WO, gpu_linear(g, g->tmp, g->att, d->wo, N, A, Dm, err)) ||
-                OP(OP_LN, gpu_add_layernorm(g, g->x, g->tmp, NULL, d->ln1_w, d->ln1_b, N, Dm, err)))
+            if (OP(OP_WO, linear(g, g->tmp, g->att, g->attb, d->wo, d->wo_h, N, A, Dm, err)) ||
+                OP(OP_LN, gpu_add_layernorm(g, g->x, g->xb, g->tmp, NULL, d->ln1_w, d->ln1_b, N, Dm, err)))
                 return -1;
         }
         if (m->fam == FAM_ASPAN || kind == BLK_FFN)
             if (ffn(g, d, N, err)) return -1;
     }
     return 0;
+}
+
+/* Every launch of a step of B streams x M tokens, after its inputs are on
+ * the device: the embedding, the layers, the output layer and log-softmax. */
+static int launch_step(gpu_model *g, int B, int M, char *err)
+{
+    const model_t *m = g->m;
+    const int N = B * M;
+    const float scale = m->fam == FAM_PAR ? (float)sqrt((double)m->d_model) : 1.0f;
+    if (OP(OP_EMBED, gpu_embed(g, g->x, g->xb, g->emb, stage_tok(g, g->d_stage), N, m->d_model, scale, err))) return -1;
+    if (run_layers(g, B, M, err)) return -1;
+    if (OP(OP_OUT, linear(g, g->logits, g->x, g->xb, g->out_w, g->out_h, N, m->d_model, m->V, err)) ||
+        OP(OP_LOGSOFTMAX, gpu_log_softmax(g, g->logits, g->out_b, N, m->V, err)))
+        return -1;
+    return 0;
+}
+
+/* The graph of a decode step of B streams: captured from launch_step. A
+ * capture that fails turns graphs off (the step then launches one by one)
+ * and keeps the reason. */
+static cudaGraphExec_t decode_graph(gpu_model *g, int B)
+{
+    if (g->graph[B - 1]) return g->graph[B - 1];
+    char err[ERR_LEN] = "";
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeRelaxed);
+    if (e == cudaSuccess) {
+        int rc = launch_step(g, B, 1, err);
+        e = cudaStreamEndCapture(g->stream, &graph);
+        if (rc == 0 && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+        if (rc && !err[0]) snprintf(err, sizeof err, "a launch failed while capturing");
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess || !exec) {
+        cudaGetLastError();   /* the failed capture's error is not the next launch's */
+        snprintf(g->graph_why, sizeof g->graph_why, "capturing a decode step of %d streams: %s", B,
+                 err[0] ? err : cudaGetErrorString(e));
+        g->graphs_on = 0;
+        if (exec) cudaGraphExecDestroy(exec);
+        return NULL;
+    }
+    g->graphs_captured++;
+    return g->graph[B - 1] = exec;
 }
 
 int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err)
@@ -94,20 +160,21 @@ int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int 
     memcpy(stage_tok(g, g->h_stage), tokens, N * sizeof *tokens);
     for (int b = 0; b < B; b++) {
         stage_pos(g, g->h_stage)[b] = mems[b]->pos;
-        stage_ring(g, g->h_stage)[b] = mems[b]->buf;
+        stage_ring(g, g->h_stage)[b] = (float *)mems[b]->buf;
         memcpy(stage_len(g, g->h_stage) + (size_t)b * nl, mems[b]->len, (size_t)nl * sizeof(int));
     }
     CU_TRY(cudaMemcpyAsync(g->d_stage, g->h_stage, g->stage_bytes, cudaMemcpyHostToDevice, g->stream), err,
            "copying the step's inputs");
 
-    const float scale = m->fam == FAM_PAR ? (float)sqrt((double)m->d_model) : 1.0f;
     g->prof_n = 0;
-    if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
-    if (OP(OP_EMBED, gpu_embed(g, g->x, g->emb, stage_tok(g, g->d_stage), (int)N, m->d_model, scale, err))) return -1;
-    if (run_layers(g, B, M, err)) return -1;
-    if (OP(OP_OUT, gpu_linear(g, g->logits, g->x, g->out_w, (int)N, m->d_model, V, err)) ||
-        OP(OP_LOGSOFTMAX, gpu_log_softmax(g, g->logits, g->out_b, (int)N, V, err)))
-        return -1;
+    cudaGraphExec_t graph = M == 1 && g->graphs_on && !g->prof_on ? decode_graph(g, B) : NULL;
+    if (graph) {
+        CU_TRY(cudaGraphLaunch(graph, g->stream), err, "launching the decode step's graph");
+        g->graph_launches++;
+    } else {
+        if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
+        if (launch_step(g, B, M, err)) return -1;
+    }
     if (logprobs)
         CU_TRY(cudaMemcpyAsync(logprobs, g->logits, N * V * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
                "copying the logprobs");

@@ -8,6 +8,9 @@
  * the arena travels in one copy and each device pointer is the host pointer's
  * offset into it. The adaptive-span query, key and value projections are
  * packed into one 3H x H matrix so that a layer's projections are one GEMM.
+ * In GPU_BF16 the linear layers' weights are also kept in bfloat16 (converted
+ * on the device from the float32 copy), and the memory of a stream is a
+ * bfloat16 copy of mem_t's rings.
  */
 #include "gpu_internal.cuh"
 
@@ -48,6 +51,32 @@ const char *gpu_model_device_name(const gpu_model *g) { return g->device; }
 size_t gpu_model_weight_bytes(const gpu_model *g) { return g->weight_bytes; }
 size_t gpu_model_step_bytes(const gpu_model *g) { return g->step_bytes; }
 const float *gpu_logprobs_device(const gpu_model *g) { return g->logits; }
+int gpu_model_precision(const gpu_model *g) { return g->prec; }
+size_t gpu_mem_bytes(const gpu_model *g) { return g->mem_floats * g->ring_elem; }
+
+const char *gpu_precision_name(int precision) { return precision == GPU_BF16 ? "bf16" : "fp32"; }
+
+int gpu_precision_parse(const char *name)
+{
+    if (name && strcmp(name, "fp32") == 0) return GPU_FP32;
+    if (name && strcmp(name, "bf16") == 0) return GPU_BF16;
+    return -1;
+}
+
+void gpu_graphs(gpu_model *g, int on)
+{
+    g->graphs_on = on;
+    if (on) g->graph_why[0] = 0;
+}
+
+void gpu_tiles(gpu_model *g, int on) { g->tile_on = on; }
+
+void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why)
+{
+    if (launches) *launches = g->graph_launches;
+    if (captured) *captured = g->graphs_captured;
+    if (why) *why = g->graph_why;
+}
 
 /* The device copy of host weight P (N floats), which must lie in the arena. */
 static const float *on_device(const gpu_model *g, const float *p, size_t n)
@@ -65,7 +94,13 @@ void gpu_model_free(gpu_model *g)
 {
     if (!g) return;
     if (g->stream) cudaStreamSynchronize(g->stream);
+    if (g->graph) {
+        for (int b = 0; b < g->max_batch; b++)
+            if (g->graph[b]) cudaGraphExecDestroy(g->graph[b]);
+        free(g->graph);
+    }
     cudaFree(g->arena);
+    cudaFree(g->wbf);
     cudaFree(g->derived);
     cudaFree(g->krows);
     cudaFree(g->reach);
@@ -73,6 +108,7 @@ void gpu_model_free(gpu_model *g)
     cudaFree(g->d_off);
     cudaFree(g->x);
     cudaFree(g->part);
+    cudaFree(g->tpart);
     cudaFree(g->d_stage);
     cudaFree(g->blas_ws);
     if (g->h_stage) cudaFreeHost(g->h_stage);
@@ -221,6 +257,40 @@ static int upload_layers(gpu_model *g, char *err)
     return rc;
 }
 
+/* GPU_BF16: bfloat16 copies of every linear layer's weights (the packed
+ * projections, the output projection, the feed-forward and the output
+ * layer), converted on the device from the float32 ones. */
+static int upload_bf16(gpu_model *g, char *err)
+{
+    const model_t *m = g->m;
+    const size_t Dm = m->d_model, I = m->d_inner, A = (size_t)m->n_head * m->d_head;
+    size_t n = (size_t)m->V * Dm;
+    for (int l = 0; l < m->n_layers; l++) {
+        const gpu_layer *d = &g->L[l];
+        if (d->wqkv) n += 3 * A * Dm + Dm * A;
+        if (d->fc1_w) n += 2 * I * Dm;
+    }
+    g->wbf_elems = n;
+    CU_TRY(cudaMalloc(&g->wbf, n * sizeof(bf16)), err, "cudaMalloc (bf16 weights)");
+    bf16 *at = g->wbf;
+#define TO_BF16(dst, src, count)                                                                                           do {                                                                                                                       if (gpu_to_bf16(g, at, (src), (count), err)) return -1;                                                                (dst) = at;                                                                                                            at += (count);                                                                                                     } while (0)
+    TO_BF16(g->out_h, g->out_w, (size_t)m->V * Dm);
+    for (int l = 0; l < m->n_layers; l++) {
+        gpu_layer *d = &g->L[l];
+        if (d->wqkv) {
+            TO_BF16(d->wqkv_h, d->wqkv, 3 * A * Dm);
+            TO_BF16(d->wo_h, d->wo, Dm * A);
+        }
+        if (d->fc1_w) {
+            TO_BF16(d->fc1_h, d->fc1_w, I * Dm);
+            TO_BF16(d->fc2_h, d->fc2_w, I * Dm);
+        }
+    }
+#undef TO_BF16
+    CU_TRY(cudaStreamSynchronize(g->stream), err, "converting the weights to bf16");
+    return 0;
+}
+
 /* float32 products in float32. cuBLAS's default math mode never lowers a
  * float32 GEMM to TF32 (only CUBLAS_TF32_TENSOR_OP_MATH or the environment's
  * NVIDIA_TF32_OVERRIDE=1 would; gpu_model_new refuses the latter).
@@ -232,9 +302,17 @@ static cublasMath_t gpu_math_mode(void)
     return p && strcmp(p, "1") == 0 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH;
 }
 
-gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *err)
+gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int precision, char *err)
 {
     if (!m) { err_set(err, "no model"); return NULL; }
+    if (precision != GPU_FP32 && precision != GPU_BF16) {
+        err_set(err, "precision %d is neither GPU_FP32 nor GPU_BF16", precision);
+        return NULL;
+    }
+    if (precision == GPU_BF16 && m->d_head % 2) {   /* the bf16 kernels read dims in pairs */
+        err_set(err, "%s: bf16 needs heads of an even number of dims (these have %d): use fp32", m->path, m->d_head);
+        return NULL;
+    }
     if (max_batch < 1 || max_block < 1 || (int64_t)max_batch * max_block > GPU_MAX_ROWS) {
         err_set(err, "a step of %d streams x %d tokens is outside [1, %d] rows", max_batch, max_block, GPU_MAX_ROWS);
         return NULL;
@@ -250,18 +328,29 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *e
     g->m = m;
     g->max_batch = max_batch;
     g->max_block = max_block;
+    g->prec = precision;
+    g->ring_elem = precision == GPU_BF16 ? sizeof(bf16) : sizeof(float);
+    g->graphs_on = 1;
+    const char *gv = getenv("SPANSERVE_GPU_GEMV");
+    g->gemv_on = !(gv && strcmp(gv, "0") == 0);
+    g->tile_on = 1;
+    g->graph = (cudaGraphExec_t *)calloc((size_t)max_batch, sizeof *g->graph);
     g->L = (gpu_layer *)calloc((size_t)m->n_layers, sizeof *g->L);
     const int slots = m->fam == FAM_ASPAN ? m->n_layers * m->n_head : m->n_layers;
     g->h_off = (size_t *)calloc((size_t)slots, sizeof *g->h_off);
     mem_t *lay = mem_new(m);   /* the layout, taken from core itself */
     int rc = 0;
-    if (!g->L || !g->h_off || !lay) rc = err_set(err, "out of memory");
+    if (!g->L || !g->h_off || !lay || !g->graph) rc = err_set(err, "out of memory");
     if (rc == 0) {
         g->mem_floats = lay->n_floats;
         memcpy(g->h_off, lay->off, (size_t)slots * sizeof *g->h_off);
     }
     mem_free(lay);
     if (rc == 0 && gpu_device_name(g->device, sizeof g->device, err)) rc = -1;
+    int dev = 0;
+    if (rc == 0 && (cudaGetDevice(&dev) != cudaSuccess ||
+                    cudaDeviceGetAttribute(&g->n_sm, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess))
+        rc = err_set(err, "cudaDeviceGetAttribute (multiprocessors) failed");
     if (rc == 0 && (cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking) != cudaSuccess ||
                     cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS ||
                     cublasSetStream(g->blas, g->stream) != CUBLAS_STATUS_SUCCESS ||
@@ -291,6 +380,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *e
             rc = err_set(err, "%s: a weight lies outside the model's arena", m->path);
     }
     if (rc == 0) rc = upload_layers(g, err);
+    if (rc == 0 && precision == GPU_BF16) rc = upload_bf16(g, err);
     if (rc == 0) {   /* heads too wide for the attention kernels' shared memory are refused here, not mid-step */
         int dev = 0, optin = 0;
         size_t need = m->fam == FAM_ASPAN ? gpu_aspan_attn_smem(g) : gpu_rel_attn_smem(g);
@@ -316,7 +406,12 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *e
         const size_t N = (size_t)max_batch * max_block, Dm = m->d_model, A = (size_t)m->n_head * m->d_head;
         size_t nx = align16(N * Dm), nqkv = align16(N * 3 * A), natt = align16(N * A), nff = align16(N * m->d_inner),
                nlog = align16(N * m->V);
-        size_t total = 2 * nx + nqkv + natt + nff + nlog;
+        /* GPU_BF16: the bfloat16 inputs of the linear layers after them
+         * (x, att, relu(ff): half a float each, rounded up to whole floats) */
+        size_t nb = precision == GPU_BF16 ? align16((nx + 1) / 2) + align16((natt + 1) / 2) + align16((nff + 1) / 2) +
+                                                align16((nqkv + 1) / 2)
+                                          : 0;
+        size_t total = 2 * nx + nqkv + natt + nff + nlog + nb;
         if (cudaMalloc(&g->x, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "out of device memory for a step of %zu rows", N);
         else {
             g->tmp = g->x + nx;
@@ -324,12 +419,22 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *e
             g->att = g->qkv + nqkv;
             g->ff = g->att + natt;
             g->logits = g->ff + nff;
+            if (precision == GPU_BF16) {
+                g->xb = (bf16 *)(g->logits + nlog);
+                g->attb = g->xb + 2 * align16((nx + 1) / 2);
+                g->ffb = g->attb + 2 * align16((natt + 1) / 2);
+                g->qkvb = g->ffb + 2 * align16((nff + 1) / 2);
+            }
             g->step_bytes = total * sizeof(float);
             if (cudaMemset(g->x, 0xFF, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "cudaMemset");
         }
         if (rc == 0 && m->fam == FAM_ASPAN &&
             cudaMalloc(&g->part, (size_t)ASPAN_SPLIT_BLOCKS * (m->d_head + 4) * sizeof(float)) != cudaSuccess)
             rc = err_set(err, "out of device memory for the attention's partial sums");
+        g->tpart_floats = rc == 0 ? gpu_aspan_tile_part_floats(g) : 0;
+        if (g->tpart_floats && cudaMalloc(&g->tpart, g->tpart_floats * sizeof(float)) != cudaSuccess)
+            rc = err_set(err, "out of device memory for the tiled attention's partial states");
+        g->step_bytes += g->tpart_floats * sizeof(float);
         g->o_tok = 0;
         g->o_pos = align16(g->o_tok + N * sizeof(int32_t));
         g->o_ring = align16(g->o_pos + (size_t)max_batch * sizeof(int64_t));
@@ -340,7 +445,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *e
             rc = err_set(err, "out of memory for the step inputs");
         g->step_bytes += g->stage_bytes;
     }
-    g->weight_bytes = (g->arena_floats + g->derived_floats) * sizeof(float);
+    g->weight_bytes = (g->arena_floats + g->derived_floats) * sizeof(float) + g->wbf_elems * sizeof(bf16);
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess) rc = err_set(err, "loading on the device failed");
     if (rc) {
         gpu_model_free(g);
@@ -362,7 +467,7 @@ gpu_mem *gpu_mem_new(gpu_model *g, char *err)
     s->g = g;
     s->n_floats = g->mem_floats;
     s->pending = -1;
-    size_t bytes = (s->n_floats ? s->n_floats : 1) * sizeof(float);
+    size_t bytes = (s->n_floats ? s->n_floats : 1) * g->ring_elem;
     if (cudaMalloc(&s->buf, bytes) != cudaSuccess || cudaMemset(s->buf, 0, bytes) != cudaSuccess) {
         err_set(err, "out of device memory for a session of %zu bytes", bytes);
         gpu_mem_free(s);
@@ -381,19 +486,31 @@ void gpu_mem_free(gpu_mem *s)
 
 int gpu_mem_reset(gpu_mem *s, char *err)
 {
-    CU_TRY(cudaMemset(s->buf, 0, s->n_floats * sizeof(float)), err, "cudaMemset (session)");
+    CU_TRY(cudaMemset(s->buf, 0, s->n_floats * s->g->ring_elem), err, "cudaMemset (session)");
     memset(s->len, 0, (size_t)s->g->m->n_layers * sizeof *s->len);
     s->pos = 0;
     s->pending = -1;
     return 0;
 }
 
+/* GPU_BF16: a host buffer of N bfloat16 elements for a session's rings on
+ * their way up or down (NULL when out of memory). */
+static bf16 *bf16_host(size_t n) { return (bf16 *)malloc((n ? n : 1) * sizeof(bf16)); }
+
 int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err)
 {
     if (src->m != dst->g->m || src->n_floats != dst->n_floats)
         return err_set(err, "the session's memory belongs to another model");
-    CU_TRY(cudaMemcpy(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyHostToDevice), err,
-           "uploading a session");
+    if (dst->g->prec == GPU_BF16) {
+        bf16 *h = bf16_host(src->n_floats);
+        if (!h) return err_set(err, "out of memory");
+        for (size_t i = 0; i < src->n_floats; i++) h[i] = __float2bfloat16(src->buf[i]);
+        cudaError_t e = cudaMemcpy(dst->buf, h, src->n_floats * sizeof(bf16), cudaMemcpyHostToDevice);
+        free(h);
+        CU_TRY(e, err, "uploading a session");
+    } else
+        CU_TRY(cudaMemcpy(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyHostToDevice), err,
+               "uploading a session");
     memcpy(dst->len, src->len, (size_t)src->m->n_layers * sizeof *dst->len);
     dst->pos = src->pos;
     dst->pending = src->pending;
@@ -404,8 +521,17 @@ int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err)
 {
     if (dst->m != src->g->m || src->n_floats != dst->n_floats)
         return err_set(err, "the session's memory belongs to another model");
-    CU_TRY(cudaMemcpy(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyDeviceToHost), err,
-           "downloading a session");
+    if (src->g->prec == GPU_BF16) {
+        bf16 *h = bf16_host(src->n_floats);
+        if (!h) return err_set(err, "out of memory");
+        cudaError_t e = cudaMemcpy(h, src->buf, src->n_floats * sizeof(bf16), cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            for (size_t i = 0; i < src->n_floats; i++) dst->buf[i] = __bfloat162float(h[i]);
+        free(h);
+        CU_TRY(e, err, "downloading a session");
+    } else
+        CU_TRY(cudaMemcpy(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyDeviceToHost), err,
+               "downloading a session");
     memcpy(dst->len, src->len, (size_t)dst->m->n_layers * sizeof *dst->len);
     dst->pos = src->pos;
     dst->pending = src->pending;

@@ -1,6 +1,13 @@
 /*
  * gpu.h - the CUDA forward of both families: the same computation as core's
- * model_forward (core/aspan.c, core/par.c), on the device, in float32.
+ * model_forward (core/aspan.c, core/par.c), on the device, in one of two
+ * precisions:
+ *
+ *   GPU_FP32  float32 throughout: core's results to float rounding.
+ *   GPU_BF16  the weights of the linear layers, their inputs and the memory's
+ *             rings in bfloat16; products, sums, softmax, LayerNorm and the
+ *             residual stream in float32 (cuBLAS on tensor cores). Half the
+ *             bytes a step reads and a session keeps.
  *
  *   gpu_model  a model's weights on the device (uploaded once) and every
  *              per-step buffer, planned for max_batch streams x max_block
@@ -28,10 +35,12 @@ extern "C" {
 
 typedef struct gpu_model gpu_model;
 
+enum { GPU_FP32 = 0, GPU_BF16 = 1 };
+
 typedef struct gpu_mem {
     gpu_model *g;
-    float *buf;            /* device: all rings, laid out as mem_t's buf */
-    size_t n_floats;
+    void *buf;             /* device: all rings, laid out as mem_t's buf, in the model's precision */
+    size_t n_floats;       /* elements (mem_t's floats): 4 bytes each in GPU_FP32, 2 in GPU_BF16 */
     int64_t pos;           /* positions consumed so far */
     int *len;              /* host, n_layers: par rows held per layer */
     int32_t pending;       /* the last token, not yet fed; -1 if none */
@@ -44,8 +53,9 @@ int gpu_available(char *err);
 int gpu_device_name(char *name, size_t cap, char *err);
 
 /* Uploads M's weights (M must outlive the result) and plans the buffers of a
- * step of up to MAX_BATCH streams x MAX_BLOCK tokens. */
-gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, char *err);
+ * step of up to MAX_BATCH streams x MAX_BLOCK tokens, in PRECISION
+ * (GPU_FP32 or GPU_BF16). */
+gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int precision, char *err);
 void gpu_model_free(gpu_model *g);
 const model_t *gpu_model_host(const gpu_model *g);
 const char *gpu_model_device_name(const gpu_model *g);
@@ -53,13 +63,35 @@ const char *gpu_model_device_name(const gpu_model *g);
  * buffers. */
 size_t gpu_model_weight_bytes(const gpu_model *g);
 size_t gpu_model_step_bytes(const gpu_model *g);
+int gpu_model_precision(const gpu_model *g);
+/* "fp32" or "bf16"; gpu_precision_parse gives GPU_FP32, GPU_BF16 or -1. */
+const char *gpu_precision_name(int precision);
+int gpu_precision_parse(const char *name);
+/* Device bytes of one stream's memory (gpu_mem_new's allocation). */
+size_t gpu_mem_bytes(const gpu_model *g);
+
+/* Decode steps (one token per stream) run as CUDA graphs, one captured per
+ * batch size at its first step, unless turned off here (on by default; off
+ * while profiling, whose events need the launches one by one). A capture
+ * that fails turns graphs off for the model, with the reason in
+ * gpu_graph_status. */
+void gpu_graphs(gpu_model *g, int on);
+/* Adaptive-span blocks of 16 queries or more (heads of 32 or 64 dims) take
+ * the tiled attention kernel (kernels/aspan_tile.cu) when it has blocks
+ * enough to fill the device: ON 1 (the default); 0 never (the per-query
+ * kernel, to compare); 2 whenever the shapes allow (for tests). */
+void gpu_tiles(gpu_model *g, int on);
+/* Steps run as a graph so far, and graphs captured; *WHY (may be NULL) is
+ * the reason graphs went off, or "". */
+void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why);
 
 /* A zeroed memory (what mem_new gives), on the device. */
 gpu_mem *gpu_mem_new(gpu_model *g, char *err);
 void gpu_mem_free(gpu_mem *s);
 int gpu_mem_reset(gpu_mem *s, char *err);
 /* Host <-> device: rings, position, lengths, pending token. S's model must
- * be the gpu_model's. */
+ * be the gpu_model's. In GPU_BF16 the rings are rounded to bfloat16 on the
+ * way up and widened on the way down. */
 int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err);
 int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err);
 

@@ -9,6 +9,7 @@
 #define SPANSERVE_GPU_INTERNAL_CUH
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -16,6 +17,69 @@ extern "C" {
 #include "model.h"
 }
 #include "gpu.h"
+
+typedef __nv_bfloat16 bf16;
+
+/* Loads and stores in either storage type, arithmetic in float. */
+static __device__ __forceinline__ float ldf(const float *p) { return __ldg(p); }
+static __device__ __forceinline__ float ldf(const bf16 *p) { return __bfloat162float(__ldg(p)); }
+static __device__ __forceinline__ void stf(float *p, float v) { *p = v; }
+static __device__ __forceinline__ void stf(bf16 *p, float v) { *p = __float2bfloat16(v); }
+
+/* The attention kernels' lanes over a head's dims, in either storage type.
+ * Scores: of each 64 dims, lane L takes two, c0 = cb + pd0 and c1 = cb +
+ * pd1: L and L + 32 in float (as core sums), 2L and 2L + 1 in bf16 (one
+ * 4-byte load; GPU_BF16 needs an even d_head, so both or neither lie inside
+ * the head). Values: of each 128 dims, lane L takes four, cb + vd(t, L). */
+template <typename T> struct lanes;
+template <> struct lanes<float> {
+    static __device__ __forceinline__ int pd0(int l) { return l; }
+    static __device__ __forceinline__ int pd1(int l) { return l + 32; }
+    static __device__ __forceinline__ int vd(int t, int l) { return l + 32 * t; }
+    /* a = p[c0], b = p[c1] where ok0, ok1; else 0 */
+    static __device__ __forceinline__ void ld2(const float *p, int c0, int c1, bool ok0, bool ok1, float &a, float &b)
+    {
+        a = ok0 ? __ldg(p + c0) : 0.0f;
+        b = ok1 ? __ldg(p + c1) : 0.0f;
+    }
+    /* o[t] = p[cb + vd(t, l)] for those below D; else 0 */
+    static __device__ __forceinline__ void ld4(const float *p, int cb, int l, int D, bool ok, float o[4])
+    {
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const int c = cb + l + 32 * t;
+            o[t] = ok && c < D ? __ldg(p + c) : 0.0f;
+        }
+    }
+};
+template <> struct lanes<bf16> {
+    static __device__ __forceinline__ int pd0(int l) { return 2 * l; }
+    static __device__ __forceinline__ int pd1(int l) { return 2 * l + 1; }
+    static __device__ __forceinline__ int vd(int t, int l) { return 64 * (t >> 1) + 2 * l + (t & 1); }
+    static __device__ __forceinline__ void ld2(const bf16 *p, int c0, int c1, bool ok0, bool ok1, float &a, float &b)
+    {
+        (void)c1, (void)ok1;
+        if (ok0) {
+            const float2 f = __bfloat1622float2(__ldg((const __nv_bfloat162 *)(p + c0)));
+            a = f.x;
+            b = f.y;
+        } else
+            a = b = 0.0f;
+    }
+    static __device__ __forceinline__ void ld4(const bf16 *p, int cb, int l, int D, bool ok, float o[4])
+    {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int c = cb + 64 * h + 2 * l;
+            if (ok && c < D) {
+                const float2 f = __bfloat1622float2(__ldg((const __nv_bfloat162 *)(p + c)));
+                o[2 * h] = f.x;
+                o[2 * h + 1] = f.y;
+            } else
+                o[2 * h] = o[2 * h + 1] = 0.0f;
+        }
+    }
+};
 
 /* A failed CUDA or cuBLAS call: message into err, return -1. */
 #define CU_TRY(call, err, what)                                                                        \
@@ -42,11 +106,18 @@ typedef struct {
     const float *ln1_w, *ln1_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b, *ln2_w, *ln2_b;
     const float *rk;              /* par: r_net(sinusoid(t)), t = 0..rk_rows-1, A wide */
     int rk_rows;
+    /* GPU_BF16: the linear layers' weights in bfloat16 (NULL in GPU_FP32) */
+    const bf16 *wqkv_h, *wo_h, *fc1_h, *fc2_h;
 } gpu_layer;
 
 struct gpu_model {
     const model_t *m;
     int max_batch, max_block;
+    int prec;                     /* GPU_FP32 or GPU_BF16 */
+    int gemv_on;                  /* a few rows go through matmul.cu's gemv_kernel (SPANSERVE_GPU_GEMV=0: cuBLAS) */
+    int tile_on;                  /* blocks of queries go through aspan_tile.cu (gpu_tiles) */
+    int n_sm;                     /* the device's multiprocessors */
+    size_t ring_elem;             /* bytes of a memory element: 4 or 2 */
     char device[256];
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -58,6 +129,10 @@ struct gpu_model {
     size_t derived_floats;
     gpu_layer *L;                 /* host array, n_layers */
     const float *emb, *out_w, *out_b, *key_pe, *r_w_bias, *r_r_bias;
+    /* GPU_BF16: the linear layers' weights in bfloat16, one allocation */
+    bf16 *wbf;
+    size_t wbf_elems;
+    const bf16 *out_h;
     /* aspan, per layer*head: key rows, reach, offset of the mask in `derived` */
     int *krows, *reach;
     int64_t *mask_off;
@@ -68,14 +143,26 @@ struct gpu_model {
     int64_t *d_off;
     /* per-step buffers, rows N = max_batch * max_block */
     float *x, *qkv, *att, *tmp, *ff, *logits;
+    /* GPU_BF16: the linear layers' inputs in bfloat16 (x, att, relu(ff)),
+     * and the projections' output (queries, keys, values) in bfloat16, the
+     * rings' type */
+    bf16 *xb, *attb, *ffb, *qkvb;
     /* aspan decode: the partial results of a query's key splits
      * (ASPAN_SPLIT_BLOCKS records of d_head + 4 floats), NULL for par */
     float *part;
+    /* aspan_tile.cu: the partial states of split windows */
+    float *tpart;
+    size_t tpart_floats;
     /* per-step inputs: staged in pinned host memory, copied in one transfer */
     void *h_stage, *d_stage;
     size_t stage_bytes;
     size_t o_tok, o_pos, o_ring, o_len;   /* offsets in the stage */
     size_t step_bytes, weight_bytes;
+    /* decode steps as CUDA graphs: graph[B-1] for B streams x 1 token */
+    cudaGraphExec_t *graph;
+    int graphs_on, graphs_captured;
+    long graph_launches;
+    char graph_why[200];
     /* gpu_profile: an event before the step and after each operation */
     int prof_on, prof_n;
     cudaEvent_t *prof_ev;         /* GPU_PROF_EVENTS + 1, created when profiling starts */
@@ -104,21 +191,41 @@ static __device__ __forceinline__ int ring_slot(int64_t p, int r)
 
 /* ---- launchers (each in its own file) ---- */
 
-/* matmul.cu: y[n x out] = x[n x in] W^T, W out x in row-major (no bias). */
+/* matmul.cu: y[n x out] = x[n x in] W^T, W out x in row-major (no bias);
+ * gpu_linear_bf16: the same with bfloat16 x and W, float32 y and sums. */
 int gpu_linear(gpu_model *g, float *y, const float *x, const float *W, int n, int in, int out, char *err);
-/* embed.cu: x[n] = emb[tok[n]] * scale */
-int gpu_embed(gpu_model *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, char *err);
-/* bias_relu.cu: y = max(y + b, 0), rows of d */
-int gpu_bias_relu(gpu_model *g, float *y, const float *b, int n, int d, char *err);
-/* layernorm.cu: x = LN(x + (r + rb)) * w + b; rb may be NULL */
-int gpu_add_layernorm(gpu_model *g, float *x, const float *r, const float *rb, const float *w, const float *b, int n,
-                      int d, char *err);
+int gpu_linear_bf16(gpu_model *g, float *y, const bf16 *x, const bf16 *W, int n, int in, int out, char *err);
+/* the same, y in bfloat16 (the sums in float32, rounded once) */
+int gpu_linear_bf16_out(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, int n, int in, int out, char *err);
+/* matmul.cu: dst[i] = bf16(src[i]) */
+int gpu_to_bf16(gpu_model *g, bf16 *dst, const float *src, size_t n, char *err);
+/* embed.cu: x[n] = emb[tok[n]] * scale; also into xb (bfloat16) if not NULL */
+int gpu_embed(gpu_model *g, float *x, bf16 *xb, const float *emb, const int32_t *tok, int n, int d, float scale,
+              char *err);
+/* bias_relu.cu: y = max(y + b, 0), rows of d; into yb (bfloat16) instead of
+ * y when yb is not NULL */
+int gpu_bias_relu(gpu_model *g, float *y, bf16 *yb, const float *b, int n, int d, char *err);
+/* layernorm.cu: x = LN(x + (r + rb)) * w + b; rb may be NULL; also into xb
+ * (bfloat16) if not NULL */
+int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const float *rb, const float *w,
+                      const float *b, int n, int d, char *err);
 /* logsoftmax.cu: y = log_softmax(y + b), rows of d */
 int gpu_log_softmax(gpu_model *g, float *y, const float *b, int n, int d, char *err);
-/* aspan_attn.cu: one layer's span-limited attention for B streams x M queries */
+/* aspan_attn.cu: one layer's span-limited attention for B streams x M
+ * queries, into g->att (GPU_FP32) or g->attb (GPU_BF16); the rings are read
+ * in the model's precision (so are rel_attn's and written by ring.cu's) */
 int gpu_aspan_attn(gpu_model *g, int layer, int B, int M, char *err);
 /* rel_attn.cu: one PAR block's relative attention */
 int gpu_rel_attn(gpu_model *g, int layer, int B, int M, char *err);
+/* aspan_tile.cu: the same for blocks of at least ASPAN_TILE_MIN_M queries
+ * and heads of 32 or 64 dims, a tile of queries sharing each key: 1 if it
+ * ran, 0 if the shapes are not its, -1 on an error */
+#define ASPAN_TILE_MIN_M 16
+#define ASPAN_TILE_SPLITS 8
+#define ASPAN_TILE_PART_FLOATS ((size_t)64 << 20)   /* 256 MB of partial states at most */
+int gpu_aspan_tile(gpu_model *g, int layer, int B, int M, char *err);
+/* floats of g->tpart that the plan wants (0: the tile kernel never runs) */
+size_t gpu_aspan_tile_part_floats(const gpu_model *g);
 /* the most shared memory a block of either attention asks for */
 size_t gpu_aspan_attn_smem(const gpu_model *g);
 size_t gpu_rel_attn_smem(const gpu_model *g);

@@ -1,21 +1,146 @@
 /*
- * matmul.cu - the linear layers, through cuBLAS in float32.
+ * matmul.cu - the linear layers, through cuBLAS.
  *
  *   y[n x out] = x[n x in] W^T,  W out x in (PyTorch's Linear layout),
  *
  * all row-major. cuBLAS is column-major: a row-major y is its column-major
  * transpose, so this is y^T = W x^T, i.e. C (out x n) = op(W)=T (out x in)
- * times x^T (in x n). The handle's math mode (gpu.cu) keeps float32
- * products in float32, no TF32: results agree with the CPU's sgemm to float
- * rounding.
+ * times x^T (in x n).
+ *
+ *   gpu_linear       float32 in and out. The handle's math mode (gpu.cu)
+ *                    keeps the products in float32, no TF32: results agree
+ *                    with the CPU's sgemm to float rounding.
+ *   gpu_linear_bf16  bfloat16 x and W, float32 y, sums in float32
+ *                    (CUBLAS_COMPUTE_32F: tensor cores); _out: y in
+ *                    bfloat16 (the projections, whose keys and values go to
+ *                    bfloat16 rings).
+ *
+ * A decode step multiplies a few rows (n <= GEMV_MAX_ROWS): cuBLAS's GEMM
+ * kernels read the weights far below the memory's rate there (8 us for a
+ * 1536 x 512 float32 matrix, 3 MB). gemv_kernel reads each weight row once
+ * with 16-byte loads, one warp per output, the n rows of x beside it, and
+ * sums in float32; it is taken when the shapes allow 16-byte loads.
  */
 #include "gpu_internal.cuh"
+
+#define GEMV_MAX_ROWS 8
+#define GEMV_WARPS 8
+
+/* 16 bytes of T as floats: 4 floats or 8 bf16 */
+static __device__ __forceinline__ void unpack16(const float *p, float *o)
+{
+    const float4 v = __ldg((const float4 *)p);
+    o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+}
+static __device__ __forceinline__ void unpack16(const bf16 *p, float *o)
+{
+    const uint4 v = __ldg((const uint4 *)p);
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+        o[2 * k] = f.x, o[2 * k + 1] = f.y;
+    }
+}
+
+template <typename T, typename OT, int NR>
+__global__ static void __launch_bounds__(32 * GEMV_WARPS)
+    gemv_kernel(OT *y, const T *x, const T *W, int in, int out)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    const int lane = threadIdx.x & 31, o = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (o >= out) return;
+    const T *w = W + (size_t)o * in;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+#pragma unroll 4
+    for (int c = lane * VEC; c < in; c += 32 * VEC) {
+        float wv[VEC], xv[VEC];
+        unpack16(w + c, wv);
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            unpack16(x + (size_t)r * in + c, xv);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) acc[r] = fmaf(wv[k], xv[k], acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        float v = acc[r];
+        for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        if (lane == 0) stf(y + (size_t)r * out + o, v);
+    }
+}
+
+/* y = x W^T by gemv_kernel when n is small and 16-byte loads line up; 1 if
+ * it ran, 0 if the shapes call for cuBLAS, -1 on a launch error. */
+template <typename T, typename OT>
+static int gemv(gpu_model *g, OT *y, const T *x, const T *W, int n, int in, int out, char *err)
+{
+    const int VEC = 16 / sizeof(T);
+    if (n > GEMV_MAX_ROWS || in % VEC || ((uintptr_t)x | (uintptr_t)W) % 16) return 0;
+    const unsigned blocks = (unsigned)((out + GEMV_WARPS - 1) / GEMV_WARPS), T_ = 32 * GEMV_WARPS;
+    switch (n) {
+    case 1: gemv_kernel<T, OT, 1><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    case 2: gemv_kernel<T, OT, 2><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    case 3: gemv_kernel<T, OT, 3><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    case 4: gemv_kernel<T, OT, 4><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    case 5: gemv_kernel<T, OT, 5><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    case 6: gemv_kernel<T, OT, 6><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    case 7: gemv_kernel<T, OT, 7><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    default: gemv_kernel<T, OT, 8><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    }
+    LAUNCH_TRY(err, "gemv");
+    return 1;
+}
 
 int gpu_linear(gpu_model *g, float *y, const float *x, const float *W, int n, int in, int out, char *err)
 {
     const float one = 1.0f, zero = 0.0f;
     if (n <= 0 || out <= 0) return 0;
+    const int r = g->gemv_on ? gemv(g, y, x, W, n, in, out, err) : 0;
+    if (r) return r < 0 ? -1 : 0;
     BLAS_TRY(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W, in, x, in, &zero, y, out), err,
              "cublasSgemm");
+    return 0;
+}
+
+int gpu_linear_bf16(gpu_model *g, float *y, const bf16 *x, const bf16 *W, int n, int in, int out, char *err)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (n <= 0 || out <= 0) return 0;
+    const int r = g->gemv_on ? gemv(g, y, x, W, n, in, out, err) : 0;
+    if (r) return r < 0 ? -1 : 0;
+    BLAS_TRY(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
+                          &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             err, "cublasGemmEx (bf16)");
+    return 0;
+}
+
+int gpu_linear_bf16_out(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, int n, int in, int out, char *err)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (n <= 0 || out <= 0) return 0;
+    const int r = g->gemv_on ? gemv(g, y, x, W, n, in, out, err) : 0;
+    if (r) return r < 0 ? -1 : 0;
+    BLAS_TRY(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
+                          &zero, y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             err, "cublasGemmEx (bf16 out)");
+    return 0;
+}
+
+__global__ static void to_bf16_kernel(bf16 *dst, const float *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(src[i]);
+}
+
+int gpu_to_bf16(gpu_model *g, bf16 *dst, const float *src, size_t n, char *err)
+{
+    if (n == 0) return 0;
+    size_t blocks = (n + 255) / 256;
+    to_bf16_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, g->stream>>>(dst, src, n);
+    LAUNCH_TRY(err, "to_bf16");
     return 0;
 }

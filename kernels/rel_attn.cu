@@ -31,20 +31,21 @@
 #endif
 #define REL_VROWS 8
 
-typedef struct {
+template <typename RT> struct rel_keys {
     const float *qu, *qv;   /* shared: q + u, q + v */
-    const float *kb;        /* the block's key row 0 of this head (stride `stride`) */
-    const float *kr;        /* the ring's key row 0 of this head (stride A) */
+    const RT *kb;           /* the block's key row 0 of this head (stride `stride`) */
+    const RT *kr;           /* the ring's key row 0 of this head (stride A; float, or bf16 in GPU_BF16) */
     const float *rk;        /* r_0 of this head (stride A) */
     size_t stride;
     int mslot;              /* ring slot of memory row 0 (position p0 - mlen): row j is slot mslot + j (mod ML) */
     int dh, A, ML, mlen, qi;
     float scale;
-} rel_keys;
+};
 
 /* The score of key j0 + lane (meaningless past qi); every lane of the warp
  * must call it with the same j0. */
-__device__ __forceinline__ static float rel_tile_scores(const rel_keys *a, int j0, int lane)
+template <typename RT>
+__device__ __forceinline__ static float rel_tile_scores(const rel_keys<RT> *a, int j0, int lane)
 {
     const int dh = a->dh;
     float v[32];
@@ -54,7 +55,7 @@ __device__ __forceinline__ static float rel_tile_scores(const rel_keys *a, int j
      * products, so that a tile's loads overlap (one dependent load after
      * another was the cost); heads of up to 64 dims sum as before */
     for (int cb = 0; cb < dh; cb += 64) {
-        const int c0 = cb + lane, c1 = cb + 32 + lane;
+        const int c0 = cb + lanes<RT>::pd0(lane), c1 = cb + lanes<RT>::pd1(lane);
         const float u0 = c0 < dh ? a->qu[c0] : 0.0f, u1 = c1 < dh ? a->qu[c1] : 0.0f;
         const float w0 = c0 < dh ? a->qv[c0] : 0.0f, w1 = c1 < dh ? a->qv[c1] : 0.0f;
 #pragma unroll
@@ -65,10 +66,9 @@ __device__ __forceinline__ static float rel_tile_scores(const rel_keys *a, int j
                 const int j = j0 + hf + jj;
                 const bool ok = j <= a->qi;
                 const int sl = a->mslot + j >= a->ML ? a->mslot + j - a->ML : a->mslot + j;
-                const float *k = j < a->mlen ? a->kr + (size_t)sl * a->A : a->kb + (size_t)(j - a->mlen) * a->stride;
+                const RT *k = j < a->mlen ? a->kr + (size_t)sl * a->A : a->kb + (size_t)(j - a->mlen) * a->stride;
                 const float *r = a->rk + (size_t)(ok ? a->qi - j : 0) * a->A;
-                k0[jj] = ok && c0 < dh ? __ldg(k + c0) : 0.0f;
-                k1[jj] = ok && c1 < dh ? __ldg(k + c1) : 0.0f;
+                lanes<RT>::ld2(k, c0, c1, ok && c0 < dh, ok && c1 < dh, k0[jj], k1[jj]);
                 r0[jj] = ok && c0 < dh ? __ldg(r + c0) : 0.0f;
                 r1[jj] = ok && c1 < dh ? __ldg(r + c1) : 0.0f;
             }
@@ -87,16 +87,17 @@ __device__ __forceinline__ static float rel_tile_scores(const rel_keys *a, int j
 }
 
 /* The same, out of line, for the passes that recompute scores. */
-__device__ __noinline__ static float rel_tile_scores_again(const rel_keys *a, int j0, int lane)
+template <typename RT>
+__device__ __noinline__ static float rel_tile_scores_again(const rel_keys<RT> *a, int j0, int lane)
 {
     return rel_tile_scores(a, j0, lane);
 }
 
-__global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const float *qkv, int M, int nh, int dh,
-                                                              int ML, int nl, int layer, float scale, const float *rwb,
-                                                              const float *rrb, const float *rk, int64_t off,
-                                                              float *const *ring, const int64_t *pos, const int *len,
-                                                              int cap)
+template <typename RT>
+__global__ static void __launch_bounds__(512)
+    rel_attn_kernel(float *att, bf16 *attb, const RT *qkv, int M, int nh, int dh, int ML, int nl, int layer,
+                    float scale, const float *rwb, const float *rrb, const float *rk, int64_t off, RT *const *ring,
+                    const int64_t *pos, const int *len, int cap)
 {
     extern __shared__ float sm[];
     __shared__ float fred[32];
@@ -105,7 +106,7 @@ __global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const 
     const int lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
     const int b = n / M, i = n % M, mlen = len[(size_t)b * nl + layer], qi = mlen + i, L = qi + 1;
     float *qu = sm, *qv = qu + dh, *accw = qv + dh, *sc = accw + NW * REL_DCHUNK;
-    rel_keys a;
+    rel_keys<RT> a;
     a.stride = (size_t)3 * A;
     a.qu = qu;
     a.qv = qv;
@@ -119,10 +120,10 @@ __global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const 
     a.mlen = mlen;
     a.qi = qi;
     a.scale = scale;
-    const float *vb = a.kb + A, *vr = a.kr + (size_t)ML * A;
+    const RT *vb = a.kb + A, *vr = a.kr + (size_t)ML * A;
     const bool store = L <= cap;
     for (int c = tid; c < dh; c += blockDim.x) {
-        float q = qkv[(size_t)n * a.stride + (size_t)h * dh + c];
+        float q = ldf(qkv + (size_t)n * a.stride + (size_t)h * dh + c);
         qu[c] = q + rwb[h * dh + c];
         qv[c] = q + rrb[h * dh + c];
     }
@@ -144,7 +145,7 @@ __global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const 
     }
     const float inv = (float)(1.0 / block_sum(z, dred));
 
-    float *out = att + (size_t)n * A + (size_t)h * dh;
+    const size_t oo = (size_t)n * A + (size_t)h * dh;   /* the output's offset in att (or attb) */
     for (int cb = 0; cb < dh; cb += REL_DCHUNK) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
@@ -159,12 +160,8 @@ __global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const 
                     const int k = j0 + jb + u;
                     const bool ok = jb + u < cnt;
                     const int sl = a.mslot + k >= ML ? a.mslot + k - ML : a.mslot + k;
-                    const float *v = k < mlen ? vr + (size_t)sl * A : vb + (size_t)(k - mlen) * a.stride;
-#pragma unroll
-                    for (int t = 0; t < 4; t++) {
-                        const int c = cb + lane + 32 * t;
-                        vv[u][t] = ok && c < dh && c < cb + REL_DCHUNK ? __ldg(v + c) : 0.0f;
-                    }
+                    const RT *v = k < mlen ? vr + (size_t)sl * A : vb + (size_t)(k - mlen) * a.stride;
+                    lanes<RT>::ld4(v, cb, lane, dh, ok, vv[u]);   /* (REL_DCHUNK is 128) */
                 }
 #pragma unroll
                 for (int u = 0; u < REL_VROWS; u++) {
@@ -172,20 +169,20 @@ __global__ static void __launch_bounds__(512) rel_attn_kernel(float *att, const 
                     if (jb + u < cnt) {
 #pragma unroll
                         for (int t = 0; t < 4; t++) {
-                            const int c = cb + lane + 32 * t;
-                            if (c < dh && c < cb + REL_DCHUNK) acc[t] = fmaf(w, vv[u][t], acc[t]);
+                            if (cb + lanes<RT>::vd(t, lane) < dh) acc[t] = fmaf(w, vv[u][t], acc[t]);
                         }
                     }
                 }
             }
         }
 #pragma unroll
-        for (int t = 0; t < 4; t++) accw[warp * REL_DCHUNK + lane + 32 * t] = acc[t];
+        for (int t = 0; t < 4; t++) accw[warp * REL_DCHUNK + lanes<RT>::vd(t, lane)] = acc[t];
         __syncthreads();
         for (int c = tid; c < REL_DCHUNK && cb + c < dh; c += blockDim.x) {
             float o = 0.0f;
             for (int w = 0; w < NW; w++) o += accw[w * REL_DCHUNK + c];
-            out[cb + c] = o;
+            if (attb) stf(attb + oo + cb + c, o);
+            else att[oo + cb + c] = o;
         }
         __syncthreads();
     }
@@ -208,14 +205,23 @@ int gpu_rel_attn(gpu_model *g, int l, int B, int M, char *err)
     const int T = (int64_t)B * M * nh < 1024 ? 512 : 128;
     const int cap = g->max_window < REL_SCORE_CAP ? g->max_window : REL_SCORE_CAP;
     const size_t smem = rel_smem(g, T);
+    const bool bf = g->prec == GPU_BF16;
     if (smem > 48 * 1024)
-        CU_TRY(cudaFuncSetAttribute(rel_attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
-               "rel_attn: shared memory");
+        CU_TRY(bf ? cudaFuncSetAttribute(rel_attn_kernel<bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+                  : cudaFuncSetAttribute(rel_attn_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               err, "rel_attn: shared memory");
     dim3 grid((unsigned)(B * M), (unsigned)nh);
-    rel_attn_kernel<<<grid, T, smem, g->stream>>>(
-        g->att, g->qkv, M, nh, dh, m->mem_len, m->n_layers, l, (float)(1.0 / sqrt((double)dh)), g->r_w_bias,
-        g->r_r_bias, g->L[l].rk, (int64_t)g->h_off[l], stage_ring(g, g->d_stage), stage_pos(g, g->d_stage),
-        stage_len(g, g->d_stage), cap);
+    const float scale = (float)(1.0 / sqrt((double)dh));
+    const int64_t off = (int64_t)g->h_off[l], *pos = stage_pos(g, g->d_stage);
+    const int *len = stage_len(g, g->d_stage);
+    if (bf)
+        rel_attn_kernel<bf16><<<grid, T, smem, g->stream>>>(NULL, g->attb, g->qkvb, M, nh, dh, m->mem_len, m->n_layers, l,
+                                                             scale, g->r_w_bias, g->r_r_bias, g->L[l].rk, off,
+                                                             (bf16 *const *)stage_ring(g, g->d_stage), pos, len, cap);
+    else
+        rel_attn_kernel<float><<<grid, T, smem, g->stream>>>(g->att, NULL, g->qkv, M, nh, dh, m->mem_len, m->n_layers, l,
+                                                              scale, g->r_w_bias, g->r_r_bias, g->L[l].rk, off,
+                                                              stage_ring(g, g->d_stage), pos, len, cap);
     LAUNCH_TRY(err, "rel_attn");
     return 0;
 }

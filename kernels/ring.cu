@@ -8,33 +8,37 @@
  *     ring_slot(p, r) (core/aspan.c).
  *   PAR attention block: the last mem_len rows of keys and values (all
  *     heads, A wide) go to slot p % mem_len (core/par.c).
+ * The rings hold the model's precision (RT: float, or bf16 as the
+ * projections wrote them).
  */
 #include "gpu_internal.cuh"
 
-__global__ static void aspan_ring_kernel(const float *qkv, int M, int D, const int *krows, const int *reach,
-                                         const int64_t *off, float *const *ring, const int64_t *pos)
+template <typename RT>
+__global__ static void aspan_ring_kernel(const RT *qkv, int M, int D, const int *krows, const int *reach,
+                                         const int64_t *off, RT *const *ring, const int64_t *pos)
 {
     const int n = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * D;
     const int b = n / M, i = n % M, kw = krows[h], r = reach[h];
     const int64_t p = pos[b] + i;
-    const float *k = qkv + (size_t)n * 3 * H + H + (size_t)h * D, *v = k + H;
-    float *kr = ring[b] + off[h], *vr = kr + (size_t)kw * D;
+    const RT *k = qkv + (size_t)n * 3 * H + H + (size_t)h * D, *v = k + H;
+    RT *kr = ring[b] + off[h], *vr = kr + (size_t)kw * D;
     const bool wk = kw > 0 && i >= M - kw, wv = r > 0 && i >= M - r;
-    float *kd = wk ? kr + (size_t)ring_slot(p, kw) * D : NULL, *vd = wv ? vr + (size_t)ring_slot(p, r) * D : NULL;
+    RT *kd = wk ? kr + (size_t)ring_slot(p, kw) * D : NULL, *vd = wv ? vr + (size_t)ring_slot(p, r) * D : NULL;
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
         if (wk) kd[c] = k[c];
         if (wv) vd[c] = v[c];
     }
 }
 
-__global__ static void par_ring_kernel(const float *qkv, int M, int A, int ML, int64_t off, float *const *ring,
+template <typename RT>
+__global__ static void par_ring_kernel(const RT *qkv, int M, int A, int ML, int64_t off, RT *const *ring,
                                        const int64_t *pos)
 {
     const int n = blockIdx.x, b = n / M, i = n % M;
     if (i < M - ML) return;
     const int sl = (int)((pos[b] + i) % ML);
-    const float *k = qkv + (size_t)n * 3 * A + A, *v = k + A;
-    float *kd = ring[b] + off + (size_t)sl * A, *vd = ring[b] + off + (size_t)ML * A + (size_t)sl * A;
+    const RT *k = qkv + (size_t)n * 3 * A + A, *v = k + A;
+    RT *kd = ring[b] + off + (size_t)sl * A, *vd = ring[b] + off + (size_t)ML * A + (size_t)sl * A;
     for (int c = threadIdx.x; c < A; c += blockDim.x) {
         kd[c] = k[c];
         vd[c] = v[c];
@@ -46,9 +50,13 @@ int gpu_aspan_ring_write(gpu_model *g, int l, int B, int M, char *err)
     const model_t *m = g->m;
     const int K = m->n_head, D = m->d_head;
     dim3 grid((unsigned)(B * M), (unsigned)K);
-    aspan_ring_kernel<<<grid, D < 128 ? D : 128, 0, g->stream>>>(g->qkv, M, D, g->krows + (size_t)l * K,
-                                                                 g->reach + (size_t)l * K, g->d_off + (size_t)l * K,
-                                                                 stage_ring(g, g->d_stage), stage_pos(g, g->d_stage));
+    const int T = D < 128 ? D : 128;
+    const int *kr = g->krows + (size_t)l * K, *re = g->reach + (size_t)l * K;
+    const int64_t *off = g->d_off + (size_t)l * K, *pos = stage_pos(g, g->d_stage);
+    if (g->prec == GPU_BF16)
+        aspan_ring_kernel<<<grid, T, 0, g->stream>>>(g->qkvb, M, D, kr, re, off, (bf16 *const *)stage_ring(g, g->d_stage), pos);
+    else
+        aspan_ring_kernel<<<grid, T, 0, g->stream>>>(g->qkv, M, D, kr, re, off, stage_ring(g, g->d_stage), pos);
     LAUNCH_TRY(err, "aspan_ring_write");
     return 0;
 }
@@ -58,8 +66,12 @@ int gpu_par_ring_write(gpu_model *g, int l, int B, int M, char *err)
     const model_t *m = g->m;
     const int A = m->n_head * m->d_head;
     if (m->mem_len <= 0) return 0;
-    par_ring_kernel<<<(unsigned)(B * M), A < 256 ? A : 256, 0, g->stream>>>(
-        g->qkv, M, A, m->mem_len, (int64_t)g->h_off[l], stage_ring(g, g->d_stage), stage_pos(g, g->d_stage));
+    const unsigned nb = (unsigned)(B * M), T = A < 256 ? A : 256;
+    const int64_t off = (int64_t)g->h_off[l], *pos = stage_pos(g, g->d_stage);
+    if (g->prec == GPU_BF16)
+        par_ring_kernel<<<nb, T, 0, g->stream>>>(g->qkvb, M, A, m->mem_len, off, (bf16 *const *)stage_ring(g, g->d_stage), pos);
+    else
+        par_ring_kernel<<<nb, T, 0, g->stream>>>(g->qkv, M, A, m->mem_len, off, stage_ring(g, g->d_stage), pos);
     LAUNCH_TRY(err, "par_ring_write");
     return 0;
 }

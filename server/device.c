@@ -3,7 +3,8 @@
  * core (kernels/gpu.h), each model gets a gpu_model and core's backend hook
  * (model.h: fwd_backend), so model_forward runs on the device and every
  * memory of the model keeps its rings there; the host copy is brought up to
- * date only when a session is exported or spilled to disk.
+ * date only when a session is exported or spilled to disk. --precision
+ * picks the gpu_model's precision (GPU_BF16 by default, GPU_FP32).
  *
  * The scheduler thread runs the steps; HTTP threads create and export
  * memories. One lock per model orders them (kernels/gpu.h: one thread at a
@@ -96,12 +97,12 @@ static int dev_push(void *ctx, mem_t *s, char *err)
 
 int device_cuda_usable(char *err) { return gpu_available(err) == 0; }
 
-int device_attach(model_t *m, char *err)
+int device_attach(model_t *m, int bf16, char *err)
 {
     device_model *d = calloc(1, sizeof *d);
     if (!d) return err_set(err, "out of memory");
     d->m = m;
-    d->g = gpu_model_new(m, DEVICE_MAX_BATCH, m->block_len, err);
+    d->g = gpu_model_new(m, DEVICE_MAX_BATCH, m->block_len, bf16 ? GPU_BF16 : GPU_FP32, err);
     if (!d->g) {
         free(d);
         return -1;
@@ -127,11 +128,23 @@ const char *device_name(const model_t *m)
     return m->backend ? gpu_model_device_name(((device_model *)m->backend->ctx)->g) : "cpu";
 }
 
+const char *device_precision(const model_t *m)
+{
+    return m->backend ? gpu_precision_name(gpu_model_precision(((device_model *)m->backend->ctx)->g)) : "fp32";
+}
+
+size_t device_session_bytes(const model_t *m)
+{
+    return m->backend ? gpu_mem_bytes(((device_model *)m->backend->ctx)->g) : 0;
+}
+
 #else /* a build without nvcc */
 
 int device_cuda_usable(char *err) { return err_set(err, "this build has no CUDA core (nvcc was not found)"), 0; }
-int device_attach(model_t *m, char *err) { (void)m; return err_set(err, "this build has no CUDA core"); }
+int device_attach(model_t *m, int bf16, char *err) { (void)m, (void)bf16; return err_set(err, "this build has no CUDA core"); }
 void device_detach(model_t *m) { (void)m; }
 const char *device_name(const model_t *m) { (void)m; return "cpu"; }
+const char *device_precision(const model_t *m) { (void)m; return "fp32"; }
+size_t device_session_bytes(const model_t *m) { (void)m; return 0; }
 
 #endif

@@ -85,7 +85,7 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
         snprintf(err, 512, "%s", e2);
         return NULL;
     }
-    if (srv.cfg.cuda && device_attach(m, e2)) {
+    if (srv.cfg.cuda && device_attach(m, srv.cfg.bf16, e2)) {
         model_free(m);
         *status = 503;
         snprintf(err, 512, "%s: cannot put the model on the GPU: %s", name, e2);
@@ -105,8 +105,9 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
     smodel_t **p = &srv.models;
     while (*p) p = &(*p)->next;
     *p = sm;
-    log_line("model %s: %s, %s, %lld parameters, %zu bytes per session, on %s", name, path, model_family_name(m->fam),
-             (long long)m->n_params, mem_bytes(m), device_name(m));
+    log_line("model %s: %s, %s, %lld parameters, %zu bytes per session, on %s (%s)", name, path,
+             model_family_name(m->fam), (long long)m->n_params, m->backend ? device_session_bytes(m) : mem_bytes(m),
+             device_name(m), device_precision(m));
     if (srv.ready) {   /* loaded at run time: its saved sessions come back too */
         int n = sess_load_all(sm);
         if (n) log_line("state: %d sessions of %s found", n, name);
@@ -144,6 +145,11 @@ json_t *models_json(const smodel_t *sm)
     json_t *j = report_model(sm->m);
     json_object_set_new(j, "name", json_string(sm->name));
     json_object_set_new(j, "device", json_string(device_name(sm->m)));
+    json_object_set_new(j, "precision", json_string(device_precision(sm->m)));
+    if (sm->m->backend) {
+        json_t *mem = json_object_get(j, "memory");
+        if (mem) json_object_set_new(mem, "device_bytes_per_stream", json_integer((json_int_t)device_session_bytes(sm->m)));
+    }
     return j;
 }
 
@@ -174,7 +180,10 @@ static const char serve_usage[] =
     "  --memory exact|span     adaptive-span memory (default exact; see README)\n"
     "  --http-threads N        HTTP threads (default 2)\n"
     "  --device cpu|cuda|auto  where the models run (default auto: the GPU when there is\n"
-    "                          one and this build has the CUDA core, else the CPU)\n";
+    "                          one and this build has the CUDA core, else the CPU)\n"
+    "  --precision bf16|fp32   on the GPU: bf16 weights and memory, fp32 sums (default,\n"
+    "                          fastest) or fp32 throughout (the reference to 1e-4);\n"
+    "                          the CPU always computes in fp32\n";
 
 static int parse_size(const char *s, size_t *out)
 {
@@ -246,6 +255,7 @@ int cmd_serve(int argc, char **argv)
         {"max-tokens", 1, 0, 't'},    {"max-prompt", 1, 0, 'p'},   {"max-download", 1, 0, 'd'},
         {"request-timeout", 1, 0, 'T'}, {"drain-timeout", 1, 0, 'r'}, {"memory", 1, 0, 'M'},
         {"http-threads", 1, 0, 'h'},  {"device", 1, 0, 'v'},       {"help", 0, 0, 'H'},
+        {"precision", 1, 0, 'P'},
         {0, 0, 0, 0}};
     config_t *c = &srv.cfg;
     c->listen_addr = "127.0.0.1:8080";
@@ -260,6 +270,7 @@ int cmd_serve(int argc, char **argv)
     c->drain_timeout = 30;
     c->mem_mode = MEM_EXACT;
     c->http_threads = 2;
+    c->bf16 = 1;
     const char *models[64], *device = "auto";
     int n_models = 0, ch;
     double d;
@@ -328,6 +339,11 @@ int cmd_serve(int argc, char **argv)
             if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cuda") != 0)
                 return usage("--device takes cpu, cuda or auto");
             device = optarg;
+            break;
+        case 'P':
+            if (strcmp(optarg, "bf16") == 0) c->bf16 = 1;
+            else if (strcmp(optarg, "fp32") == 0) c->bf16 = 0;
+            else return usage("--precision takes bf16 or fp32");
             break;
         case 'H': fputs(serve_usage, stdout); return 0;
         default: return usage("unknown option");

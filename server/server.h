@@ -43,6 +43,7 @@ typedef struct {
     size_t max_download;         /* --max-download: bytes of a checkpoint fetched by URL */
     mem_mode mem_mode;           /* --memory exact|span */
     int cuda;                    /* --device: models run on the CUDA core */
+    int bf16;                    /* --precision bf16 (the default on the GPU), 0 for fp32 */
     int http_threads;            /* --http-threads */
 } config_t;
 
@@ -172,9 +173,11 @@ char *metrics_render(void);
 
 /* device (device.c): the CUDA core as a model's backend */
 int device_cuda_usable(char *err);   /* 1 when a GPU can be used */
-int device_attach(model_t *m, char *err);
+int device_attach(model_t *m, int bf16, char *err);
 void device_detach(model_t *m);
 const char *device_name(const model_t *m);
+const char *device_precision(const model_t *m);   /* "fp32" or "bf16" ("fp32" on the CPU) */
+size_t device_session_bytes(const model_t *m);    /* device bytes of a session's memory; 0 on the CPU */
 
 /* svg (svg.c) */
 char *svg_spans(const model_t *m);

@@ -10,8 +10,10 @@
  *   par-base      24 blocks afff x4 + f x8, d_model 512, 8 heads of 64,
  *                 inner 2048, mem_len 512, vocabulary 256
  *
- * For each: decode tokens/s with 1 and 64 sessions (one token a step,
- * memory carried; 1 session also with the logprobs copied to the host),
+ * Each in float32 and in bf16 (kernels/gpu.h: GPU_FP32, GPU_BF16). For each:
+ * decode tokens/s with 1 and 64 sessions (one token a step, memory carried,
+ * CUDA graphs; 1 session also without graphs and with the logprobs copied
+ * to the host),
  * scoring tokens/s with 1 and 16 streams in blocks of 512, memory bytes per
  * session, and the card. Times are CUDA events on the model's stream around
  * whole gpu_forward calls (each ends in a synchronisation, so host overhead
@@ -43,7 +45,8 @@ int main(void)
 
 typedef struct {
     const char *name, *mode;
-    double dec1, dec1_lp, dec64, sc1, sc16, ms1;
+    int prec;
+    double dec1, dec1_lp, dec1_ng, dec64, sc1, sc16, sc16_nt, ms1;
     size_t bytes, ref_bytes, full_bytes;
 } row_t;
 
@@ -113,10 +116,10 @@ static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const
     printf("\n");
 }
 
-static int bench_model(const model_t *m, const char *name, const char *mode, row_t *row)
+static int bench_model(const model_t *m, const char *name, const char *mode, int prec, row_t *row)
 {
     char err[ERR_LEN];
-    gpu_model *g = gpu_model_new(m, SESSIONS, BLOCK, err);
+    gpu_model *g = gpu_model_new(m, SESSIONS, BLOCK, prec, err);
     if (!g) { printf("FAIL %s: %s\n", name, err); return -1; }
     gpu_timer *t = gpu_timer_new(g, err);
     gpu_mem *mems[SESSIONS];
@@ -128,19 +131,32 @@ static int bench_model(const model_t *m, const char *name, const char *mode, row
     for (int s = 0; s < SESSIONS; s += 16) rate(g, t, mems + s, 16, BLOCK, 0, 1, NULL, &rng, NULL);
     row->name = name;
     row->mode = mode;
+    row->prec = prec;
     row->dec1 = rate(g, t, mems, 1, 1, 200, 20, NULL, &rng, &row->ms1);
     row->dec1_lp = rate(g, t, mems, 1, 1, 200, 20, lp, &rng, NULL);
+    gpu_graphs(g, 0);
+    row->dec1_ng = rate(g, t, mems, 1, 1, 200, 20, NULL, &rng, NULL);
+    gpu_graphs(g, 1);
     row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, &rng, NULL);
     row->sc1 = rate(g, t, mems, 1, BLOCK, 10, 2, NULL, &rng, NULL);
     row->sc16 = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, &rng, NULL);
-    row->bytes = mem_bytes(m);
+    gpu_tiles(g, 0);
+    row->sc16_nt = m->fam == FAM_ASPAN ? rate(g, t, mems, 16, BLOCK, 4, 1, NULL, &rng, NULL) : 0;
+    gpu_tiles(g, 1);
+    row->bytes = gpu_mem_bytes(g);
     row->ref_bytes = mem_bytes_reference(m);
     row->full_bytes = mem_bytes_full(m);
-    printf("%-13s %-5s decode 1: %.0f tok/s (%.3f ms a step; %.0f with logprobs to the host), 64: %.0f tok/s; "
-           "scoring 1x512: %.0f tok/s, 16x512: %.0f tok/s; %zu bytes a session (reference %zu); "
-           "device: weights %.1f MB, step buffers %.1f MB\n",
-           name, mode, row->dec1, row->ms1, row->dec1_lp, row->dec64, row->sc1, row->sc16, row->bytes, row->ref_bytes,
-           gpu_model_weight_bytes(g) / 1e6, gpu_model_step_bytes(g) / 1e6);
+    long launches = 0;
+    int captured = 0;
+    const char *why = "";
+    gpu_graph_status(g, &launches, &captured, &why);
+    printf("%-13s %-5s %s decode 1: %.0f tok/s (%.3f ms a step; %.0f without graphs; %.0f with logprobs to the host), "
+           "64: %.0f tok/s; scoring 1x512: %.0f tok/s, 16x512: %.0f tok/s; %zu bytes a session (reference %zu); "
+           "device: weights %.1f MB, step buffers %.1f MB; graphs: %d captured, %ld steps%s%s\n",
+           name, mode, gpu_precision_name(prec), row->dec1, row->ms1, row->dec1_ng, row->dec1_lp, row->dec64, row->sc1,
+           row->sc16, row->bytes, row->ref_bytes, gpu_model_weight_bytes(g) / 1e6, gpu_model_step_bytes(g) / 1e6,
+           captured, launches, why[0] ? ", off: " : "", why);
+    /* (the profile launches one by one: its events sit between the launches) */
     profile(g, mems, 1, 1, 20, "decode 1");
     profile(g, mems, SESSIONS, 1, 5, "decode 64");
     profile(g, mems, 16, BLOCK, 2, "scoring 16x512");
@@ -187,8 +203,8 @@ int main(void)
     gpu_device_name(card, sizeof card, err);
     const char *ped = getenv("SPANSERVE_GPU_PEDANTIC");
     const char *math = ped && strcmp(ped, "1") == 0 ? "cuBLAS pedantic math" : "cuBLAS default math, no TF32";
-    printf("bench_gpu on %s (float32, %s)\n", card, math);
-    row_t rows[3];
+    printf("bench_gpu on %s (float32: %s; bf16: cuBLAS bf16 x bf16 -> fp32)\n", card, math);
+    row_t rows[6];
     int nrows = 0;
 
     int L = 0, K = 0;
@@ -201,7 +217,8 @@ int main(void)
     for (int mode = 0; mode < 2; mode++) {
         model_t *m = model_load_mode(pa, mode ? MEM_SPAN : MEM_EXACT, err);
         if (!m) { printf("FAIL: %s\n", err); return 1; }
-        if (bench_model(m, "aspan-enwik8", mode ? "span" : "exact", &rows[nrows]) == 0) nrows++;
+        for (int prec = GPU_FP32; prec <= GPU_BF16; prec++)
+            if (bench_model(m, "aspan-enwik8", mode ? "span" : "exact", prec, &rows[nrows]) == 0) nrows++;
         model_free(m);
     }
     unlink(pa);
@@ -210,19 +227,21 @@ int main(void)
     if (rm_write_par(pp, &q, 2, err)) { printf("FAIL: %s\n", err); return 1; }
     model_t *m = model_load(pp, err);
     if (!m) { printf("FAIL: %s\n", err); return 1; }
-    if (bench_model(m, "par-base", "-", &rows[nrows]) == 0) nrows++;
+    for (int prec = GPU_FP32; prec <= GPU_BF16; prec++)
+        if (bench_model(m, "par-base", "-", prec, &rows[nrows]) == 0) nrows++;
     model_free(m);
     unlink(pp);
 
-    printf("\ncard: %s; float32, %s; tokens/s (median of %d runs, CUDA events, after warm-up)\n", card, math, RUNS);
-    printf("| model | memory | decode 1 | decode 1 (+logprobs to host) | decode 64 | score 1x512 | score 16x512 | "
-           "bytes/session | reference bytes | full-span bytes |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    printf("\ncard: %s; float32: %s; tokens/s (median of %d runs, CUDA events, after warm-up)\n", card, math, RUNS);
+    printf("| model | memory | precision | decode 1 | decode 1 (no graph) | decode 1 (+logprobs to host) | decode 64 | "
+           "score 1x512 | score 16x512 | score 16x512 (untiled) | bytes/session | reference bytes | full-span bytes |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int i = 0; i < nrows; i++) {
         row_t *r = &rows[i];
-        printf("| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %zu | %zu | %zu |\n", r->name, r->mode, r->dec1,
-               r->dec1_lp, r->dec64, r->sc1, r->sc16, r->bytes, r->ref_bytes, r->full_bytes);
+        printf("| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %zu | %zu | %zu |\n", r->name,
+               r->mode, gpu_precision_name(r->prec), r->dec1, r->dec1_ng, r->dec1_lp, r->dec64, r->sc1, r->sc16,
+               r->sc16_nt, r->bytes, r->ref_bytes, r->full_bytes);
     }
-    return nrows == 3 ? 0 : 1;
+    return nrows == 6 ? 0 : 1;
 }
 #endif

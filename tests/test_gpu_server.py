@@ -3,7 +3,9 @@
 on the CPU, over real HTTP: scores, greedy generation, sessions scored in
 chunks, a session exported from the GPU and imported on the CPU (and back),
 concurrent generations batched on the device, a restart on the same state
-directory. Without a GPU (the server refuses --device cuda) it reports a
+directory; all in --precision fp32, to 1e-4. Then the default precision,
+bf16: bpc within 0.005 of the CPU's, greedy generation equal for 50 tokens,
+half the session bytes on the device, sessions moved both ways. Without a GPU (the server refuses --device cuda) it reports a
 skip. Ends with "test_gpu_server.py: N passed, N failed".
 """
 import json, os, signal, socket, subprocess, sys, tempfile, threading, time, http.client
@@ -32,10 +34,10 @@ def free_port():
 
 
 class Server:
-    def __init__(self, device, state):
+    def __init__(self, device, state, extra=()):
         self.port = free_port()
         self.log = tempfile.TemporaryFile()
-        args = [BIN, "serve", "--listen", f"127.0.0.1:{self.port}", "--device", device, "--state-dir", state]
+        args = [BIN, "serve", "--listen", f"127.0.0.1:{self.port}", "--device", device, "--state-dir", state, *extra]
         for m in MODELS:
             args += ["--model", m]
         self.proc = subprocess.Popen(args, stderr=self.log, stdout=self.log)
@@ -73,7 +75,7 @@ class Server:
 def main():
     text = open(f"{SHARED}/data/tiny_shakespeare.txt").read()[:4000]
     state_g, state_c = tempfile.mkdtemp(), tempfile.mkdtemp()
-    gpu = Server("cuda", state_g)
+    gpu = Server("cuda", state_g, ["--precision", "fp32"])
     if gpu.proc.poll() is not None:
         out = gpu.output().strip().splitlines()
         print(f"SKIP test_gpu_server.py: no GPU ({out[-1] if out else 'the server did not start'})")
@@ -83,6 +85,8 @@ def main():
     st, info = gpu.call("GET", "/v1/models/aspan")
     print(f"device: {info.get('device')}")
     check("the GPU server reports its device", st == 200 and info.get("device") not in (None, "cpu"), f"{info}")
+    check("--precision fp32 is reported", info.get("precision") == "fp32"
+          and info["memory"].get("device_bytes_per_stream") == info["memory"]["bytes_per_stream"], f"{info}")
     for model in ("aspan", "par"):
         _, g = gpu.call("POST", "/v1/score", {"model": model, "text": text, "per_token": True})
         _, c = cpu.call("POST", "/v1/score", {"model": model, "text": text, "per_token": True})
@@ -138,16 +142,51 @@ def main():
     rc = gpu.stop()
     check("GPU server: SIGTERM exits 0", rc == 0, gpu.output()[-500:])
     # the same next token after the restart: score "B" again from the state saved before it
-    gpu2 = Server("cuda", state_g)
+    gpu2 = Server("cuda", state_g, ["--precision", "fp32"])
     _, s = gpu2.call("GET", "/v1/sessions/doc2")
     check("the session is found after the restart", s.get("id") == "doc2", f"{s}")
     _, nxt = gpu2.call("POST", "/v1/score", {"session": "doc2", "text": "C", "per_token": True})
     _, ref = cpu.call("POST", "/v1/score", {"session": "doc", "text": "BC", "per_token": True})
     check("after the restart the next token is what it would have been",
           abs(nxt["token_logprobs"][0] - ref["token_logprobs"][1]) < 1e-4, f"{nxt} {ref}")
-    for s in (gpu2, cpu):
+    check("SIGTERM exits 0", gpu2.stop() == 0, gpu2.output()[-300:])
+    # the default precision on the GPU: bf16
+    bf = Server("cuda", tempfile.mkdtemp())
+    st, info = bf.call("GET", "/v1/models/aspan")
+    mem = info.get("memory", {}) if st == 200 else {}
+    check("bf16 is the GPU's default, half the bytes a session", info.get("precision") == "bf16"
+          and 2 * mem.get("device_bytes_per_stream", 0) == mem.get("bytes_per_stream"), f"{info}")
+    for model in ("aspan", "par"):
+        _, g = bf.call("POST", "/v1/score", {"model": model, "text": text, "per_token": True})
+        _, c = cpu.call("POST", "/v1/score", {"model": model, "text": text, "per_token": True})
+        worst = max(abs(a - b) for a, b in zip(g["token_logprobs"], c["token_logprobs"]))
+        print(f"{model} bf16: bpc gpu {g['bpc']:.7f} cpu {c['bpc']:.7f}, worst token {worst:.2e}")
+        check(f"{model} bf16: bpc within 0.005 of the CPU's", g["tokens"] == c["tokens"] and abs(g["bpc"] - c["bpc"]) < 0.005,
+              f"{g['bpc']} vs {c['bpc']}")
+        req = {"model": model, "prompt": "ROMEO:", "max_tokens": 100, "temperature": 0}
+        _, g = bf.call("POST", "/v1/generate", req)
+        _, c = cpu.call("POST", "/v1/generate", req)
+        same = next((i for i, (a, b) in enumerate(zip(g["tokens"], c["tokens"])) if a != b), len(g["tokens"]))
+        print(f"{model} bf16: greedy generation equals the CPU's for {same} of 100 tokens")
+        check(f"{model} bf16: greedy generation equals the CPU's for 50 tokens", same >= 50, f"first difference at {same}")
+    bf.call("POST", "/v1/sessions", {"model": "aspan", "id": "b"})
+    bf.call("POST", "/v1/score", {"session": "b", "text": text[:1500]})
+    st, blob = bf.call("GET", "/v1/sessions/b/state")
+    st2, _ = cpu.call("PUT", "/v1/sessions/b/state?model=aspan", raw=blob, ctype="application/octet-stream")
+    check("bf16 session exported, imported on the CPU", st == 200 and st2 == 200, f"{st} {st2}")
+    _, g = bf.call("POST", "/v1/score", {"session": "b", "text": text[1500:1600], "per_token": True})
+    _, c = cpu.call("POST", "/v1/score", {"session": "b", "text": text[1500:1600], "per_token": True})
+    worst = max(abs(a - b) for a, b in zip(g["token_logprobs"], c["token_logprobs"]))
+    print(f"bf16 session moved to the CPU: next 100 tokens within {worst:.2e}")
+    check("the bf16 session continues on the CPU", abs(g["nll"] - c["nll"]) < 0.01, f"{g['nll']} vs {c['nll']}")
+    st, blob = cpu.call("GET", "/v1/sessions/b/state")
+    st2, _ = bf.call("PUT", "/v1/sessions/b2/state?model=aspan", raw=blob, ctype="application/octet-stream")
+    _, g = bf.call("POST", "/v1/score", {"session": "b2", "text": text[1600:1700]})
+    _, c = cpu.call("POST", "/v1/score", {"session": "b", "text": text[1600:1700]})
+    check("CPU -> bf16 GPU: the session continues", st == 200 and st2 == 200 and abs(g["nll"] - c["nll"]) < 0.01, f"{g} {c}")
+    for s in (bf, cpu):
         check("SIGTERM exits 0", s.stop() == 0, s.output()[-300:])
-    for s in (gpu, gpu2, cpu):
+    for s in (gpu, gpu2, bf, cpu):
         out = s.output()
         check("no sanitizer report", "ERROR: AddressSanitizer" not in out and "runtime error" not in out, out[-500:])
     print(f"test_gpu_server.py: {passed} passed, {failed} failed")
