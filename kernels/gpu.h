@@ -76,8 +76,8 @@ size_t gpu_mem_bytes(const gpu_model *g);
  * that fails turns graphs off for the model, with the reason in
  * gpu_graph_status. */
 void gpu_graphs(gpu_model *g, int on);
-/* Adaptive-span blocks of 16 queries or more (heads of 32 or 64 dims) take
- * the tiled attention kernel (kernels/aspan_tile.cu) when it has blocks
+/* Blocks of 16 queries or more (heads of 32 or 64 dims) take the tiled
+ * attention kernels (kernels/aspan_tile.cu, rel_tile.cu) when they have blocks
  * enough to fill the device: ON 1 (the default); 0 never (the per-query
  * kernel, to compare); 2 whenever the shapes allow (for tests). */
 void gpu_tiles(gpu_model *g, int on);

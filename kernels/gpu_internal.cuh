@@ -226,6 +226,10 @@ int gpu_rel_attn(gpu_model *g, int layer, int B, int M, char *err);
 int gpu_aspan_tile(gpu_model *g, int layer, int B, int M, char *err);
 /* floats of g->tpart that the plan wants (0: the tile kernel never runs) */
 size_t gpu_aspan_tile_part_floats(const gpu_model *g);
+/* rel_tile.cu: PAR's relative attention the same way (heads of 32 or 64
+ * dims, blocks of at least REL_TILE_MIN_M queries) */
+#define REL_TILE_MIN_M 16
+int gpu_rel_tile(gpu_model *g, int layer, int B, int M, char *err);
 /* the most shared memory a block of either attention asks for */
 size_t gpu_aspan_attn_smem(const gpu_model *g);
 size_t gpu_rel_attn_smem(const gpu_model *g);

@@ -141,7 +141,7 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     row->sc1 = rate(g, t, mems, 1, BLOCK, 10, 2, NULL, &rng, NULL);
     row->sc16 = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, &rng, NULL);
     gpu_tiles(g, 0);
-    row->sc16_nt = m->fam == FAM_ASPAN ? rate(g, t, mems, 16, BLOCK, 4, 1, NULL, &rng, NULL) : 0;
+    row->sc16_nt = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, &rng, NULL);
     gpu_tiles(g, 1);
     row->bytes = gpu_mem_bytes(g);
     row->ref_bytes = mem_bytes_reference(m);

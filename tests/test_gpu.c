@@ -484,6 +484,20 @@ static void check_random_models(void)
             model_free(m);
         }
     }
+    /* PAR with heads of 32 and 64 dims: the tiled relative attention (forced
+     * by check_random_prec), memory part full, blocks of 17 to 200 */
+    for (int wide = 0; wide < 2; wide++) {
+        rm_par qt = {40, wide ? 128 : 64, 2, wide ? 64 : 32, 128, 100, 64, 1, "afsa"};
+        CHECK(rm_write_par(p, &qt, 19 + wide, err) == 0, "%s", err);
+        m = model_load(p, err);
+        CHECK(m != NULL, "tiled par: %s", err);
+        const int tpre[3] = {0, 37, 3100}, tsteps[] = {200, 1, 17, 129, 1, 64};
+        char label[96];
+        snprintf(label, sizeof label, "random par (heads of %d, mem_len 100)", wide ? 64 : 32);
+        if (m) check_random(m, label, tpre, 3, tsteps, 6, 11 + wide);
+        if (m) check_random_prec(m, label, tpre, 3, tsteps, 6, 11 + wide, GPU_BF16, 0.5);
+        model_free(m);
+    }
     /* a window past the scores kept in shared memory (16384): recomputed */
     float zl[2] = {1.0f, 0.01f};
     rm_aspan al = {30, 32, 2, 32, 1, 20000, 16, 32, zl};
@@ -556,6 +570,7 @@ int main(void)
     check_bpc("aspan-small", MEM_SPAN, GPU_BF16, 1, 0.005 - 2e-3);
     check_bpc("aspan-small", MEM_EXACT, GPU_BF16, 2, 0.005 - 1e-4);
     check_bpc("par-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
+    check_bpc("par-small", MEM_EXACT, GPU_FP32, 2, 1e-4);
     check_bf16_greedy("aspan-small");
     check_bf16_greedy("par-small");
     check_bf16_memory();
