@@ -282,6 +282,15 @@ __global__ static void aspan_combine_kernel(float *att, bf16 *attb, const float 
     }
 }
 
+int gpu_aspan_combine(gpu_model *g, int l, int B, int M, int chunk, int nsplit, float *att, bf16 *attb, char *err)
+{
+    const int K = g->m->n_head;
+    aspan_combine_kernel<<<dim3((unsigned)(B * M), (unsigned)K), 64, 0, g->stream>>>(
+        att, attb, g->part, g->m->d_head, chunk, nsplit, g->krows + (size_t)l * K, g->reach + (size_t)l * K);
+    LAUNCH_TRY(err, "aspan_attn: combine");
+    return 0;
+}
+
 /* Shared memory of a block of T threads: the query, the warps' sums, the
  * scores kept. */
 static size_t aspan_smem(const gpu_model *g, int T)
@@ -299,6 +308,8 @@ int gpu_aspan_attn(gpu_model *g, int l, int B, int M, char *err)
     const int64_t pairs = (int64_t)B * M * K;
     const int tiled = gpu_aspan_tile(g, l, B, M, err);   /* blocks of many queries: aspan_tile.cu */
     if (tiled) return tiled < 0 ? -1 : 0;
+    const int dec = gpu_aspan_decode(g, l, B, M, err);   /* heads of 32, 64 or 128 dims: aspan_decode.cu */
+    if (dec) return dec < 0 ? -1 : 0;
     int lw = 0;   /* the layer's widest window */
     for (int h = 0; h < K; h++)
         if (m->layers[l].krows[h] > lw) lw = m->layers[l].krows[h];

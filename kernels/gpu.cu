@@ -69,7 +69,23 @@ void gpu_graphs(gpu_model *g, int on)
     if (on) g->graph_why[0] = 0;
 }
 
-void gpu_tiles(gpu_model *g, int on) { g->tile_on = on; }
+/* The decode graphs captured so far (they hold the kernels chosen then). */
+static void drop_graphs(gpu_model *g)
+{
+    if (!g->graph) return;
+    cudaStreamSynchronize(g->stream);
+    for (int b = 0; b < g->max_batch; b++)
+        if (g->graph[b]) {
+            cudaGraphExecDestroy(g->graph[b]);
+            g->graph[b] = NULL;
+        }
+}
+
+void gpu_tiles(gpu_model *g, int on)
+{
+    if (on != g->tile_on) drop_graphs(g);   /* a graph keeps the kernels of its capture */
+    g->tile_on = on;
+}
 
 void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why)
 {

@@ -78,8 +78,10 @@ size_t gpu_mem_bytes(const gpu_model *g);
 void gpu_graphs(gpu_model *g, int on);
 /* Blocks of 16 queries or more (heads of 32 or 64 dims) take the tiled
  * attention kernels (kernels/aspan_tile.cu, rel_tile.cu) when they have blocks
- * enough to fill the device: ON 1 (the default); 0 never (the per-query
- * kernel, to compare); 2 whenever the shapes allow (for tests). */
+ * enough to fill the device, and adaptive-span decode steps the one-pass
+ * kernel (aspan_decode.cu): ON 1 (the default); 0 never (the per-query
+ * kernels aspan_attn.cu and rel_attn.cu, to compare); 2 the tiled kernels
+ * whenever the shapes allow (for tests). */
 void gpu_tiles(gpu_model *g, int on);
 /* Steps run as a graph so far, and graphs captured; *WHY (may be NULL) is
  * the reason graphs went off, or "". */

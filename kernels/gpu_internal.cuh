@@ -226,6 +226,11 @@ int gpu_rel_attn(gpu_model *g, int layer, int B, int M, char *err);
 int gpu_aspan_tile(gpu_model *g, int layer, int B, int M, char *err);
 /* floats of g->tpart that the plan wants (0: the tile kernel never runs) */
 size_t gpu_aspan_tile_part_floats(const gpu_model *g);
+/* aspan_decode.cu: the same for few queries (decode), heads of 32, 64 or
+ * 128 dims, one pass over the keys: 1 if it ran, 0 if not, -1 on an error */
+int gpu_aspan_decode(gpu_model *g, int layer, int B, int M, char *err);
+/* aspan_attn.cu: splits' partial states in g->part met into att or attb */
+int gpu_aspan_combine(gpu_model *g, int layer, int B, int M, int chunk, int nsplit, float *att, bf16 *attb, char *err);
 /* rel_tile.cu: PAR's relative attention the same way (heads of 32 or 64
  * dims, blocks of at least REL_TILE_MIN_M queries) */
 #define REL_TILE_MIN_M 16

@@ -472,15 +472,15 @@ static void check_random_models(void)
         float zt[4] = {1.0f, 0.3f, 0.0f, 0.02f};
         rm_aspan at = {40, wide ? 128 : 64, 2, 64, 2, 3000, 64, 32, zt};
         CHECK(rm_write_aspan(p, &at, 17 + wide, err) == 0, "%s", err);
-        const int tpre[3] = {0, 37, 3100}, tsteps[] = {200, 1, 17, 129, 1, 64};
+        const int tpre[3] = {0, 37, 3100}, tsteps[] = {200, 1, 5, 17, 129, 1, 64};
         for (int mode = 0; mode < 2; mode++) {
             m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
             CHECK(m != NULL, "tiled aspan: %s", err);
             char label[96];
             snprintf(label, sizeof label, "random aspan (heads of %d, window 3000, %s memory)", wide ? 64 : 32,
                      mode ? "span" : "exact");
-            if (m) check_random(m, label, tpre, 3, tsteps, 6, 9 + mode);
-            if (m) check_random_prec(m, label, tpre, 3, tsteps, 6, 9 + mode, GPU_BF16, 0.5);
+            if (m) check_random(m, label, tpre, 3, tsteps, 7, 9 + mode);
+            if (m) check_random_prec(m, label, tpre, 3, tsteps, 7, 9 + mode, GPU_BF16, 0.5);
             model_free(m);
         }
     }

@@ -1,0 +1,254 @@
+/*
+ * aspan_decode.cu - adaptive-span attention for few queries a stream
+ * (decode steps): the result of aspan_attn.cu's kernel in one pass over the
+ * keys instead of three.
+ *
+ * A thread block takes one (query, head) pair and one split of its window:
+ * distances 1 + s * chunk .. (s + 1) * chunk (chunk a multiple of 32; one
+ * split when the window is short or the pairs are many). Each of its warps
+ * takes rounds of 32 distances, one per lane: the lane reads its key row
+ * whole (16-byte loads; the row is one or two cache lines) and the key_pe
+ * column S - d (lanes over d: coalesced), so the score needs no reduction
+ * across lanes. The warp keeps a running softmax: m the largest score,
+ * Z = sum exp(s - m), W = sum exp(s - m) m(d), and O = sum exp(s - m) m(d) v
+ * over the head's dims (lanes over dims); value rows are read only where the
+ * mask is not zero. The warps' states meet in shared memory; a split leaves
+ * its (m, Z, W, O) in g->part as aspan_attn.cu's splits do, and
+ * aspan_combine_kernel finishes; otherwise the block writes
+ * (O / Z) / (W / Z + 1e-8) itself.
+ *
+ * Heads of 32, 64 or 128 dims (a template parameter: q is in registers);
+ * other widths go to aspan_attn.cu.
+ */
+#include "gpu_internal.cuh"
+
+#define DEC_WARPS 4
+#define DEC_CHUNK_MIN 256    /* distances a split takes at least */
+
+/* D values of a key row from 16-byte loads */
+template <int D> static __device__ __forceinline__ float row_dot(const float *q, const float *k)
+{
+    float a = 0.0f;
+#pragma unroll
+    for (int c = 0; c < D; c += 4) {
+        const float4 v = __ldg((const float4 *)(k + c));
+        a = fmaf(q[c], v.x, a);
+        a = fmaf(q[c + 1], v.y, a);
+        a = fmaf(q[c + 2], v.z, a);
+        a = fmaf(q[c + 3], v.w, a);
+    }
+    return a;
+}
+template <int D> static __device__ __forceinline__ float row_dot(const float *q, const bf16 *k)
+{
+    float a = 0.0f;
+#pragma unroll
+    for (int c = 0; c < D; c += 8) {
+        const uint4 v = __ldg((const uint4 *)(k + c));
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[u]);
+            a = fmaf(q[c + 2 * u], f.x, a);
+            a = fmaf(q[c + 2 * u + 1], f.y, a);
+        }
+    }
+    return a;
+}
+
+/* Lanes over a value row's dims: in float, lane L takes L + 32 x; in bf16,
+ * pairs (one 4-byte load each): 64 (x / 2) + 2 L + x % 2. */
+template <typename RT, int D> struct vlanes;
+template <int D> struct vlanes<float, D> {
+    static constexpr int T = (D + 31) / 32;
+    static __device__ __forceinline__ int dim(int x, int l) { return l + 32 * x; }
+    static __device__ __forceinline__ void load(const float *v, int l, bool ok, float *o)
+    {
+#pragma unroll
+        for (int x = 0; x < T; x++) o[x] = ok && l + 32 * x < D ? __ldg(v + l + 32 * x) : 0.0f;
+    }
+};
+template <int D> struct vlanes<bf16, D> {
+    static constexpr int T = 2 * ((D + 63) / 64);
+    static __device__ __forceinline__ int dim(int x, int l) { return 64 * (x >> 1) + 2 * l + (x & 1); }
+    static __device__ __forceinline__ void load(const bf16 *v, int l, bool ok, float *o)
+    {
+#pragma unroll
+        for (int p = 0; p < T / 2; p++) {
+            const int c = 64 * p + 2 * l;
+            float2 f = make_float2(0.0f, 0.0f);
+            if (ok && c < D) f = __bfloat1622float2(__ldg((const __nv_bfloat162 *)(v + c)));
+            o[2 * p] = f.x;
+            o[2 * p + 1] = f.y;
+        }
+    }
+};
+
+template <typename RT, int D>
+__global__ static void __launch_bounds__(32 * DEC_WARPS)
+    aspan_decode_kernel(float *att, bf16 *attb, const RT *qkv, int M, int S, float scale, const float *key_pe,
+                        const int *krows, const int *reach, const int64_t *mask_off, const float *derived,
+                        const int64_t *off, RT *const *ring, const int64_t *pos, int chunk, float *part)
+{
+    typedef vlanes<RT, D> VL;
+    constexpr int T = VL::T;   /* dims a lane accumulates */
+    __shared__ float wst[DEC_WARPS][3 + D];
+    const int n = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * D, sp = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int b = n / M, i = n % M, kw = krows[h], r = reach[h];
+    const int dlo = 1 + sp * chunk, dhi = min(kw, dlo + chunk - 1);
+    const size_t oo = (size_t)n * H + (size_t)h * D;
+    if (r == 0 || dlo > kw) {   /* nothing here (a zero mask: aspan_combine_kernel or this block writes zeros) */
+        if (!part && r == 0)
+            for (int c = threadIdx.x; c < D; c += blockDim.x) attb ? stf(attb + oo + c, 0.0f) : stf(att + oo + c, 0.0f);
+        return;
+    }
+    const size_t stride = (size_t)3 * H;
+    const RT *kb = qkv + (size_t)b * M * stride + H + (size_t)h * D, *vb = kb + H;
+    const RT *kr = ring[b] + off[h], *vr = kr + (size_t)kw * D;
+    const int64_t t = pos[b] + i;
+    const int kslot = ring_slot(t, kw), vslot = ring_slot(t, r);
+    const float *mask = derived + mask_off[h];
+
+    float q[D];
+#pragma unroll
+    for (int c = 0; c < D; c++) q[c] = ldf(qkv + (size_t)n * stride + (size_t)h * D + c);
+    float mx = -INFINITY, z = 0.0f, w = 0.0f, o[T];
+#pragma unroll
+    for (int u = 0; u < T; u++) o[u] = 0.0f;
+
+    for (int d0 = dlo + 32 * warp; d0 <= dhi; d0 += 32 * DEC_WARPS) {
+        const int d = d0 + lane;
+        const bool ok = d <= dhi;
+        float s = -INFINITY;
+        if (ok) {
+            const int sl = kslot - d < 0 ? kslot - d + kw : kslot - d;
+            const RT *k = d <= i ? kb + (size_t)(i - d) * stride : kr + (size_t)sl * D;
+            float qp = 0.0f;
+            const float *pe = key_pe + (S - d);
+#pragma unroll
+            for (int c = 0; c < D; c++) qp = fmaf(q[c], __ldg(pe + (size_t)c * S), qp);
+            s = (row_dot<D>(q, k) + qp) / scale;
+        }
+        float rm = s;
+        for (int o2 = 16; o2 > 0; o2 >>= 1) rm = fmaxf(rm, __shfl_xor_sync(0xffffffffu, rm, o2));
+        if (rm > mx) {   /* warp-uniform */
+            const float f = expf(mx - rm);
+            z *= f;
+            w *= f;
+#pragma unroll
+            for (int u = 0; u < T; u++) o[u] *= f;
+            mx = rm;
+        }
+        const float e = ok ? expf(s - mx) : 0.0f;
+        const float wt = ok && d <= r ? e * mask[d - 1] : 0.0f;
+        float se = e, sw = wt;
+        for (int o2 = 16; o2 > 0; o2 >>= 1) {
+            se += __shfl_xor_sync(0xffffffffu, se, o2);
+            sw += __shfl_xor_sync(0xffffffffu, sw, o2);
+        }
+        z += se;
+        w += sw;
+        /* values: the rounds' rows with a weight, lanes over dims, 8 rows' loads at once */
+        const int cnt = min(32, min(dhi, r) - d0 + 1);
+        for (int j0 = 0; j0 < cnt; j0 += 8) {
+            float vv[8][T];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int dd = d0 + j0 + u;
+                const bool okv = j0 + u < cnt;
+                const int sl = vslot - dd < 0 ? vslot - dd + r : vslot - dd;
+                const RT *v = dd <= i ? vb + (size_t)(i - dd) * stride : vr + (size_t)(okv ? sl : 0) * D;
+                VL::load(v, lane, okv, vv[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float wj = __shfl_sync(0xffffffffu, wt, (j0 + u) & 31);
+#pragma unroll
+                for (int x = 0; x < T; x++) o[x] = fmaf(wj, vv[u][x], o[x]);
+            }
+        }
+    }
+    /* the warps meet */
+    if (lane == 0) {
+        wst[warp][0] = mx;
+        wst[warp][1] = z;
+        wst[warp][2] = w;
+    }
+#pragma unroll
+    for (int x = 0; x < T; x++)
+        if (VL::dim(x, lane) < D) wst[warp][3 + VL::dim(x, lane)] = o[x];
+    __syncthreads();
+    float M2 = -INFINITY;
+    for (int v = 0; v < DEC_WARPS; v++) M2 = fmaxf(M2, wst[v][0]);
+    float Z = 0.0f, W = 0.0f, ev[DEC_WARPS];
+    for (int v = 0; v < DEC_WARPS; v++) {
+        ev[v] = wst[v][0] == -INFINITY ? 0.0f : expf(wst[v][0] - M2);
+        Z += wst[v][1] * ev[v];
+        W += wst[v][2] * ev[v];
+    }
+    float *rec = part ? part + (((size_t)n * K + h) * gridDim.z + sp) * (D + 4) : NULL;
+    if (rec && threadIdx.x == 0) {
+        rec[0] = M2;
+        rec[1] = Z;
+        rec[2] = W;
+    }
+    const float wz = W / Z + 1e-8f;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int v = 0; v < DEC_WARPS; v++) acc += wst[v][3 + c] * ev[v];
+        if (rec) rec[4 + c] = acc;
+        else if (attb) stf(attb + oo + c, acc / Z / wz);
+        else att[oo + c] = acc / Z / wz;
+    }
+}
+
+template <typename RT, int D>
+static int dec_launch(gpu_model *g, int l, int B, int M, int nsplit, int chunk, float *att, bf16 *attb, const RT *qkv,
+                      RT *const *ring, char *err)
+{
+    const model_t *m = g->m;
+    const int K = m->n_head;
+    float *part = nsplit > 1 ? g->part : NULL;
+    aspan_decode_kernel<RT, D><<<dim3((unsigned)(B * M), (unsigned)K, (unsigned)nsplit), 32 * DEC_WARPS, 0, g->stream>>>(
+        att, attb, qkv, M, m->span, sqrtf((float)D), g->key_pe, g->krows + (size_t)l * K, g->reach + (size_t)l * K,
+        g->mask_off + (size_t)l * K, g->derived, g->d_off + (size_t)l * K, ring, stage_pos(g, g->d_stage), chunk, part);
+    LAUNCH_TRY(err, "aspan_decode");
+    if (part && gpu_aspan_combine(g, l, B, M, chunk, nsplit, att, attb, err)) return -1;
+    return 1;
+}
+
+int gpu_aspan_decode(gpu_model *g, int l, int B, int M, char *err)
+{
+    const model_t *m = g->m;
+    const int D = m->d_head, K = m->n_head;
+    if (!g->tile_on || (D != 32 && D != 64 && D != 128)) return 0;   /* gpu_tiles(g, 0): the per-query kernel */
+    int lw = 0;
+    for (int h = 0; h < K; h++)
+        if (m->layers[l].krows[h] > lw) lw = m->layers[l].krows[h];
+    /* splits of at least DEC_CHUNK_MIN distances, as many as g->part holds
+     * (ASPAN_SPLIT_BLOCKS records) */
+    const int64_t pairs = (int64_t)B * M * K;
+    int most = (int)(ASPAN_SPLIT_BLOCKS / pairs), nsplit = (lw + DEC_CHUNK_MIN - 1) / DEC_CHUNK_MIN;
+    if (nsplit > most) nsplit = most;
+    if (nsplit < 1) nsplit = 1;
+    int chunk = (lw + nsplit - 1) / nsplit;
+    chunk = (chunk + 31) / 32 * 32;
+    if (chunk < 32) chunk = 32;
+    nsplit = (lw + chunk - 1) / chunk;
+    if (nsplit < 1) nsplit = 1;
+    if (g->prec == GPU_BF16) {
+        bf16 *const *ring = (bf16 *const *)stage_ring(g, g->d_stage);
+        switch (D) {
+        case 32: return dec_launch<bf16, 32>(g, l, B, M, nsplit, chunk, NULL, g->attb, g->qkvb, ring, err);
+        case 64: return dec_launch<bf16, 64>(g, l, B, M, nsplit, chunk, NULL, g->attb, g->qkvb, ring, err);
+        default: return dec_launch<bf16, 128>(g, l, B, M, nsplit, chunk, NULL, g->attb, g->qkvb, ring, err);
+        }
+    }
+    float *const *ring = stage_ring(g, g->d_stage);
+    switch (D) {
+    case 32: return dec_launch<float, 32>(g, l, B, M, nsplit, chunk, g->att, NULL, g->qkv, ring, err);
+    case 64: return dec_launch<float, 64>(g, l, B, M, nsplit, chunk, g->att, NULL, g->qkv, ring, err);
+    default: return dec_launch<float, 128>(g, l, B, M, nsplit, chunk, g->att, NULL, g->qkv, ring, err);
+    }
+}
