@@ -30,7 +30,8 @@ CORE_SRC := $(wildcard core/*.c)
 SRV_SRC  := $(wildcard server/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
-SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/openapi.o
+OPENAPI_C := $(BUILD)/server/openapi.c $(BUILD)/server/openapi_jobs.c
+SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/%.o) $(OPENAPI_C:.c=.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BIN      := $(if $(filter build,$(BUILD)),bin/spanserve,$(BUILD)/bin/spanserve)
 # The client, clients/spanctl.c: HTTP only, so libcurl and jansson, no core.
@@ -59,12 +60,13 @@ $(BUILD)/%.o: %.c $(wildcard core/*.h server/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-# The OpenAPI document, embedded as a C string.
-$(BUILD)/server/openapi.c: server/openapi.json
+# The OpenAPI documents (the API listener's, the jobs listener's), embedded
+# as C strings named after their files.
+$(OPENAPI_C): $(BUILD)/server/%.c: server/%.json
 	@mkdir -p $(dir $@)
-	{ printf 'const char openapi_json[] =\n'; sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; printf ';\n'; } > $@
+	{ printf 'const char $(notdir $(basename $<))_json[] =\n'; sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; printf ';\n'; } > $@
 
-$(BUILD)/server/openapi.o: $(BUILD)/server/openapi.c
+$(OPENAPI_C:.c=.o): %.o: %.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h)
@@ -129,3 +131,10 @@ load: all
 
 clean:
 	rm -rf build bin
+
+# The CUDA trainer's speed (tests/bench_train.c, issue 5): `make bench` runs
+# it too; it skips without a GPU.
+.PHONY: bench-train
+bench: bench-train
+bench-train: deps $(BUILD)/tests/bench_train
+	$(BUILD)/tests/bench_train

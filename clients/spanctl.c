@@ -3,7 +3,11 @@
  * on libcurl and jansson. It speaks HTTP only: no model code.
  *
  *   spanctl [--url URL] [--api-key KEY] COMMAND ...
- *   generate | score | spans | models | sessions
+ *   generate | score | spans | models | sessions | jobs
+ *
+ * `jobs` speaks to the jobs listener (--jobs-listen): its URL and key come
+ * from $SPANSERVE_JOBS_URL and $SPANSERVE_ADMIN_KEY unless --url and
+ * --api-key are given.
  *
  * A streamed generation is read as server-sent events while they arrive, and
  * each token's text is printed (and flushed) as its event comes. Exit status:
@@ -92,6 +96,7 @@ static const char main_usage[] =
     "  spans      what a model learned: spans per head, PAR block choices (JSON or SVG)\n"
     "  models     list, get, load, load-url, delete models\n"
     "  sessions   list, create, get, delete, export, import sessions\n"
+    "  jobs       submit, list, get, follow, cancel, resume training jobs; upload texts\n"
     "  version    print the version\n"
     "\n"
     "`spanctl COMMAND --help` describes each. --url and --api-key may also follow\n"
@@ -160,6 +165,25 @@ static const char sessions_usage[] =
     "memory of session ID with FILE (\"-\": stdin), or creates the session for\n"
     "model M when --model is given.\n";
 
+static const char jobs_usage[] =
+    "usage: spanctl jobs [list [--json] [--status S]]\n"
+    "       spanctl jobs submit CONFIG.json (--text FILE | --file ID | --path P | --url-text URL)\n"
+    "                   [--family F] [--id ID] [--name NAME] [--deploy] [--webhook URL]\n"
+    "                   [--device cpu|cuda]          (prints the job's id)\n"
+    "       spanctl jobs get ID\n"
+    "       spanctl jobs events ID [--follow]       (the progress lines, JSON, one a line)\n"
+    "       spanctl jobs cancel ID\n"
+    "       spanctl jobs resume ID\n"
+    "       spanctl jobs upload FILE [--name NAME]  (prints the file's id)\n"
+    "\n"
+    "Training jobs on the jobs listener: the URL is --url, else $SPANSERVE_JOBS_URL,\n"
+    "else http://127.0.0.1:8081; the key --api-key, else $SPANSERVE_ADMIN_KEY.\n"
+    "CONFIG.json holds the trainer's config keys (README, Training), \"family\"\n"
+    "included unless --family is given; --text uploads FILE first, --url-text has\n"
+    "the server fetch an https URL. --follow\n"
+    "streams the lines as they come and ends with the job: status 0 when it\n"
+    "succeeded, 1 otherwise (its status and error on standard error).\n";
+
 static int usage_error(const char *usage, const char *fmt, ...)
 {
     va_list ap;
@@ -189,6 +213,7 @@ typedef struct {
     CURL *curl;
     const char *url; /* the server's base URL */
     const char *key;
+    int url_set, key_set; /* given as options (the jobs command has its own defaults) */
     char errbuf[CURL_ERROR_SIZE];
 } ctl_t;
 
@@ -439,8 +464,8 @@ static int parse_double(const char *s, double *out)
 
 static int common_opt(ctl_t *c, int opt)
 {
-    if (opt == 'U') c->url = optarg;
-    else if (opt == 'K') c->key = optarg;
+    if (opt == 'U') c->url = optarg, c->url_set = 1;
+    else if (opt == 'K') c->key = optarg, c->key_set = 1;
     else return 0;
     return 1;
 }
@@ -880,6 +905,236 @@ static int cmd_sessions(ctl_t *c, int argc, char **argv)
     return usage_error(sessions_usage, "unknown sessions action '%s'", action);
 }
 
+/* ------------------------------------------------------------------ jobs */
+
+static void print_job_table(json_t *list)
+{
+    printf("%-24s %-10s %-20s %13s %8s %s\n", "ID", "STATUS", "FAMILY", "STEP", "VAL_BPC", "MODEL");
+    json_t *j;
+    size_t i;
+    json_array_foreach(list, i, j) {
+        const char *id = json_string_value(json_object_get(j, "id"));
+        const char *st = json_string_value(json_object_get(j, "status"));
+        const char *fam = json_string_value(json_object_get(j, "family"));
+        const char *name = json_string_value(json_object_get(j, "name"));
+        char step[32], bpc[16] = "-";
+        snprintf(step, sizeof step, "%lld/%lld", (long long)json_integer_value(json_object_get(j, "step")),
+                 (long long)json_integer_value(json_object_get(j, "steps")));
+        json_t *v = json_object_get(j, "val_bpc");
+        if (json_is_number(v)) snprintf(bpc, sizeof bpc, "%.4f", json_number_value(v));
+        printf("%-24s %-10s %-20s %13s %8s %s\n", id ? id : "?", st ? st : "?", fam ? fam : "?", step, bpc,
+               name ? name : "?");
+    }
+}
+
+/* POST /v1/files with the text of PATH; the new file's id into ID. */
+static int upload_text(ctl_t *c, const char *path, const char *name, char *id, size_t cap)
+{
+    buf_t text = {0};
+    if (read_file(path, &text)) { buf_free(&text); return 1; }
+    char *query = NULL;
+    if (name) {
+        char *e = curl_easy_escape(c->curl, name, 0);
+        if (!e || asprintf(&query, "?name=%s", e) < 0) query = NULL;
+        curl_free(e);
+        if (!query) { buf_free(&text); fprintf(stderr, "%s: out of memory\n", prog); return 1; }
+    }
+    resp_t r = {0};
+    int rc = http_call(c, "POST", make_url(c, "/v1/files", NULL, NULL, query), "text/plain", text.data, text.len, &r);
+    free(query);
+    buf_free(&text);
+    if (rc == 0) {
+        json_t *j = parse_body(&r);
+        const char *v = json_string_value(json_object_get(j, "id"));
+        if (v) snprintf(id, cap, "%s", v);
+        else rc = 1;
+        json_decref(j);
+    }
+    buf_free(&r.body);
+    return rc;
+}
+
+/* The progress lines of a followed job: each printed as it comes; the job
+ * object (event "job") kept, the last one being the job as it ended. */
+static int on_job_event(sse_t *s, const char *event, const char *data)
+{
+    if (strcmp(event, "job") == 0) {
+        json_t *j = json_loads(data, 0, NULL);
+        if (!j) return -1;
+        json_decref(s->done);
+        s->done = j;
+        return 0;
+    }
+    printf("%s\n", data);
+    fflush(stdout);
+    return 0;
+}
+
+static int job_events(ctl_t *c, const char *id, int follow)
+{
+    resp_t r = {0};
+    if (follow) {
+        sse_t s = {.on_event = on_job_event};
+        r.sse = &s;
+        int rc = http_call(c, "GET", make_url(c, "/v1/jobs", id, "events", "?stream=true"), NULL, NULL, 0, &r);
+        if (rc == 0 && !s.done) { fprintf(stderr, "%s: the stream ended without the job\n", prog); rc = 1; }
+        if (rc == 0) {
+            const char *st = json_string_value(json_object_get(s.done, "status"));
+            const char *err = json_string_value(json_object_get(s.done, "error"));
+            fprintf(stderr, "job %s: %s%s%s\n", id, st ? st : "?", err ? ": " : "", err ? err : "");
+            rc = st && strcmp(st, "succeeded") == 0 ? 0 : 1;
+        }
+        sse_free(&s);
+        buf_free(&r.body);
+        return rc;
+    }
+    long long after = 0;
+    for (;;) {   /* page by page */
+        char q[64];
+        snprintf(q, sizeof q, "?after=%lld", after);
+        int rc = http_call(c, "GET", make_url(c, "/v1/jobs", id, "events", q), NULL, NULL, 0, &r);
+        json_t *j = rc == 0 ? parse_body(&r) : NULL;
+        buf_free(&r.body);
+        if (rc || !j) return 1;
+        json_t *e;
+        size_t i;
+        json_array_foreach(json_object_get(j, "events"), i, e) {
+            char *line = json_dumps(e, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+            if (line) puts(line);
+            free(line);
+        }
+        int more = json_is_true(json_object_get(j, "more"));
+        after = (long long)json_integer_value(json_object_get(j, "next"));
+        json_decref(j);
+        if (!more) return 0;
+    }
+}
+
+static int job_submit(ctl_t *c, const char *config, const char *family, const char *text, const char *file,
+                      const char *path, const char *url, json_t *extra)
+{
+    json_error_t je;
+    json_t *cfg = json_load_file(config, 0, &je);
+    if (!json_is_object(cfg)) {
+        fprintf(stderr, "%s: %s: %s\n", prog, config, cfg ? "a config must be a JSON object" : je.text);
+        json_decref(cfg);
+        json_decref(extra);
+        return 1;
+    }
+    json_t *req = extra;
+    json_t *fam = json_object_get(cfg, "family");
+    if (family) json_object_set_new(req, "family", json_string(family));
+    else if (fam) json_object_set(req, "family", fam);
+    json_object_del(cfg, "family");
+    json_object_set_new(req, "config", cfg);
+    char id[128];
+    if (text) {
+        if (upload_text(c, text, NULL, id, sizeof id)) { json_decref(req); return 1; }
+        json_object_set_new(req, "file", json_string(id));
+    } else if (file) json_object_set_new(req, "file", json_string(file));
+    else if (path) json_object_set_new(req, "path", json_string(path));
+    else json_object_set_new(req, "url", json_string(url));
+    return call_print(c, "POST", make_url(c, "/v1/jobs", NULL, NULL, NULL), req, "id", "");
+}
+
+static int cmd_jobs(ctl_t *c, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", 0, 0, 'j'},   {"status", 1, 0, 's'}, {"follow", 0, 0, 'f'}, {"text", 1, 0, 't'},
+        {"file", 1, 0, 'F'},   {"path", 1, 0, 'p'},   {"url-text", 1, 0, 'u'}, {"family", 1, 0, 'a'},
+        {"id", 1, 0, 'i'},     {"name", 1, 0, 'n'},   {"deploy", 0, 0, 'd'}, {"webhook", 1, 0, 'w'},
+        {"device", 1, 0, 'D'}, COMMON_OPTS,           {0, 0, 0, 0}};
+    int as_json = 0, follow = 0, deploy = 0, opt;
+    const char *status = NULL, *text = NULL, *file = NULL, *path = NULL, *url = NULL, *family = NULL, *id = NULL,
+               *name = NULL, *webhook = NULL, *device = NULL;
+    /* --url is the server's: a text fetched by the server is --url-text */
+    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'j': as_json = 1; break;
+        case 's': status = optarg; break;
+        case 'f': follow = 1; break;
+        case 't': text = optarg; break;
+        case 'F': file = optarg; break;
+        case 'p': path = optarg; break;
+        case 'u': url = optarg; break;
+        case 'a': family = optarg; break;
+        case 'i': id = optarg; break;
+        case 'n': name = optarg; break;
+        case 'd': deploy = 1; break;
+        case 'w': webhook = optarg; break;
+        case 'D': device = optarg; break;
+        case 'h': fputs(jobs_usage, stdout); return 0;
+        default:
+            if (!common_opt(c, opt)) return usage_error(jobs_usage, "unknown option");
+        }
+    }
+    if (!c->url_set) {
+        const char *u = getenv("SPANSERVE_JOBS_URL");
+        c->url = u && *u ? u : "http://127.0.0.1:8081";
+    }
+    if (!c->key_set) c->key = getenv("SPANSERVE_ADMIN_KEY");
+    const char *action = optind < argc ? argv[optind++] : "list";
+    char **a = argv + optind;
+    int n = argc - optind;
+    int submit = strcmp(action, "submit") == 0;
+    if (!submit && (text || file || path || url || family || id || deploy || webhook || device))
+        return usage_error(jobs_usage, "--text, --file, --path, --url-text, --family, --id, --deploy, --webhook and --device are for 'submit'");
+    if (name && !submit && strcmp(action, "upload") != 0) return usage_error(jobs_usage, "--name is for 'submit' and 'upload'");
+    if ((as_json || status) && strcmp(action, "list") != 0) return usage_error(jobs_usage, "--json and --status are for 'list'");
+    if (follow && strcmp(action, "events") != 0) return usage_error(jobs_usage, "--follow is for 'events'");
+    if (strcmp(action, "list") == 0) {
+        if (n) return usage_error(jobs_usage, "'list' takes no arguments");
+        char q[64] = "";
+        if (status) snprintf(q, sizeof q, "?status=%.40s", status);
+        resp_t r = {0};
+        int rc = http_call(c, "GET", make_url(c, "/v1/jobs", NULL, NULL, *q ? q : NULL), NULL, NULL, 0, &r);
+        if (rc == 0 && as_json) print_body(&r);
+        else if (rc == 0) {
+            json_t *j = parse_body(&r);
+            if (j) print_job_table(json_object_get(j, "jobs"));
+            else rc = 1;
+            json_decref(j);
+        }
+        buf_free(&r.body);
+        return rc;
+    }
+    if (submit) {
+        if (n != 1) return want_args(jobs_usage, action, n, 1, 1);
+        if ((text != NULL) + (file != NULL) + (path != NULL) + (url != NULL) != 1)
+            return usage_error(jobs_usage, "give the text as one of --text FILE, --file ID, --path P, --url-text URL");
+        json_t *extra = json_object();
+        if (id) json_object_set_new(extra, "id", json_string(id));
+        if (name) json_object_set_new(extra, "name", json_string(name));
+        if (deploy) json_object_set_new(extra, "deploy", json_true());
+        if (webhook) json_object_set_new(extra, "webhook", json_string(webhook));
+        if (device) json_object_set_new(extra, "device", json_string(device));
+        return job_submit(c, a[0], family, text, file, path, url, extra);
+    }
+    if (strcmp(action, "upload") == 0) {
+        if (n != 1) return want_args(jobs_usage, action, n, 1, 1);
+        char fid[128];
+        int rc = upload_text(c, a[0], name, fid, sizeof fid);
+        if (rc == 0) puts(fid);
+        return rc;
+    }
+    if (n != 1) return want_args(jobs_usage, action, n, 1, 1);
+    if (strcmp(action, "get") == 0) return call_print(c, "GET", make_url(c, "/v1/jobs", a[0], NULL, NULL), NULL, NULL, NULL);
+    if (strcmp(action, "events") == 0) return job_events(c, a[0], follow);
+    if (strcmp(action, "cancel") == 0 || strcmp(action, "resume") == 0) {
+        resp_t r = {0};
+        int rc = http_call(c, "POST", make_url(c, "/v1/jobs", a[0], action, NULL), NULL, NULL, 0, &r);
+        if (rc == 0) {
+            json_t *j = parse_body(&r);
+            const char *st = json_string_value(json_object_get(j, "status"));
+            printf("%s: %s%s\n", a[0], st ? st : "?", json_is_true(json_object_get(j, "cancelling")) ? " (cancelling)" : "");
+            json_decref(j);
+        }
+        buf_free(&r.body);
+        return rc;
+    }
+    return usage_error(jobs_usage, "unknown jobs action '%s'", action);
+}
+
 /* ------------------------------------------------------------------ main */
 
 int main(int argc, char **argv)
@@ -902,7 +1157,7 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "version") == 0) { printf("spanctl %s\n", SPANCTL_VERSION); return 0; }
     static const struct { const char *name; int (*fn)(ctl_t *, int, char **); } cmds[] = {
         {"generate", cmd_generate}, {"score", cmd_score},       {"spans", cmd_spans},
-        {"models", cmd_models},     {"sessions", cmd_sessions}};
+        {"models", cmd_models},     {"sessions", cmd_sessions}, {"jobs", cmd_jobs}};
     int (*fn)(ctl_t *, int, char **) = NULL;
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
         if (strcmp(cmd, cmds[i].name) == 0) fn = cmds[i].fn;

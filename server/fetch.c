@@ -1,6 +1,6 @@
 /*
- * fetch.c - downloads a checkpoint over https with libcurl, into a file,
- * refusing anything past a size limit.
+ * fetch.c - downloads a file (a checkpoint, a training text) over https with
+ * libcurl, refusing anything past a size limit.
  */
 #define _GNU_SOURCE
 #include "server.h"
@@ -31,7 +31,7 @@ static size_t on_data(char *p, size_t size, size_t n, void *cls)
     return fwrite(p, 1, k, s->f);
 }
 
-int fetch_url(const char *url, const char *dest, size_t max, char *err, int *status)
+int fetch_url(const char *url, const char *dest, size_t max, const char *limit, char *err, int *status)
 {
     if (strncmp(url, "https://", 8) != 0) {
         *status = 400;
@@ -74,7 +74,7 @@ int fetch_url(const char *url, const char *dest, size_t max, char *err, int *sta
     if (s.over || rc == CURLE_FILESIZE_EXCEEDED) {
         unlink(tmp);
         *status = 413;
-        return snprintf(err, 512, "the download is over --max-download (%zu bytes)", max), -1;
+        return snprintf(err, 512, "the download is over %s (%zu bytes)", limit, max), -1;
     }
     if (rc != CURLE_OK || bad) {
         unlink(tmp);

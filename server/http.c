@@ -1,8 +1,10 @@
 /*
- * http.c - the libmicrohttpd daemon: one table maps (method, path pattern)
- * to a handler; bodies are gathered under --max-body; authentication,
- * content types and errors are handled here once, in one JSON error shape;
- * one log line per request.
+ * http.c - the libmicrohttpd daemons: the API listener (--listen) and the
+ * jobs listener (--jobs-listen), each with one table that maps (method, path
+ * pattern) to a handler and keys of its own (API keys; admin keys). Bodies
+ * are gathered under --max-body, except an upload route's, which goes to a
+ * file under --max-upload; authentication, content types and errors are
+ * handled here once, in one JSON error shape; one log line per request.
  */
 #define _GNU_SOURCE
 #include "server.h"
@@ -16,6 +18,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------ routes */
 
@@ -27,29 +30,60 @@ typedef struct {
     handler_fn fn;
     int open;                    /* no API key needed */
     int json;                    /* the body must be application/json */
+    int upload;                  /* the body is streamed to a file (files_upload_open) */
 } route_t;
 
 static const route_t routes[] = {
-    {"GET", "/healthz", route_healthz, 1, 0},
-    {"GET", "/readyz", route_readyz, 1, 0},
-    {"GET", "/metrics", route_metrics, 0, 0},
-    {"GET", "/openapi.json", route_openapi, 0, 0},
-    {"GET", "/v1/models", route_models_list, 0, 0},
-    {"POST", "/v1/models", route_models_post, 0, 1},
-    {"GET", "/v1/models/*", route_models_get, 0, 0},
-    {"DELETE", "/v1/models/*", route_models_delete, 0, 0},
-    {"GET", "/v1/models/*/spans", route_models_spans, 0, 0},
-    {"POST", "/v1/generate", route_generate, 0, 1},
-    {"POST", "/v1/score", route_score, 0, 1},
-    {"POST", "/v1/completions", route_completions, 0, 1},
-    {"POST", "/v1/sessions", route_sessions_post, 0, 1},
-    {"GET", "/v1/sessions", route_sessions_list, 0, 0},
-    {"GET", "/v1/sessions/*", route_sessions_get, 0, 0},
-    {"DELETE", "/v1/sessions/*", route_sessions_delete, 0, 0},
-    {"GET", "/v1/sessions/*/state", route_sessions_state_get, 0, 0},
-    {"PUT", "/v1/sessions/*/state", route_sessions_state_put, 0, 0},
+    {"GET", "/healthz", route_healthz, 1, 0, 0},
+    {"GET", "/readyz", route_readyz, 1, 0, 0},
+    {"GET", "/metrics", route_metrics, 0, 0, 0},
+    {"GET", "/openapi.json", route_openapi, 0, 0, 0},
+    {"GET", "/v1/models", route_models_list, 0, 0, 0},
+    {"POST", "/v1/models", route_models_post, 0, 1, 0},
+    {"GET", "/v1/models/*", route_models_get, 0, 0, 0},
+    {"DELETE", "/v1/models/*", route_models_delete, 0, 0, 0},
+    {"GET", "/v1/models/*/spans", route_models_spans, 0, 0, 0},
+    {"POST", "/v1/generate", route_generate, 0, 1, 0},
+    {"POST", "/v1/score", route_score, 0, 1, 0},
+    {"POST", "/v1/completions", route_completions, 0, 1, 0},
+    {"POST", "/v1/sessions", route_sessions_post, 0, 1, 0},
+    {"GET", "/v1/sessions", route_sessions_list, 0, 0, 0},
+    {"GET", "/v1/sessions/*", route_sessions_get, 0, 0, 0},
+    {"DELETE", "/v1/sessions/*", route_sessions_delete, 0, 0, 0},
+    {"GET", "/v1/sessions/*/state", route_sessions_state_get, 0, 0, 0},
+    {"PUT", "/v1/sessions/*/state", route_sessions_state_put, 0, 0, 0},
 };
-#define N_ROUTES (sizeof routes / sizeof *routes)
+
+/* The jobs listener: training texts and jobs (route_jobs.c), admin keys. */
+static const route_t job_routes[] = {
+    {"GET", "/healthz", route_jobs_healthz, 1, 0, 0},
+    {"GET", "/openapi.json", route_jobs_openapi, 0, 0, 0},
+    {"POST", "/v1/files", route_files_post, 0, 0, 1},
+    {"GET", "/v1/files", route_files_list, 0, 0, 0},
+    {"GET", "/v1/files/*", route_files_get, 0, 0, 0},
+    {"DELETE", "/v1/files/*", route_files_delete, 0, 0, 0},
+    {"POST", "/v1/jobs", route_jobs_post, 0, 1, 0},
+    {"GET", "/v1/jobs", route_jobs_list, 0, 0, 0},
+    {"GET", "/v1/jobs/*", route_jobs_get, 0, 0, 0},
+    {"GET", "/v1/jobs/*/events", route_jobs_events, 0, 0, 0},
+    {"POST", "/v1/jobs/*/cancel", route_jobs_cancel, 0, 0, 0},
+    {"POST", "/v1/jobs/*/resume", route_jobs_resume, 0, 0, 0},
+    {"GET", "/v1/jobs/*/spans.svg", route_jobs_svg, 0, 0, 0},
+};
+
+typedef struct listener {
+    const char *name;            /* for the log */
+    const route_t *routes;
+    size_t n_routes;
+    char ***keys;                /* the listener's keys (config_t's arrays) */
+    int *n_keys;
+    const char *key_kind;        /* "API key" or "admin key", for the 401 message */
+} listener_t;
+
+static const listener_t api_listener = {"api", routes, sizeof routes / sizeof *routes, &srv.cfg.api_keys,
+                                        &srv.cfg.n_api_keys, "API key"};
+static const listener_t jobs_listener = {"jobs", job_routes, sizeof job_routes / sizeof *job_routes,
+                                         &srv.cfg.admin_keys, &srv.cfg.n_admin_keys, "admin key"};
 
 /* Splits the URL path into segments (in R->path); -1 if it is too long or
  * too deep to be any route. */
@@ -272,17 +306,17 @@ enum MHD_Result reply_stream(request_t *r, task_t *t)
 
 /* ------------------------------------------------------------ the handler */
 
-static int authorized(struct MHD_Connection *c)
+static int authorized(const listener_t *l, struct MHD_Connection *c)
 {
-    if (srv.cfg.n_api_keys == 0) return 1;
+    if (*l->n_keys == 0) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return 0;
     h += 7;
     while (*h == ' ') h++;
-    for (int i = 0; i < srv.cfg.n_api_keys; i++) {
+    for (int i = 0; i < *l->n_keys; i++) {
         /* compare the whole key whatever the first difference, so timing
          * says nothing of the key */
-        const char *k = srv.cfg.api_keys[i];
+        const char *k = (*l->keys)[i];
         size_t a = strlen(h), b = strlen(k);
         unsigned diff = (unsigned)(a != b);
         for (size_t j = 0; j < b; j++) diff |= (unsigned)(k[j] ^ (j < a ? h[j] : 0));
@@ -299,19 +333,29 @@ static int is_json_type(struct MHD_Connection *c)
     return strncasecmp(ct, "application/json", 16) == 0 && (ct[16] == 0 || ct[16] == ';' || ct[16] == ' ');
 }
 
+/* The route of R's method and path (split into R), or NULL; ALLOW gets the
+ * methods the path has. */
+static const route_t *find_route(request_t *r, char *allow, size_t cap)
+{
+    const listener_t *l = r->lsn;
+    *allow = 0;
+    for (size_t i = 0; i < l->n_routes; i++) {
+        const route_t *rt = &l->routes[i];
+        if (!pattern_match(r, rt->pattern)) continue;
+        if (strcmp(rt->method, r->method) == 0) return rt;
+        if (strlen(allow) + strlen(rt->method) + 3 < cap) {
+            if (*allow) strcat(allow, ", ");
+            strcat(allow, rt->method);
+        }
+    }
+    return NULL;
+}
+
 static enum MHD_Result dispatch(request_t *r, const char *url)
 {
     if (split_path(r, url)) return reply_error(r, 404, "no such route");
-    const route_t *hit = NULL;
-    char allow[64] = "";
-    for (size_t i = 0; i < N_ROUTES; i++) {
-        if (!pattern_match(r, routes[i].pattern)) continue;
-        if (strcmp(routes[i].method, r->method) == 0) { hit = &routes[i]; break; }
-        if (strlen(allow) + strlen(routes[i].method) + 3 < sizeof allow) {
-            if (*allow) strcat(allow, ", ");
-            strcat(allow, routes[i].method);
-        }
-    }
+    char allow[64];
+    const route_t *hit = find_route(r, allow, sizeof allow);
     if (!hit && strcmp(r->method, "HEAD") == 0) return reply_error(r, 405, "HEAD is not supported; use GET");
     if (!hit && *allow) {
         r->route = "other";
@@ -334,8 +378,10 @@ static enum MHD_Result dispatch(request_t *r, const char *url)
         return reply_error(r, 404, "no route %s %s", r->method, url);
     }
     r->route = hit->pattern;
-    if (!hit->open && !authorized(r->conn))
-        return reply_error(r, 401, "a valid API key is required: send Authorization: Bearer KEY");
+    if (!hit->open && !authorized(r->lsn, r->conn))
+        return reply_error(r, 401, "a valid %s is required: send Authorization: Bearer KEY", r->lsn->key_kind);
+    if (r->too_big && hit->upload)
+        return reply_error(r, 413, "the upload is over the limit of %zu bytes (--max-upload)", srv.cfg.max_upload);
     if (r->too_big)
         return reply_error(r, 413, "the body is over the limit of %zu bytes (--max-body)", srv.cfg.max_body);
     if (hit->json && !is_json_type(r->conn))
@@ -343,20 +389,80 @@ static enum MHD_Result dispatch(request_t *r, const char *url)
     return hit->fn(r);
 }
 
+/* The first call of an upload route: the key and the declared length are
+ * checked before a byte is stored, then the file is opened. */
+static enum MHD_Result upload_begin(request_t *r, const char *url)
+{
+    char allow[64];
+    if (split_path(r, url)) return MHD_YES;
+    const route_t *hit = find_route(r, allow, sizeof allow);
+    if (!hit || !hit->upload) return MHD_YES;   /* answered after the body, as every request */
+    r->route = hit->pattern;
+    if (!hit->open && !authorized(r->lsn, r->conn))
+        return reply_error(r, 401, "a valid %s is required: send Authorization: Bearer KEY", r->lsn->key_kind);
+    const char *cl = MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > srv.cfg.max_upload)
+        return reply_error(r, 413, "the upload is over the limit of %zu bytes (--max-upload)", srv.cfg.max_upload);
+    files_upload_open(r);   /* replies itself on failure */
+    return MHD_YES;
+}
+
+/* A chunk of an upload, to its file; past --max-upload the file goes and
+ * the rest is read and dropped (413 at the end). */
+static void upload_chunk(request_t *r, const char *p, size_t n)
+{
+    if (r->upload_errno) return;
+    if (r->too_big || r->upload_len + n > srv.cfg.max_upload) {
+        r->too_big = 1;
+        if (r->upload_fd >= 0) {
+            close(r->upload_fd);
+            r->upload_fd = -1;
+            unlink(r->upload_tmp);
+            r->upload_tmp[0] = 0;
+        }
+        return;
+    }
+    while (n) {
+        ssize_t k = write(r->upload_fd, p, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {   /* a full disk: the route answers 500 with the reason */
+            r->upload_errno = k < 0 ? errno : ENOSPC;
+            r->too_big = 0;
+            close(r->upload_fd);
+            r->upload_fd = -1;
+            return;
+        }
+        p += k;
+        n -= (size_t)k;
+        r->upload_len += (size_t)k;
+    }
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
-    (void)cls;
     (void)version;
     request_t *r = *con_cls;
     if (!r) {
         r = calloc(1, sizeof *r);
         if (!r) return MHD_NO;
+        r->lsn = cls;
         r->conn = conn;
         r->method = method;
         r->t0 = now_s();
         r->route = "other";
+        r->upload_fd = -1;
         *con_cls = r;
+        if (strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0) return upload_begin(r, url);
+        return MHD_YES;
+    }
+    if (*upload_size && r->uploading) {
+        upload_chunk(r, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size && r->responded) {   /* answered at the first call (401, 413): drop the body */
+        *upload_size = 0;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -408,49 +514,56 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     log_line("%s %s %d %.1fms %ld tokens%s", r->method, r->route, status, dt * 1e3, tokens,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
     metrics_request(r->route, status, dt);
+    if (r->upload_fd >= 0) close(r->upload_fd);
+    if (r->upload_tmp[0]) unlink(r->upload_tmp);   /* an upload the route did not keep */
     free(r->body);
     free(r);
     *con_cls = NULL;
 }
 
-int http_start(void)
+/* A daemon for listener L on ADDR (HOST:PORT, IPv4 or [IPv6]) and PORT. */
+static struct MHD_Daemon *start_daemon(const listener_t *l, const char *a, int port, unsigned threads)
 {
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
-    /* --listen HOST:PORT, IPv4 or [IPv6] */
-    const char *a = srv.cfg.listen_addr;
     char host[256];
     const char *colon = strrchr(a, ':');
-    if (!colon || (size_t)(colon - a) >= sizeof host) return -1;
+    if (!colon || (size_t)(colon - a) >= sizeof host) return NULL;
     memcpy(host, a, (size_t)(colon - a));
     host[colon - a] = 0;
     if (host[0] == '[') {
-        size_t l = strlen(host);
-        if (l < 2 || host[l - 1] != ']') return -1;
-        memmove(host, host + 1, l - 2);
-        host[l - 2] = 0;
+        size_t n = strlen(host);
+        if (n < 2 || host[n - 1] != ']') return NULL;
+        memmove(host, host + 1, n - 2);
+        host[n - 2] = 0;
     }
     struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
     struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
     if (inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
         v4->sin_family = AF_INET;
-        v4->sin_port = htons((uint16_t)srv.cfg.port);
+        v4->sin_port = htons((uint16_t)port);
     } else if (inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
         v6->sin6_family = AF_INET6;
-        v6->sin6_port = htons((uint16_t)srv.cfg.port);
+        v6->sin6_port = htons((uint16_t)port);
         flags |= MHD_USE_IPv6;
     } else {
-        return -1;
+        return NULL;
     }
-    srv.daemon = MHD_start_daemon(flags, (uint16_t)srv.cfg.port, NULL, NULL, on_request, NULL,
+    return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, (void *)l,
                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
-                                  MHD_OPTION_THREAD_POOL_SIZE, (unsigned)(srv.cfg.http_threads > 1 ? srv.cfg.http_threads : 0),
+                                  MHD_OPTION_THREAD_POOL_SIZE, threads > 1 ? threads : 0u,
                                   MHD_OPTION_END);
+}
+
+int http_start(void)
+{
+    const char *a = srv.cfg.listen_addr;
+    srv.daemon = start_daemon(&api_listener, a, srv.cfg.port, (unsigned)srv.cfg.http_threads);
     return srv.daemon ? 0 : -1;
 }
 
@@ -458,4 +571,28 @@ void http_stop(void)
 {
     if (srv.daemon) MHD_stop_daemon(srv.daemon);
     srv.daemon = NULL;
+}
+
+/* The jobs listener: two threads are plenty for an admin API whose work
+ * (spawning, reading logs) is short. */
+int http_jobs_start(void)
+{
+    srv.jobs_daemon = start_daemon(&jobs_listener, srv.cfg.jobs_listen, srv.cfg.jobs_port, 2);
+    return srv.jobs_daemon ? 0 : -1;
+}
+
+void http_jobs_stop(void)
+{
+    if (srv.jobs_daemon) MHD_stop_daemon(srv.jobs_daemon);
+    srv.jobs_daemon = NULL;
+}
+
+int sse_format(char **buf, size_t *len, const char *name, const char *data)
+{
+    size_t need = *len + strlen(name) + strlen(data) + 20;
+    char *b = realloc(*buf, need);
+    if (!b) return -1;
+    *buf = b;
+    *len += (size_t)sprintf(b + *len, "event: %s\ndata: %s\n\n", name, data);
+    return 0;
 }

@@ -108,7 +108,7 @@ static enum MHD_Result download_done(request_t *r)
 static void *download_main(void *arg)
 {
     download_t *d = arg;
-    if (fetch_url(d->url, d->path, srv.cfg.max_download, d->err, &d->status) == 0) {
+    if (fetch_url(d->url, d->path, srv.cfg.max_download, "--max-download", d->err, &d->status) == 0) {
         pthread_mutex_lock(&srv.lock);
         smodel_t *sm = models_add(d->name, d->path, d->err, &d->status);
         if (sm) d->result = models_json(sm);

@@ -4,8 +4,10 @@
  */
 #define _GNU_SOURCE
 #include "server.h"
+#include "jobs.h"
 #include "report.h"
 
+#include <curl/curl.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -183,7 +185,20 @@ static const char serve_usage[] =
     "                          one and this build has the CUDA core, else the CPU)\n"
     "  --precision bf16|fp32   on the GPU: bf16 weights and memory, fp32 sums (default,\n"
     "                          fastest) or fp32 throughout (the reference to 1e-4);\n"
-    "                          the CPU always computes in fp32\n";
+    "                          the CPU always computes in fp32\n"
+    "\n"
+    "Training jobs (a listener of their own; README \"Training jobs\"):\n"
+    "  --jobs-listen HOST:PORT the jobs API's address (default: none, jobs off)\n"
+    "  --admin-key KEY         the jobs API's key, required there (repeatable); also\n"
+    "                          SPANSERVE_ADMIN_KEY\n"
+    "  --admin-key-file FILE   admin keys, one per line\n"
+    "  --data-dir DIR          training texts: uploads, and the paths jobs may name\n"
+    "                          (default STATE_DIR/data)\n"
+    "  --max-jobs N            training processes at once (default: one per GPU, 1 on\n"
+    "                          the CPU)\n"
+    "  --max-upload BYTES      a training text uploaded or fetched by URL (default 1G)\n"
+    "  --cancel-grace S        seconds from SIGTERM to SIGKILL when a job is cancelled\n"
+    "                          (default 10)\n";
 
 static int parse_size(const char *s, size_t *out)
 {
@@ -221,13 +236,30 @@ static int usage(const char *fmt, ...)
     return 2;
 }
 
-static int add_key(const char *k)
+static int add_key_to(char ***keys, int *n, const char *k)
 {
-    char **a = realloc(srv.cfg.api_keys, (size_t)(srv.cfg.n_api_keys + 1) * sizeof *a);
+    char **a = realloc(*keys, (size_t)(*n + 1) * sizeof *a);
     if (!a) return -1;
-    srv.cfg.api_keys = a;
-    if (!(a[srv.cfg.n_api_keys] = strdup(k))) return -1;
-    srv.cfg.n_api_keys++;
+    *keys = a;
+    if (!(a[*n] = strdup(k))) return -1;
+    (*n)++;
+    return 0;
+}
+
+static int add_key(const char *k) { return add_key_to(&srv.cfg.api_keys, &srv.cfg.n_api_keys, k); }
+static int add_admin_key(const char *k) { return add_key_to(&srv.cfg.admin_keys, &srv.cfg.n_admin_keys, k); }
+
+/* Keys of FILE, one a line ('#' starts a comment line). */
+static int read_keys(const char *path, int (*add)(const char *))
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return fprintf(stderr, "spanserve serve: %s: %s\n", path, strerror(errno)), -1;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (*line && *line != '#' && add(line)) { fclose(f); return -1; }
+    }
+    fclose(f);
     return 0;
 }
 
@@ -256,6 +288,9 @@ int cmd_serve(int argc, char **argv)
         {"request-timeout", 1, 0, 'T'}, {"drain-timeout", 1, 0, 'r'}, {"memory", 1, 0, 'M'},
         {"http-threads", 1, 0, 'h'},  {"device", 1, 0, 'v'},       {"help", 0, 0, 'H'},
         {"precision", 1, 0, 'P'},
+        {"jobs-listen", 1, 0, 'J'},   {"admin-key", 1, 0, 'A'},    {"admin-key-file", 1, 0, 'F'},
+        {"data-dir", 1, 0, 'x'},      {"max-jobs", 1, 0, 'j'},     {"max-upload", 1, 0, 'u'},
+        {"cancel-grace", 1, 0, 'g'},
         {0, 0, 0, 0}};
     config_t *c = &srv.cfg;
     c->listen_addr = "127.0.0.1:8080";
@@ -271,6 +306,8 @@ int cmd_serve(int argc, char **argv)
     c->mem_mode = MEM_EXACT;
     c->http_threads = 2;
     c->bf16 = 1;
+    c->max_upload = 1ull << 30;
+    c->cancel_grace = 10;
     const char *models[64], *device = "auto";
     int n_models = 0, ch;
     double d;
@@ -287,17 +324,27 @@ int cmd_serve(int argc, char **argv)
         case 'k':
             if (!*optarg || add_key(optarg)) return usage("--api-key takes a non-empty key");
             break;
-        case 'K': {
-            FILE *f = fopen(optarg, "r");
-            if (!f) return fprintf(stderr, "spanserve serve: %s: %s\n", optarg, strerror(errno)), 1;
-            char line[1024];
-            while (fgets(line, sizeof line, f)) {
-                line[strcspn(line, "\r\n")] = 0;
-                if (*line && *line != '#' && add_key(line)) { fclose(f); return 1; }
-            }
-            fclose(f);
+        case 'K':
+            if (read_keys(optarg, add_key)) return 1;
             break;
-        }
+        case 'J': c->jobs_listen = optarg; break;
+        case 'A':
+            if (!*optarg || add_admin_key(optarg)) return usage("--admin-key takes a non-empty key");
+            break;
+        case 'F':
+            if (read_keys(optarg, add_admin_key)) return 1;
+            break;
+        case 'x': c->data_dir = optarg; break;
+        case 'j':
+            if (parse_num(optarg, 1, 1024, &d)) return usage("--max-jobs takes 1 to 1024");
+            c->max_jobs = (int)d;
+            break;
+        case 'u':
+            if (parse_size(optarg, &c->max_upload) || c->max_upload < 1) return usage("--max-upload takes a byte count");
+            break;
+        case 'g':
+            if (parse_num(optarg, 0, 86400, &c->cancel_grace)) return usage("--cancel-grace takes 0 to 86400 seconds");
+            break;
         case 'S':
             if (parse_size(optarg, &c->session_memory)) return usage("--session-memory takes a byte count");
             break;
@@ -361,6 +408,15 @@ int cmd_serve(int argc, char **argv)
     }
     const char *envkey = getenv("SPANSERVE_API_KEY");
     if (envkey && *envkey && add_key(envkey)) return 1;
+    const char *envadmin = getenv("SPANSERVE_ADMIN_KEY");
+    if (envadmin && *envadmin && add_admin_key(envadmin)) return 1;
+    if (c->jobs_listen) {
+        const char *jc = strrchr(c->jobs_listen, ':');
+        if (!jc || parse_num(jc + 1, 1, 65535, &d)) return usage("--jobs-listen takes HOST:PORT");
+        c->jobs_port = (int)d;
+        if (c->n_admin_keys == 0)
+            return usage("--jobs-listen needs an admin key (--admin-key, --admin-key-file or SPANSERVE_ADMIN_KEY)");
+    }
     if (c->model_dir) {
         char *real = realpath(c->model_dir, NULL);
         if (!real) return fprintf(stderr, "spanserve serve: --model-dir %s: %s\n", c->model_dir, strerror(errno)), 1;
@@ -369,6 +425,16 @@ int cmd_serve(int argc, char **argv)
     char sdir[1100];
     snprintf(sdir, sizeof sdir, "%s/sessions", c->state_dir);
     if (mkdirs(sdir)) return fprintf(stderr, "spanserve serve: --state-dir %s: %s\n", c->state_dir, strerror(errno)), 1;
+    char ddir[1100];
+    if (c->jobs_listen) {   /* the data directory, absolute: paths are checked against it */
+        if (!c->data_dir) snprintf(ddir, sizeof ddir, "%s/data", c->state_dir);
+        if (mkdirs(c->data_dir ? c->data_dir : ddir))
+            return fprintf(stderr, "spanserve serve: --data-dir %s: %s\n", c->data_dir ? c->data_dir : ddir, strerror(errno)), 1;
+        char *real = realpath(c->data_dir ? c->data_dir : ddir, NULL);
+        if (!real) return fprintf(stderr, "spanserve serve: --data-dir: %s\n", strerror(errno)), 1;
+        c->data_dir = real;
+    }
+    curl_global_init(CURL_GLOBAL_DEFAULT);   /* once, before any thread may use libcurl */
 
     /* signals: handled by this thread alone, with sigwait */
     sigset_t sigs;
@@ -406,6 +472,17 @@ int cmd_serve(int argc, char **argv)
         http_stop();
         return 1;
     }
+    if (c->jobs_listen) {   /* after the models: a job that finished meanwhile deploys onto them */
+        char err[512] = "";
+        if (jobs_start(err) || (http_jobs_start() && snprintf(err, sizeof err, "cannot listen on %s (--jobs-listen)", c->jobs_listen))) {
+            fprintf(stderr, "spanserve serve: %s\n", err);
+            jobs_stop();
+            sched_stop();
+            http_stop();
+            return 1;
+        }
+        log_line("jobs API listening on http://%s", c->jobs_listen);
+    }
 
     int sig;
     sigwait(&sigs, &sig);
@@ -421,6 +498,7 @@ int cmd_serve(int argc, char **argv)
         if (!busy || now_s() - t0 > c->drain_timeout) break;
         usleep(20000);
     }
+    jobs_stop();    /* the training processes go on; their event streams end */
     sched_stop();   /* cancels whatever is left, resuming its connections */
     for (;;) {      /* downloads abort on draining; their connections resume */
         pthread_mutex_lock(&srv.lock);
@@ -435,6 +513,14 @@ int cmd_serve(int argc, char **argv)
         if (!info || info->num_connections == 0) break;
         usleep(20000);
     }
+    while (jobs_fetching()) usleep(20000);   /* fetches abort on draining; their connections resume */
+    for (int i = 0; i < 100 && srv.jobs_daemon; i++) {
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(srv.jobs_daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+        if (!info || info->num_connections == 0) break;
+        usleep(20000);
+    }
+    http_jobs_stop();
+    jobs_free();
     http_stop();
     pthread_mutex_lock(&srv.lock);
     int rc = sess_save_all();

@@ -45,6 +45,15 @@ typedef struct {
     int cuda;                    /* --device: models run on the CUDA core */
     int bf16;                    /* --precision bf16 (the default on the GPU), 0 for fp32 */
     int http_threads;            /* --http-threads */
+    /* training jobs (jobs.c), on a listener of their own */
+    const char *jobs_listen;     /* --jobs-listen HOST:PORT (default: none, jobs off) */
+    int jobs_port;
+    char **admin_keys;           /* --admin-key, --admin-key-file, SPANSERVE_ADMIN_KEY: the jobs listener's keys */
+    int n_admin_keys;
+    const char *data_dir;        /* --data-dir: training texts (default STATE_DIR/data), made absolute */
+    int max_jobs;                /* --max-jobs: training processes at once */
+    size_t max_upload;           /* --max-upload: bytes of a training text uploaded or fetched */
+    double cancel_grace;         /* --cancel-grace: seconds between SIGTERM and SIGKILL on cancel */
 } config_t;
 
 /* ------------------------------------------------------------ models */
@@ -125,6 +134,7 @@ typedef struct {
     int draining, stopping, ready;
     int downloads;               /* model downloads in flight (their connections are suspended) */
     struct MHD_Daemon *daemon;
+    struct MHD_Daemon *jobs_daemon;   /* --jobs-listen */
     pthread_t sched_thread;
 } server_t;
 
@@ -181,17 +191,38 @@ size_t device_session_bytes(const model_t *m);    /* device bytes of a session's
 
 /* svg (svg.c) */
 char *svg_spans(const model_t *m);
+/* The spans (adaptive-span: POINTS of {step, spans: [{layer, mean, max}]})
+ * or architecture weights (PAR: {step, arch_weights: [[attn, ffn, skip]]})
+ * over the course of a training job, as the trainer's progress lines carry
+ * them. */
+char *svg_training(const char *title, model_family fam, json_t *points);
 
-/* fetch (fetch.c): https URL -> file, at most MAX bytes */
-int fetch_url(const char *url, const char *dest, size_t max, char *err, int *status);
+/* fetch (fetch.c): https URL -> file, at most MAX bytes (LIMIT: the flag
+ * that sets it, for the 413 message) */
+int fetch_url(const char *url, const char *dest, size_t max, const char *limit, char *err, int *status);
 
-/* the OpenAPI document (built from server/openapi.json) */
+/* the OpenAPI documents (built from server/openapi.json and openapi_jobs.json) */
 extern const char openapi_json[];
+extern const char openapi_jobs_json[];
+
+/* ------------------------------------------------------------ jobs (jobs.c) */
+
+/* Starts the job runner: creates the directories, finds the jobs of an
+ * earlier run (running ones again, dead ones failed), starts the runner and
+ * webhook threads. */
+int jobs_start(char *err);
+/* Stops the threads; training processes go on running (the next start finds
+ * them). */
+void jobs_stop(void);
+/* The trainer's default device for jobs: "cuda" where this build's trainer
+ * and a GPU can train, else "cpu". */
+const char *jobs_default_device(void);
 
 /* ------------------------------------------------------------ HTTP helpers (http.c) */
 
 typedef struct request request_t;
 struct request {
+    const struct listener *lsn; /* the listener it came in on */
     char *body;
     size_t len, cap;
     int too_big;
@@ -207,10 +238,22 @@ struct request {
     int responded;
     int status;
     double t0;
+    /* an upload route's body goes to a file in the data directory, not memory */
+    int uploading;               /* files_upload_open succeeded */
+    int upload_fd;               /* -1 when none */
+    int upload_errno;            /* a write failed */
+    char upload_tmp[1100];       /* its path; "" once the route took it */
+    size_t upload_len;
 };
 
 int http_start(void);
 void http_stop(void);
+/* The jobs listener (--jobs-listen): its own routes and admin keys. */
+int http_jobs_start(void);
+void http_jobs_stop(void);
+/* "event: NAME\ndata: DATA\n\n" appended to *BUF (malloc'd, *LEN bytes);
+ * -1 when out of memory. */
+int sse_format(char **buf, size_t *len, const char *name, const char *data);
 enum MHD_Result reply_json(request_t *r, int status, json_t *body);            /* steals body */
 enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The error type of an HTTP status, as in every error body. */
@@ -250,6 +293,23 @@ enum MHD_Result route_sessions_get(request_t *r);
 enum MHD_Result route_sessions_delete(request_t *r);
 enum MHD_Result route_sessions_state_get(request_t *r);
 enum MHD_Result route_sessions_state_put(request_t *r);
+/* jobs listener (route_jobs.c) */
+enum MHD_Result route_jobs_healthz(request_t *r);
+enum MHD_Result route_jobs_openapi(request_t *r);
+enum MHD_Result route_files_post(request_t *r);
+enum MHD_Result route_files_list(request_t *r);
+enum MHD_Result route_files_get(request_t *r);
+enum MHD_Result route_files_delete(request_t *r);
+enum MHD_Result route_jobs_post(request_t *r);
+enum MHD_Result route_jobs_list(request_t *r);
+enum MHD_Result route_jobs_get(request_t *r);
+enum MHD_Result route_jobs_events(request_t *r);
+enum MHD_Result route_jobs_cancel(request_t *r);
+enum MHD_Result route_jobs_resume(request_t *r);
+enum MHD_Result route_jobs_svg(request_t *r);
+/* Opens the file an upload's body is written to (upload_fd, upload_tmp);
+ * on failure replies and returns -1. */
+int files_upload_open(request_t *r);
 /* Called again after the task finished. */
 enum MHD_Result route_task_done(request_t *r);
 /* The last event of a streaming task (srv.lock held). */
