@@ -577,4 +577,69 @@ expect 0 env SPANSERVE_API_KEY=s3cret "$ctl" score --model aspan "$tmp/text.txt"
 expect 1 env SPANSERVE_API_KEY=wrong "$ctl" generate --model aspan --max-tokens 3; contains "$tmp/err" "401 unauthorized"
 stop_servers
 
+
+# ------------------------------------------------------------ training jobs (the jobs listener)
+jport=$(free_port)
+mkdir -p "$tmp/models3"
+start_server jobs --model "aspan=$A" --state-dir "$tmp/state3" --model-dir "$tmp/models3" --data-dir "$tmp/data3" \
+    --jobs-listen "127.0.0.1:$jport" --admin-key adm1n || finish
+export SPANSERVE_URL="$url" SPANSERVE_JOBS_URL="http://127.0.0.1:$jport"
+unset SPANSERVE_ADMIN_KEY
+head -c 20000 "$shared/data/tiny_shakespeare.txt" >"$tmp/train.txt"
+expect 22 sh $ex/jobs-list.sh; check_error "jobs-list.sh without the admin key" 401 unauthorized
+export SPANSERVE_ADMIN_KEY=adm1n
+expect 0 sh $ex/files-upload.sh "$tmp/train.txt" shakespeare
+check "files-upload.sh: $(head -c 300 "$tmp/out")" "$tmp/out" "$tmp/train.txt" <<'PY'
+import json, sys
+f, text = json.load(open(sys.argv[1])), open(sys.argv[2], encoding="utf-8").read()
+assert f["name"] == "shakespeare" and f["bytes"] == len(text.encode()) and f["characters"] == len(text), f
+open(sys.argv[1] + ".id", "w").write(f["id"])
+PY
+fid=$(cat "$tmp/out.id")
+expect 0 sh $ex/files-list.sh; contains "$tmp/out" "\"$fid\""
+TINY='{"hidden_size": 16, "inner_hidden_size": 32, "nb_heads": 2, "nb_layers": 2, "attn_span": 32, "block_size": 16, "batch_size": 4, "steps": 200, "log_every": 20, "eval_every": 100, "checkpoint_every": 100, "eval_tokens": 500}'
+expect 0 env NAME=ex-model DEPLOY=1 sh $ex/jobs-submit.sh adaptive-span "$fid" "$TINY" ex-1
+contains "$tmp/out" '"id":"ex-1"'
+expect 0 env NAME=ex-model DEPLOY=1 sh $ex/jobs-submit.sh adaptive-span "$fid" "$TINY" ex-1   # a retry: the same job
+contains "$tmp/out" '"id":"ex-1"'
+expect 0 sh $ex/jobs-events-stream.sh ex-1
+check "jobs-events-stream.sh follows the job to its end: $(tail -c 300 "$tmp/out")" "$tmp/out" <<'PY'
+import json, sys
+evs = [b for b in open(sys.argv[1]).read().split("\n\n") if b.strip()]
+names = [b.split("\n")[0].removeprefix("event: ") for b in evs]
+assert names[0] == "job" and names[1] == "start" and names[-2] == "done" and names[-1] == "job", names
+assert json.loads(evs[-1].split("\n")[1].removeprefix("data: "))["status"] == "succeeded"
+PY
+expect 0 sh $ex/jobs-get.sh ex-1
+check "jobs-get.sh: succeeded and deployed: $(head -c 300 "$tmp/out")" "$tmp/out" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["status"] == "succeeded" and j["step"] == 200 and j["model"]["deployed"] is True, j
+PY
+expect 0 sh $ex/generate.sh ex-model "ROMEO:"; contains "$tmp/out" '"model":"ex-model"'
+expect 0 sh $ex/jobs-events.sh ex-1 10
+check "jobs-events.sh after 10" "$tmp/out" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["events"][-1]["event"] == "done" and r["next"] == 10 + len(r["events"]) and r["more"] is False, r
+PY
+expect 0 sh $ex/jobs-list.sh succeeded; contains "$tmp/out" '"ex-1"'
+expect 0 sh $ex/jobs-spans-svg.sh ex-1; contains "$tmp/out" "<svg"; contains "$tmp/out" "polyline"
+expect 0 sh $ex/jobs-submit.sh adaptive-span "$fid" '{"hidden_size": 16, "inner_hidden_size": 32, "nb_heads": 2, "nb_layers": 1, "attn_span": 32, "block_size": 16, "batch_size": 4, "steps": 1000000, "log_every": 50, "checkpoint_every": 100}' ex-long
+expect 22 sh $ex/files-delete.sh "$fid"; check_error "files-delete.sh of a text in use" 409 conflict
+for _ in $(seq 300); do sh $ex/jobs-get.sh ex-long 2>/dev/null | grep -q '"checkpoint"' && break; sleep 0.1; done
+expect 0 sh $ex/jobs-cancel.sh ex-long
+for _ in $(seq 300); do sh $ex/jobs-get.sh ex-long 2>/dev/null | grep -q '"status":"cancelled"' && break; sleep 0.1; done
+expect 0 sh $ex/jobs-get.sh ex-long; contains "$tmp/out" '"status":"cancelled"'
+expect 0 sh $ex/jobs-resume.sh ex-long; contains "$tmp/out" '"status":"\(queued\|running\)"'
+expect 0 sh $ex/jobs-cancel.sh ex-long
+expect 22 sh $ex/jobs-submit.sh adaptive-span "$fid" '{"nb_heads": 0}'; check_error "jobs-submit.sh with a bad config" 400 invalid_request
+contains "$tmp/out" "nb_heads"
+expect 22 sh $ex/jobs-get.sh nope; check_error "jobs-get.sh nope" 404 not_found
+for _ in $(seq 300); do sh $ex/jobs-get.sh ex-long 2>/dev/null | grep -q '"status":"cancelled"' && break; sleep 0.1; done
+expect 0 sh $ex/files-delete.sh "$fid"; contains "$tmp/out" "\"deleted\":\"$fid\""
+expect 0 "$ctl" jobs list; contains "$tmp/out" "^ex-1  *succeeded  *adaptive-span  *200/200"
+unset SPANSERVE_ADMIN_KEY SPANSERVE_JOBS_URL
+stop_servers
+
 finish
