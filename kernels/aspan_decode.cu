@@ -23,7 +23,7 @@
 #include "gpu_internal.cuh"
 
 #define DEC_WARPS 4
-#define DEC_CHUNK_MIN 256    /* distances a split takes at least */
+#define DEC_CHUNK_MIN 128    /* distances a split takes at least: one round of each warp */
 
 /* D values of a key row from 16-byte loads */
 template <int D> static __device__ __forceinline__ float row_dot(const float *q, const float *k)
