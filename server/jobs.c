@@ -148,7 +148,8 @@ static unsigned long long proc_start(pid_t pid)
     char state = 0;
     unsigned long long v = 0;
     int field = 2;
-    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
+    char *save = NULL;
+    for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
         field++;
         if (field == 3) state = tok[0];
         if (field == 22) { v = strtoull(tok, NULL, 10); break; }

@@ -24,7 +24,7 @@ typedef struct { const char *route; int status; unsigned long n; } req_count;
 
 static req_count reqs[256];
 static int n_reqs;
-static struct { const char *route; hist_t h; } lat[32];
+static struct { const char *route; hist_t h; } lat[64];   /* the routes of both listeners */
 static int n_lat;
 static hist_t ttft;
 static unsigned long tok_gen, tok_scored;
@@ -46,7 +46,7 @@ void metrics_request(const char *route, int status, double seconds)
     if (i < n_reqs) reqs[i].n++;
     int j = 0;
     while (j < n_lat && lat[j].route != route) j++;
-    if (j == n_lat && n_lat < 32) lat[n_lat++].route = route;
+    if (j == n_lat && n_lat < 64) lat[n_lat++].route = route;
     if (j < n_lat) hist_add(&lat[j].h, seconds);
     pthread_mutex_unlock(&mlock);
 }

@@ -165,7 +165,7 @@ enum MHD_Result route_files_list(request_t *r)
     }
     if (d) closedir(d);
     pthread_mutex_unlock(&jobs_lock);
-    qsort(v, n, sizeof *v, cmp_created);
+    if (n) qsort(v, n, sizeof *v, cmp_created);
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(a, v[i]);
     free(v);

@@ -516,7 +516,10 @@ def wait_checkpoint(S, jid, timeout=60):
 def t_cancel(S):
     r = S.j("POST", "/v1/jobs", {"id": "long-1", "family": "adaptive-span", "file": FILES["text"], "config": long_config()})
     check("long job", r.status == 201, f"{r}")
-    r = S.j("POST", "/v1/jobs", {"id": "queued-1", "family": "adaptive-span", "file": FILES["text"], "config": TINY_ASPAN})
+    r = S.j("POST", "/v1/jobs", {"id": "queued-1", "family": "adaptive-span", "file": FILES["text"], "config": long_config()})
+    live = {}
+    follower = threading.Thread(target=lambda: live.update(zip(("r", "evs"), follow_sse(S, "long-1", timeout=120))))
+    follower.start()
     j = wait_checkpoint(S, "long-1") or {}
     check("running with a checkpoint; eta", j.get("status") == "running" and j.get("eta_s", 0) > 0 and j.get("pid"), f"{j}")
     q = S.job("queued-1")
@@ -530,6 +533,11 @@ def t_cancel(S):
     j = S.wait_status("long-1", ("cancelled", "failed"), 20) or {}
     check("cancelled", j.get("status") == "cancelled" and "checkpoint" in j, f"{j}")
     check("its process is gone", pid and not alive(pid), f"{pid}")
+    follower.join(30)
+    names = [e for e, _ in live.get("evs", [])]
+    check("a stream that followed it live: lines while it ran, the cancelled job at the end",
+          names[:2] == ["job", "start"] and "train" in names and "checkpoint" in names and names[-1] == "job"
+          and json.loads(live["evs"][-1][1])["status"] == "cancelled", f"{names[:5]} ... {names[-3:]}")
     ck = j.get("checkpoint", {})
     check("the last checkpoint is kept", os.path.exists(ck.get("path", "")) and os.path.exists(ck.get("path", "") + ".state"), f"{ck}")
     r = S.j("POST", "/v1/jobs/long-1/cancel")
