@@ -50,7 +50,7 @@ typedef struct {
     char data[TRAIN_PATH_LEN];   /* the text file */
     char out[TRAIN_PATH_LEN];    /* the checkpoint; the state sidecar is OUT.state */
     char log[TRAIN_PATH_LEN];    /* JSON lines; empty: standard output */
-    char device[16];             /* "cpu" (the CUDA trainer is not built yet) */
+    char device[16];             /* "cpu", or "cuda" (adaptive-span, builds with nvcc) */
     double val_fraction;         /* the last fraction of the text (in characters) is validation */
     /* schedule */
     long steps, log_every, eval_every, checkpoint_every, eval_tokens;
@@ -207,11 +207,32 @@ int trainer_save_checkpoint(const trainer *t, const char *path, const char *voca
 
 /* ------------------------------------------------------------------ loop */
 
+/* Another device that runs the steps (kernels/train_gpu.h's
+ * tgpu_train_device, which server/cmd_train.c passes for --device cuda).
+ * The host trainer stays the mirror the loop reads: the config, the step
+ * count and z/S (current_val), which the device's step writes back; the
+ * weights, moments and memories live on the device and come back with
+ * download (checkpoints, the state sidecar). */
+typedef struct train_device {
+    const char *name;
+    void *(*open)(const trainer *t, char *err);   /* plans and uploads t's state */
+    void (*close)(void *ctx);
+    double (*forward)(void *ctx, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
+                      double *aux, char *err);    /* as trainer_forward */
+    int (*step)(void *ctx, trainer *t, double lr, char *err);   /* as train_optim_step */
+    int (*reset_memory)(void *ctx, char *err);
+    int (*stash_memory)(void *ctx, int restore, char *err);    /* keep (0) or put back (1) the memories */
+    int (*download)(void *ctx, trainer *t, char *err);         /* weights, moments, memories into t */
+    const char *(*device_name)(void *ctx);
+} train_device;
+
 /* Runs the whole training of C: reads the text, builds the vocabulary,
  * trains, evaluates, writes checkpoints and the state sidecar (OUT.state),
  * and writes progress as JSON lines to LOG. With RESUME, continues from the
  * sidecar. Returns 0, or -1 with ERR set. */
 int train_run(const train_cfg *c, int resume, FILE *log, char *err);
+/* The same, the steps run on DEV when not NULL (config 'device' "cuda"). */
+int train_run_on(const train_cfg *c, const train_device *dev, int resume, FILE *log, char *err);
 
 /* The path of the state sidecar of checkpoint OUT. */
 void train_state_path(const char *out, char *buf, size_t cap);

@@ -23,6 +23,10 @@
  * loss accumulated since the last progress line, the config and a hash of
  * the text. A resumed run continues with the same numbers as one that never
  * stopped.
+ *
+ * With a train_device (--device cuda), the steps and evaluation run there;
+ * the weights, moments and memories come back to the host trainer before
+ * each checkpoint and state file, which are the CPU's formats.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "err.h"
@@ -160,7 +164,24 @@ typedef struct {
     int *mlen_keep;
     int32_t *x, *y;
     double *noise;
+    const train_device *dev;   /* NULL: the CPU */
+    void *dev_ctx;
 } run_t;
+
+/* ------------------------------------------------------------------ device */
+
+static double run_forward(run_t *r, int backward, double *aux, char *err)
+{
+    if (!r->dev) return trainer_forward(r->t, r->x, r->y, backward, 1, aux, err);
+    return r->dev->forward(r->dev_ctx, r->t, r->x, r->y, backward, 1, aux, err);
+}
+
+static int run_reset_memory(run_t *r, char *err)
+{
+    if (r->dev) return r->dev->reset_memory(r->dev_ctx, err);
+    trainer_reset_memory(r->t);
+    return 0;
+}
 
 static size_t mem_floats(const trainer *t)
 {
@@ -189,20 +210,28 @@ static double evaluate(run_t *r, char *err)
         blocks = want < blocks ? want : blocks;
     }
     size_t nm = mem_floats(t);
-    memcpy(r->mem_keep, t->mem, nm * sizeof *t->mem);
-    memcpy(r->mlen_keep, t->mlen, (size_t)t->L * sizeof *t->mlen);
-    trainer_reset_memory(t);
+    if (r->dev) {
+        if (r->dev->stash_memory(r->dev_ctx, 0, err) || r->dev->reset_memory(r->dev_ctx, err)) return NAN;
+    } else {
+        memcpy(r->mem_keep, t->mem, nm * sizeof *t->mem);
+        memcpy(r->mlen_keep, t->mlen, (size_t)t->L * sizeof *t->mlen);
+        trainer_reset_memory(t);
+    }
     double keep_g[3 * 1024];
     if (t->c.fam == FAM_PAR) memcpy(keep_g, t->gumbel, (size_t)3 * t->L * sizeof *keep_g), par_set_mix(t, NULL);
     double sum = 0;
     for (long k = 0; k < blocks; k++) {
         fill_block(r, r->text.split, r->nbv, k * M);
-        double aux, nll = trainer_forward(t, r->x, r->y, 0, 1, &aux, err);
+        double aux, nll = run_forward(r, 0, &aux, err);
         if (!isfinite(nll)) { sum = NAN; break; }
         sum += nll * B * M;
     }
-    memcpy(t->mem, r->mem_keep, nm * sizeof *t->mem);
-    memcpy(t->mlen, r->mlen_keep, (size_t)t->L * sizeof *t->mlen);
+    if (r->dev) {
+        if (r->dev->stash_memory(r->dev_ctx, 1, err)) return NAN;
+    } else {
+        memcpy(t->mem, r->mem_keep, nm * sizeof *t->mem);
+        memcpy(t->mlen, r->mlen_keep, (size_t)t->L * sizeof *t->mlen);
+    }
     if (t->c.fam == FAM_PAR) par_set_mix(t, keep_g);
     return sum / ((double)blocks * B * M) / LN2;
 }
@@ -421,6 +450,7 @@ out:
 
 static int save_all(run_t *r, char *err)
 {
+    if (r->dev && r->dev->download(r->dev_ctx, r->t, err)) return -1;
     char *hist = r->t->c.fam == FAM_PAR ? json_dumps(r->history, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
     int rc = save_state(r, err);
     if (rc == 0) rc = trainer_save_checkpoint(r->t, r->c->out, r->text.vocab_json, hist, err);
@@ -486,10 +516,16 @@ static void progress(run_t *r, double lr, double tok_s, int with_eval, double va
     r->loss_n = 0;
 }
 
-int train_run(const train_cfg *c, int resume, FILE *logf, char *err)
+int train_run(const train_cfg *c, int resume, FILE *logf, char *err) { return train_run_on(c, NULL, resume, logf, err); }
+
+int train_run_on(const train_cfg *c, const train_device *dev, int resume, FILE *logf, char *err)
 {
     if (train_cfg_check(c, err)) return -1;
-    run_t r = {.c = c, .log = logf};
+    if (strcmp(c->device, "cpu") != 0 && !dev)
+        return err_set(err, "config 'device' = \"%s\": this build has no CUDA trainer (built without nvcc); train "
+                       "with --device cpu", c->device);
+    if (strcmp(c->device, "cpu") == 0) dev = NULL;
+    run_t r = {.c = c, .log = logf, .dev = dev};
     int rc = -1;
     if (text_load(&r.text, c, err)) return -1;
     const int B = c->batch_size, M = c->fam == FAM_ASPAN ? c->block_size : c->tgt_len;
@@ -519,6 +555,7 @@ int train_run(const train_cfg *c, int resume, FILE *logf, char *err)
     r.rng.s = c->seed * 0x9E3779B97F4A7C15ULL + 0x6A09E667F3BCC909ULL;
     trainer_init(t, c->seed);
     if (resume && load_state(&r, err)) goto out;
+    if (dev && !(r.dev_ctx = dev->open(t, err))) goto out;
     {
         json_t *o = json_object();
         json_object_set_new(o, "event", json_string(resume ? "resume" : "start"));
@@ -528,7 +565,8 @@ int train_run(const train_cfg *c, int resume, FILE *logf, char *err)
         json_object_set_new(o, "vocab_size", json_integer(t->V));
         json_object_set_new(o, "train_tokens", json_integer((json_int_t)r.text.split));
         json_object_set_new(o, "val_tokens", json_integer((json_int_t)(r.text.n - r.text.split)));
-        json_object_set_new(o, "device", json_string("cpu"));
+        json_object_set_new(o, "device", json_string(dev ? dev->name : "cpu"));
+        if (dev) json_object_set_new(o, "device_name", json_string(dev->device_name(r.dev_ctx)));
         emit(&r, o);
     }
     double t0 = now_s(), lr = train_lr(c, t->step ? t->step : 1), val = NAN;
@@ -542,17 +580,20 @@ int train_run(const train_cfg *c, int resume, FILE *logf, char *err)
             par_set_mix(t, r.noise);
         }
         fill_block(&r, 0, r.nb, r.pos);
-        double aux, nll = trainer_forward(t, r.x, r.y, 1, 1, &aux, err);
+        double aux, nll = run_forward(&r, 1, &aux, err);
         if (!isfinite(nll)) goto out;
         lr = train_lr(c, s);
-        train_optim_step(t, lr, c->arch_lr);
+        if (dev) {
+            if (dev->step(r.dev_ctx, t, lr, err)) goto out;
+        } else
+            train_optim_step(t, lr, c->arch_lr);
         r.loss_sum += nll;
         r.aux_sum += aux;
         r.loss_n++;
         r.pos += M;
         if ((size_t)r.pos >= r.nb - (size_t)M) {
             r.pos = 0;
-            trainer_reset_memory(t);
+            if (run_reset_memory(&r, err)) goto out;
         }
         /* progress every log_every steps; a run that stops between them
          * keeps its partial sums in the state, so that a resumed run logs
@@ -595,6 +636,7 @@ int train_run(const train_cfg *c, int resume, FILE *logf, char *err)
     }
     rc = 0;
 out:
+    if (r.dev_ctx) dev->close(r.dev_ctx);
     trainer_free(r.t);
     text_free(&r.text);
     json_decref(r.history);

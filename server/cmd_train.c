@@ -2,7 +2,8 @@
  * cmd_train.c - `spanserve train`: the command line of the trainer
  * (core/train*.c). Reads the JSON config, applies the flags over it, checks
  * it, opens the log and runs the loop. Training never runs inside the
- * serving process: the server's jobs spawn this command.
+ * serving process: the server's jobs spawn this command. --device cuda runs
+ * the steps on the GPU (kernels/train_gpu.h) in builds with nvcc.
  */
 #define _GNU_SOURCE
 #include "err.h"
@@ -13,6 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef SPANSERVE_CUDA
+#include "../kernels/train_gpu.h"
+#endif
 
 int cmd_train(int argc, char **argv);
 
@@ -33,7 +38,9 @@ static const char train_usage[] =
     "  --out FILE      overrides config 'out' (the checkpoint)\n"
     "  --steps N       overrides config 'steps'\n"
     "  --seed N        overrides config 'seed'\n"
-    "  --device D      cpu (the CUDA trainer is not built yet)\n"
+    "  --device D      cpu, or cuda: the adaptive-span trainer on the GPU in\n"
+    "                  float32 (builds with nvcc); the same config, log,\n"
+    "                  checkpoint and state formats\n"
     "  --log FILE      progress to FILE (appended on --resume) instead of stdout\n"
     "  --resume        continue from OUT.state: the same numbers as a run that\n"
     "                  never stopped (steps may be raised)\n";
@@ -140,12 +147,22 @@ int cmd_train(int argc, char **argv)
         fprintf(stderr, "spanserve train: %s\n", err);
         return 2;
     }
+    const train_device *dev = NULL;
+    if (strcmp(cfg.device, "cuda") == 0) {
+#ifdef SPANSERVE_CUDA
+        dev = &tgpu_train_device;
+#else
+        fprintf(stderr, "spanserve train: --device cuda: this build has no CUDA trainer (built without nvcc); train "
+                "with --device cpu\n");
+        return 2;
+#endif
+    }
     FILE *log = stdout;
     if (cfg.log[0] && !(log = fopen(cfg.log, resume ? "a" : "w"))) {
         fprintf(stderr, "spanserve train: log '%s': %s\n", cfg.log, strerror(errno));
         return 1;
     }
-    int rc = train_run(&cfg, resume, log, err);
+    int rc = train_run_on(&cfg, dev, resume, log, err);
     if (rc) fprintf(stderr, "spanserve train: %s\n", err);
     if (log != stdout) fclose(log);
     return rc ? 1 : 0;

@@ -191,7 +191,7 @@ badcfg 2 "config 'data' is required" "{\"family\": \"adaptive-span\", \"out\": \
 badcfg 2 "config 'out' is required" "{\"family\": \"adaptive-span\", \"data\": \"$tmp/text.txt\"}"
 badcfg 2 "not valid JSON" "{\"family\": \"adaptive-span\", "
 badcfg 2 "a config must be a JSON object" "[1, 2]"
-badcfg 2 "the CUDA trainer is not built yet" "{\"family\": \"adaptive-span\", $D, \"device\": \"cuda\"}"
+badcfg 2 "the CUDA trainer covers the adaptive-span family only" "{\"family\": \"par-transformer-xl\", $D, \"device\": \"cuda\"}"
 badcfg 1 "No such file" "{\"family\": \"adaptive-span\", \"data\": \"$tmp/none.txt\", \"out\": \"$tmp/x\"}"
 badcfg 1 "the training text (54000 characters) is too short for batch_size 4096" "{\"family\": \"adaptive-span\", $D, \"batch_size\": 4096}"
 printf 'aaaa' >"$tmp/one.txt"
@@ -200,7 +200,15 @@ printf 'ab\377cd' >"$tmp/bin.txt"
 badcfg 1 "invalid UTF-8 at byte 2" "{\"family\": \"adaptive-span\", \"data\": \"$tmp/bin.txt\", \"out\": \"$tmp/x\"}"
 # the command line
 expect 2 "$bin" train --config "$tmp/aspan.json" --device tpu; contains "$tmp/err" "--device must be cpu or cuda"
-expect 2 "$bin" train --config "$tmp/aspan.json" --device cuda; contains "$tmp/err" "the CUDA trainer is not built yet; train with --device cpu"
+# --device cuda: trains on a GPU; else says why not (a build without nvcc: 2, no device: 1)
+"$bin" train --config "$tmp/aspan.json" --out "$tmp/cuda.safetensors" --steps 10 --device cuda >"$tmp/out" 2>"$tmp/err"
+rc=$?
+case $rc in
+0) contains "$tmp/out" '"device":"cuda"' ;;
+1) contains "$tmp/err" "no CUDA device" ;;
+2) contains "$tmp/err" "this build has no CUDA trainer (built without nvcc); train with --device cpu" ;;
+*) bad "--device cuda exited $rc: $(head -c 300 "$tmp/err")" ;;
+esac
 expect 2 "$bin" train; contains "$tmp/err" "--config is required"
 expect 2 "$bin" train --config "$tmp/aspan.json" --steps -4; contains "$tmp/err" "--steps must be a non-negative integer"
 expect 2 "$bin" train --config "$tmp/nope.json"; contains "$tmp/err" "No such file"

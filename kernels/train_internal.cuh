@@ -1,0 +1,207 @@
+/*
+ * train_internal.cuh - what the CUDA trainer's files share: the device
+ * trainer (parameter arenas, memories, the activations a backward needs, the
+ * backward's scratch), error checks, block reductions, and the launchers of
+ * train_ops.cu (matrix products, embedding, LayerNorm, ReLU, loss, column
+ * sums, optimizer) and train_attn.cu (the span-masked attention and the
+ * memory). train_gpu.cu plans the buffers and runs a step.
+ *
+ * Layouts (row-major, as core/train_aspan.c; N = B*M rows of a block):
+ *   row layout    [b][r][H]: the linear layers' inputs and outputs
+ *   head layout   [b][h][r][D]: queries, keys and values for the batched
+ *                 products of the attention (split_heads / merge_heads)
+ *   full scores   [b][h][i][W+M]: query i against every key row of its
+ *                 stream ([memory window; block]); only columns i..i+W-1
+ *                 (the band) can be non-zero
+ *   band          [b][h][i][W]: column c of query i is key row i + c, at
+ *                 distance W - c (the softmax a is kept in this form)
+ *   pe band       [b*M+i][h][W]: q_i . pe[:, S-W+c], rows of Q seen as
+ *                 N*K rows of D
+ */
+#ifndef SPANSERVE_TRAIN_INTERNAL_CUH
+#define SPANSERVE_TRAIN_INTERNAL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "err.h"
+#include "train.h"
+}
+#include "train_gpu.h"
+
+#define TG_TRY(call, err, what)                                                                        \
+    do {                                                                                               \
+        cudaError_t e_ = (call);                                                                       \
+        if (e_ != cudaSuccess) return err_set(err, "%s: %s", what, cudaGetErrorString(e_));            \
+    } while (0)
+#define TG_BLAS(call, err, what)                                                                       \
+    do {                                                                                               \
+        cublasStatus_t s_ = (call);                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS) return err_set(err, "%s: cuBLAS status %d", what, (int)s_);   \
+    } while (0)
+#define TG_LAUNCH(err, what) TG_TRY(cudaGetLastError(), err, what)
+
+/* Column sums are done in TG_COL_CHUNKS slices of rows, then the slices
+ * summed in order: no atomics, the same bits every run. */
+#define TG_COL_CHUNKS 64
+/* The optimizer walks the arena in chunks of this many elements, none
+ * across two tensors. */
+#define TG_OPT_CHUNK 4096
+
+struct tgpu {
+    int L, B, M, H, K, D, S, I, V, R, N;
+    double coeff;                 /* adapt_span_loss */
+    train_optim optim;
+    double grad_clip, beta1, beta2, adam_eps;
+    size_t n;                     /* parameters */
+    int n_tp;
+    size_t *zoff;                 /* host, L: offset of layer l's current_val */
+    size_t emb, key_pe, out_w, out_b;
+    tlayer *ly;                   /* host copy of the trainer's offsets */
+    char device[256];
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    size_t bytes;
+    /* arenas of n floats, the host trainer's layout */
+    float *w, *g, *m1, *m2;
+    /* memories, L x B x S x H; the stash for evaluation; one layer's next */
+    float *mem, *mem_keep, *mem_tmp;
+    /* activations kept for the backward (per layer unless said) */
+    float *X;                     /* (L+1) x N x H: every layer's input and the last output */
+    float *hall;                  /* L x B x (W+M) x H, packed at the layer's window W */
+    float *Qh, *Kh, *Vh;          /* head layout: L x N x H; L x B x (W+M) x H twice */
+    float *A;                     /* L x (B K M) x W: the softmax a (band) */
+    float *nrm;                   /* L x B K M: sum a m + 1e-8 */
+    float *mask, *mskin;          /* L x K x S: m_c, and 1 where its clamp passes a gradient */
+    float *att, *xh1, *x1, *xh2;  /* L x N x H */
+    float *r1, *r2;               /* L x N */
+    float *ff;                    /* L x N x I, after the ReLU */
+    float *logp;                  /* N x V; the loss gradient in place in the backward */
+    float *nll;                   /* N */
+    int *win, *cache;             /* host, L: the window and cache of the last forward */
+    /* scratch */
+    float *F1, *F2;               /* full scores: B K M (S+M) each */
+    float *PB;                    /* pe band: N K S */
+    float *Oh;                    /* head layout N x H */
+    float *tmp, *dX, *dY, *dX1, *dAtt, *dQ;   /* N x H */
+    float *dFF;                   /* N x I */
+    float *dKr, *dVr, *dKh, *dVh; /* B x (S+M) x H */
+    float *dzrow;                 /* B K M */
+    double *colpart;              /* TG_COL_CHUNKS x max(H, I, V) */
+    double *dsum;                 /* scalar results */
+    /* the block's tokens: x, y (N each), then the rows of each token id
+     * (offsets V+1, row indices N) for the embedding's backward */
+    int32_t *d_tok, *h_tok;
+    /* optimizer: chunks (tensor, offset, length), per tensor its first
+     * chunk, chunk count and kind; partial sums and the per-tensor factor */
+    int n_chunk;
+    int *ck_t, *ck_len, *tp_first, *tp_nck, *tp_kind;
+    size_t *ck_off;
+    double *ck_part, *tp_scale;
+    /* every device allocation, freed together */
+    void *allocs[80];
+    int n_allocs;
+};
+
+/* ---- block reductions (every thread calls; every thread gets the result) ---- */
+
+template <typename T> __device__ __forceinline__ T tg_warp_sum(T v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* SCRATCH: 32 values of T in shared memory */
+template <typename T> __device__ T tg_block_sum(T v, T *scratch)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = tg_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[w] = v;
+    __syncthreads();
+    T t = 0;
+    for (int i = 0; i < nw; i++) t += scratch[i];
+    return t;
+}
+
+__device__ __forceinline__ float tg_block_max(float v, float *scratch)
+{
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) scratch[w] = v;
+    __syncthreads();
+    float t = -INFINITY;
+    for (int i = 0; i < nw; i++) t = fmaxf(t, scratch[i]);
+    return t;
+}
+
+static inline unsigned tg_blocks(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+/* ---- train_ops.cu ---- */
+
+/* Row-major C[m x n] = alpha op(A) op(B) + beta C (TA, TB: 1 = transposed),
+ * as core's tops_gemm; _batched: COUNT products, each operand advanced by
+ * its stride (0: shared). */
+int tg_gemm(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda, const float *B,
+            int ldb, float beta, float *C, int ldc, char *err);
+int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
+                    long long sa, const float *B, int ldb, long long sb, float beta, float *C, int ldc,
+                    long long sc, int count, char *err);
+/* x[n] = emb[tok[n]] */
+int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, char *err);
+/* gemb[v] += sum of dx's rows of token v (rows listed by off/idx) */
+int tg_embed_back(tgpu *g, float *gemb, const float *dx, const int32_t *off, const int32_t *idx, int V, int d,
+                  char *err);
+/* u = a (+ bias) + res;  y = (u - mean) rstd * w + b, xhat and rstd kept */
+int tg_ln_fwd(tgpu *g, float *y, float *xhat, float *rstd, const float *a, const float *bias, const float *res,
+              const float *w, const float *b, int n, int d, char *err);
+/* dx = rstd (dy w - mean(dy w) - xhat mean(dy w xhat)) (overwrites dx);
+ * gw += sum dy xhat, gb += sum dy */
+int tg_ln_back(tgpu *g, float *dx, float *gw, float *gb, const float *dy, const float *xhat, const float *rstd,
+               const float *w, int n, int d, char *err);
+/* out[j] += sum_i a[i][j] (* b[i][j] if b), rows of COLS */
+int tg_colsum(tgpu *g, float *out, const float *a, const float *b, int rows, int cols, char *err);
+/* y = max(y + bias, 0) */
+int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, char *err);
+/* dy = y > 0 ? dy : 0 */
+int tg_relu_back(tgpu *g, float *dy, const float *y, size_t n, char *err);
+/* logits += bias, log-softmax in place, nll[i] = -logp[i][y_i] */
+int tg_xent(tgpu *g, float *logits, float *nll, const float *bias, const int32_t *y, int n, int V, char *err);
+/* logp -> SCALE (softmax - onehot) */
+int tg_xent_back(tgpu *g, float *logp, const int32_t *y, int n, int V, float scale, char *err);
+/* *out (device double) = sum of x[0..n) */
+int tg_sum(tgpu *g, double *out, const float *x, int n, char *err);
+/* dst[i] = src[i] (float <-> double), on the device */
+int tg_f2d(tgpu *g, double *dst, const float *src, size_t n, char *err);
+int tg_d2f(tgpu *g, float *dst, const double *src, size_t n, char *err);
+/* One optimizer update of every tensor (core/train_optim.c), then z/S clamped. */
+int tg_optim(tgpu *g, double lr, long step, char *err);
+
+/* ---- train_attn.cu ---- */
+
+/* mask[h][c] = clamp((1 - (W - c) + z_h S) / R + 1, 0, 1) for c < W, and
+ * mskin 1 where the clamp passes a gradient */
+int tg_span_mask(tgpu *g, float *mask, float *mskin, const float *zf, int W, char *err);
+/* [b][r][h*D+d] (R rows a stream) <-> [b][h][r][d] */
+int tg_split_heads(tgpu *g, float *dst, const float *src, int B, int R, char *err);
+int tg_merge_heads(tgpu *g, float *dst, const float *src, int B, int R, char *err);
+/* hall[b] = [mem[b][S-W..S); x[b]] */
+int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W, char *err);
+/* full scores F1 + pe band -> a (band), nrm, and the final weights w in
+ * full form into F2 */
+int tg_band_softmax(tgpu *g, const float *F1, const float *PB, float *A, float *nrm, float *F2, const float *mask,
+                    int W, char *err);
+/* the final weights again, in full form, from a, mask and nrm */
+int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, char *err);
+/* from dw (full form F1): d(score) in full form into F2 and as the pe band
+ * into PB, each row's z/S gradient into dzrow */
+int tg_band_back(tgpu *g, const float *F1, const float *A, const float *nrm, const float *mask, const float *mskin,
+                 float *F2, float *PB, float *dzrow, int W, char *err);
+/* gz[h] += sum of head h's dzrow + coeff S / K */
+int tg_span_grad(tgpu *g, float *gz, const float *dzrow, char *err);
+/* mem = the last S rows of [mem; x], rows before S - C zeroed */
+int tg_mem_carry(tgpu *g, float *mem, const float *x, int C, char *err);
+
+#endif

@@ -1,0 +1,109 @@
+/*
+ * bench_train.c - `make bench`'s training figure (issue 5): tokens/s of the
+ * CUDA trainer (kernels/train_gpu.h) on the reference aspan-small training
+ * configuration: 8 layers, hidden 256, 4 heads, inner 1024, span 1024,
+ * block 256, batch 64, vocabulary 65 (tiny_shakespeare's), random weights
+ * and tokens. A step is the whole of a training step as `spanserve train`
+ * runs it: the tokens' upload, forward, loss, backward, Adagrad, z/S back to
+ * the host. The attention's cost follows the spans, so it is measured at
+ * two: z/S = 0 (the recipe's start: windows of 64) and z/S = 1 (every head
+ * at the full span: windows of 1024); in float32 (the default) and with the
+ * linear layers in TF32. Wall time of STEPS steps after WARM, median of RUNS.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "err.h"
+#include "harness.h"
+#include "train.h"
+
+#ifndef SPANSERVE_CUDA
+int main(void)
+{
+    printf("SKIP bench_train: no GPU (built without nvcc)\n");
+    return 0;
+}
+#else
+
+#include "../kernels/train_gpu.h"
+
+#include <time.h>
+
+#define WARM 3
+#define STEPS 10
+#define RUNS 3
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* tokens/s, or -1 */
+static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, char *err)
+{
+    const int N = t->B * t->M;
+    double runs[RUNS];
+    for (int k = 0; k < RUNS; k++) {
+        double t0 = 0;
+        for (int s = 0; s < WARM + STEPS; s++) {
+            if (s == WARM) t0 = now_s();
+            for (int i = 0; i < N; i++) {
+                x[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
+                y[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
+            }
+            double aux, nll = tgpu_forward(g, t, x, y, 1, 1, &aux, err);
+            if (!isfinite(nll) || tgpu_step(g, t, train_lr(&t->c, t->step + 1), err)) return -1;
+        }
+        runs[k] = (double)STEPS * N / (now_s() - t0);
+    }
+    qsort(runs, RUNS, sizeof *runs, cmp_double);
+    return runs[RUNS / 2];
+}
+
+int main(void)
+{
+    char err[ERR_LEN];
+    if (tgpu_available(err)) {
+        printf("SKIP bench_train: %s\n", err);
+        return 0;
+    }
+    train_cfg c;
+    train_cfg_defaults(&c, FAM_ASPAN);
+    c.nb_layers = 8, c.hidden_size = 256, c.nb_heads = 4, c.inner_hidden_size = 1024, c.attn_span = 1024;
+    c.block_size = 256, c.batch_size = 64, c.adapt_span_ramp = 32, c.grad_clip = 0.03, c.lr = 0.07;
+    c.lr_warmup = 1;
+    const int V = 65;
+    trainer *t = trainer_new(&c, V, err);
+    if (!t) { printf("FAIL bench_train: %s\n", err); return 1; }
+    int32_t *x = malloc(sizeof *x * c.batch_size * c.block_size), *y = malloc(sizeof *y * c.batch_size * c.block_size);
+    train_rng r = {99};
+    printf("bench_train: aspan-small training step (L 8, H 256, heads 4, inner 1024, S 1024, M 256, B 64, V %d)\n", V);
+    for (int span = 0; span < 2; span++)
+        for (int tf32 = 0; tf32 < 2; tf32++) {
+            trainer_init(t, 1);
+            t->step = 0;
+            for (int l = 0; l < t->L; l++)
+                for (int h = 0; h < t->K; h++) t->w[t->ly[l].zfrac + h] = span;
+            tgpu *g = tgpu_new(t, err);
+            if (!g || tgpu_set_tf32(g, tf32, err)) { printf("FAIL bench_train: %s\n", err); return 1; }
+            int W, C;
+            aspan_window(t, 0, &W, &C);
+            double tps = bench(t, g, x, y, &r, err);
+            if (tps < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
+            printf("bench_train: %s, z/S %d (window %d), %s: %.0f tokens/s, %.1f ms a step, %.2f GB on the device\n",
+                   tgpu_device_name(g), span, W, tf32 ? "tf32" : "fp32", tps,
+                   1e3 * c.batch_size * c.block_size / tps, tgpu_bytes(g) / 1e9);
+            tgpu_free(g);
+        }
+    free(x);
+    free(y);
+    trainer_free(t);
+    return 0;
+}
+#endif

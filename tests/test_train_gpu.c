@@ -1,0 +1,312 @@
+/*
+ * test_train_gpu.c - the CUDA trainer (kernels/train_gpu.h) against the
+ * double-precision CPU trainer (core/train_aspan.c) on tiny adaptive-span
+ * configurations, both from the same weights:
+ *   - the loss and the span loss of blocks with the memory carried, and the
+ *     memories after them;
+ *   - the gradient of every element of every tensor (z/S, key_pe and every
+ *     weight) on the same batch, to relative 1e-3 (an element may miss by
+ *     1e-5 of its tensor's largest, where float32 sums cancel);
+ *   - five steps of Adagrad (the reference's per-tensor clipping, warm-up)
+ *     and of Adam: the losses track the CPU's to 1e-4 and the weights to a
+ *     thousandth of lr a step (all but a few elements of Adagrad whose
+ *     gradients are at float32's rounding, which Adagrad's normalisation
+ *     turns into up to lr);
+ *   - windows trimmed below the span, blocks longer than the span;
+ *   - `spanserve train`'s loop (train_run_on) on a slice of tiny_shakespeare:
+ *     the GPU's logged losses and validation bpc follow the CPU's (5e-3
+ *     after 40 steps), the checkpoint loads, and a
+ *     resumed GPU run equals the GPU run that never stopped.
+ * Without a GPU (or built without nvcc) it reports itself skipped.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "err.h"
+#include "harness.h"
+#include "model.h"
+#include "train.h"
+
+#ifndef SPANSERVE_CUDA
+int main(void)
+{
+    printf("SKIP test_train_gpu: no GPU (built without nvcc)\n");
+    return test_summary("test_train_gpu");
+}
+#else
+
+#include "../kernels/train_gpu.h"
+
+#include <jansson.h>
+#include <unistd.h>
+
+static train_rng rng = {777};
+
+static void rand_tokens(int32_t *x, int32_t *y, int n, int V)
+{
+    for (int i = 0; i < n; i++) {
+        x[i] = (int32_t)(train_rng_next(&rng) % (uint64_t)V);
+        y[i] = (int32_t)(train_rng_next(&rng) % (uint64_t)V);
+    }
+}
+
+static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12); }
+
+/* Every tensor's gradient: |gpu - cpu| <= 1e-3 |cpu| + 1e-5 max|cpu of the tensor|. */
+static void compare_grads(const trainer *t, const double *gg, const char *what)
+{
+    double worst_all = 0;
+    for (int i = 0; i < t->n_tp; i++) {
+        const tparam *p = &t->tp[i];
+        const double *gc = t->g + p->off, *gd = gg + p->off;
+        double mx = 0, worst = 0;
+        size_t at = 0;
+        for (size_t j = 0; j < p->n; j++) mx = fmax(mx, fabs(gc[j]));
+        for (size_t j = 0; j < p->n; j++) {
+            double d = fabs(gd[j] - gc[j]), e = d / (1e-3 * fabs(gc[j]) + 1e-5 * mx);
+            if (!(e <= worst)) worst = e, at = j;   /* NaN counts */
+        }
+        CHECK(mx > 1e-9, "%s: %s has no gradient on the CPU", what, p->name);
+        CHECK(worst <= 1, "%s: %s[%zu]: gpu %.9g cpu %.9g (max |g| %.3g): %.3g x the tolerance", what, p->name, at,
+              gd[at], gc[at], mx, worst);
+        worst_all = fmax(worst_all, worst);
+    }
+    printf("%s: gradients of %d tensors, the worst at %.3g of the tolerance\n", what, t->n_tp, worst_all);
+}
+
+/* A CPU trainer and a GPU one from the same weights (z/S set to ZF, one per
+ * layer and head): blocks with the memory, the gradient, STEPS steps. */
+static void compare_case(train_cfg c, int V, const double *zf, int steps, const char *what)
+{
+    char err[ERR_LEN];
+    trainer *tc = trainer_new(&c, V, err), *tg = trainer_new(&c, V, err);
+    CHECK(tc && tg, "%s: trainer_new: %s", what, err);
+    if (!tc || !tg) { trainer_free(tc); trainer_free(tg); return; }
+    trainer_init(tc, 11);
+    trainer_init(tg, 11);
+    for (int l = 0; l < tc->L; l++)
+        for (int h = 0; h < tc->K; h++)
+            tc->w[tc->ly[l].zfrac + h] = tg->w[tg->ly[l].zfrac + h] = zf[(l * tc->K + h) % 8];
+    tgpu *g = tgpu_new(tg, err);
+    CHECK(g != NULL, "%s: tgpu_new: %s", what, err);
+    if (!g) { trainer_free(tc); trainer_free(tg); return; }
+    const int N = tc->B * tc->M;
+    int32_t *x = malloc(sizeof *x * N), *y = malloc(sizeof *y * N);
+    double *buf = malloc(sizeof *buf * (tc->n > (size_t)tc->L * tc->B * c.attn_span * tc->H ? tc->n
+                                                                                             : (size_t)tc->L * tc->B * c.attn_span * tc->H));
+    /* three blocks fill the memory */
+    for (int s = 0; s < 3; s++) {
+        rand_tokens(x, y, N, V);
+        double ac, ag, lc = trainer_forward(tc, x, y, 0, 1, &ac, err), lg = tgpu_forward(g, tg, x, y, 0, 1, &ag, err);
+        CHECK(rel(lg, lc) < 1e-5, "%s: block %d: loss gpu %.9g cpu %.9g (%s)", what, s, lg, lc, err);
+        CHECK(rel(ag, ac) < 1e-9, "%s: block %d: span loss gpu %.9g cpu %.9g", what, s, ag, ac);
+    }
+    size_t nm = (size_t)tc->L * tc->B * c.attn_span * tc->H;
+    CHECK(tgpu_download_memory(g, buf, err) == 0, "%s: %s", what, err);
+    double md = 0, mabs = 0;
+    for (size_t i = 0; i < nm; i++) md = fmax(md, fabs(buf[i] - tc->mem[i])), mabs += fabs(tc->mem[i]);
+    CHECK(mabs > 1 && md < 1e-4, "%s: memories differ by %.3g (sum |cpu| %.3g)", what, md, mabs);
+
+    /* the gradient of one block */
+    rand_tokens(x, y, N, V);
+    double ac, ag, lc = trainer_forward(tc, x, y, 1, 1, &ac, err), lg = tgpu_forward(g, tg, x, y, 1, 1, &ag, err);
+    CHECK(rel(lg, lc) < 1e-5, "%s: loss gpu %.9g cpu %.9g (%s)", what, lg, lc, err);
+    CHECK(tgpu_download_grad(g, buf, err) == 0, "%s: %s", what, err);
+    compare_grads(tc, buf, what);
+
+    /* steps: the same batches, warm-up from step 1 */
+    double worst_loss = 0;
+    for (int s = 1; s <= steps; s++) {
+        rand_tokens(x, y, N, V);
+        lc = trainer_forward(tc, x, y, 1, 1, &ac, err);
+        lg = tgpu_forward(g, tg, x, y, 1, 1, &ag, err);
+        double lr = train_lr(&c, s);
+        train_optim_step(tc, lr, 0);
+        CHECK(tgpu_step(g, tg, lr, err) == 0, "%s: step: %s", what, err);
+        CHECK(rel(lg, lc) < 1e-4, "%s: step %d: loss gpu %.9g cpu %.9g", what, s, lg, lc);
+        worst_loss = fmax(worst_loss, rel(lg, lc));
+    }
+    CHECK(tg->step == tc->step, "%s: %ld steps on the GPU, %ld on the CPU", what, tg->step, tc->step);
+    if (steps) {
+        CHECK(tgpu_download(g, tg, err) == 0, "%s: %s", what, err);
+        /* Each step moves a weight by about lr at most. Adagrad divides each
+         * gradient by its own root sum of squares, so an element whose
+         * gradient is as small as float32's rounding of it moves by a
+         * different fraction of lr on the GPU: a few such elements may
+         * differ by up to 2 lr a step; every other weight agrees to a
+         * thousandth of lr a step. */
+        double worst = 0, tight = 1e-3 * c.lr * steps;
+        size_t off_tight = 0;
+        const char *wn = "";
+        for (int i = 0; i < tc->n_tp; i++) {
+            const tparam *p = &tc->tp[i];
+            for (size_t j = 0; j < p->n; j++) {
+                double d = fabs(tg->w[p->off + j] - tc->w[p->off + j]);
+                if (!(d <= tight)) off_tight++;
+                if (!(d <= worst)) worst = d, wn = p->name;
+            }
+        }
+        CHECK(worst <= 2 * c.lr * steps, "%s: after %d steps a weight of %s differs by %.3g", what, steps, wn, worst);
+        CHECK(off_tight <= 1 + tc->n / 1000, "%s: after %d steps %zu of %zu weights differ by more than %.3g", what,
+              steps, off_tight, tc->n, tight);
+        printf("%s: %d steps, losses within %.2g, weights within %.3g but %zu of %zu (worst %.3g, %s)\n", what, steps,
+               worst_loss, tight, off_tight, tc->n, worst, wn);
+    }
+    free(x);
+    free(y);
+    free(buf);
+    tgpu_free(g);
+    trainer_free(tc);
+    trainer_free(tg);
+}
+
+static train_cfg tiny(void)
+{
+    train_cfg c;
+    train_cfg_defaults(&c, FAM_ASPAN);
+    c.nb_layers = 2;
+    c.hidden_size = 8;
+    c.nb_heads = 2;
+    c.inner_hidden_size = 12;
+    c.attn_span = 12;
+    c.block_size = 5;
+    c.batch_size = 2;
+    c.adapt_span_ramp = 4;
+    c.adapt_span_loss = 0.01;
+    c.lr_warmup = 3;
+    return c;
+}
+
+/* ---- the loop ---- */
+
+/* The "train" lines' losses and the final val_bpc of a log. */
+static int read_log(FILE *f, double *loss, int cap, double *val)
+{
+    char line[65536];
+    int n = 0;
+    *val = NAN;
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        json_t *o = json_loads(line, 0, NULL);
+        const char *ev = json_string_value(json_object_get(o, "event"));
+        if (ev && strcmp(ev, "train") == 0 && n < cap) loss[n++] = json_real_value(json_object_get(o, "loss"));
+        if (ev && strcmp(ev, "done") == 0) *val = json_real_value(json_object_get(o, "val_bpc"));
+        json_decref(o);
+    }
+    return n;
+}
+
+static void test_loop(void)
+{
+    char err[ERR_LEN], dir[] = "/tmp/test_train_gpu.XXXXXX";
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    char src[1024], text[1100];
+    snprintf(src, sizeof src, "%s/data/tiny_shakespeare.txt", shared_dir());
+    snprintf(text, sizeof text, "%s/text.txt", dir);
+    FILE *in = fopen(src, "rb"), *out = fopen(text, "wb");
+    CHECK(in && out, "cannot read %s", src);
+    if (!in || !out) { if (in) fclose(in); if (out) fclose(out); return; }
+    char *buf = malloc(60000);
+    size_t k = fread(buf, 1, 60000, in);
+    fwrite(buf, 1, k, out);
+    fclose(in);
+    fclose(out);
+    free(buf);
+
+    train_cfg c;
+    train_cfg_defaults(&c, FAM_ASPAN);
+    c.hidden_size = 32, c.inner_hidden_size = 64, c.nb_heads = 4, c.nb_layers = 2, c.attn_span = 80;
+    c.block_size = 16, c.batch_size = 8, c.adapt_span_ramp = 8, c.adapt_span_init = 0.1, c.steps = 40;
+    c.log_every = 10, c.eval_every = 20, c.eval_tokens = 2000, c.checkpoint_every = 20, c.lr = 0.07;
+    c.lr_warmup = 10;
+    snprintf(c.data, sizeof c.data, "%s", text);
+    double lc[8], lg[8], lr_[8], vc, vg, vr;
+    FILE *f = tmpfile();
+    snprintf(c.out, sizeof c.out, "%s/cpu.safetensors", dir);
+    CHECK(train_run_on(&c, NULL, 0, f, err) == 0, "cpu run: %s", err);
+    int nc = read_log(f, lc, 8, &vc);
+    fclose(f);
+    strcpy(c.device, "cuda");
+    f = tmpfile();
+    snprintf(c.out, sizeof c.out, "%s/gpu.safetensors", dir);
+    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "gpu run: %s", err);
+    int ng = read_log(f, lg, 8, &vg);
+    fclose(f);
+    CHECK(nc == 4 && ng == 4, "progress lines: cpu %d, gpu %d (expected 4)", nc, ng);
+    /* 40 steps at lr 0.07 carry float32's rounding further than one step
+     * (compare_case): the curves agree to a few thousandths */
+    for (int i = 0; i < nc && i < ng; i++)
+        CHECK(rel(lg[i], lc[i]) < 5e-3, "loop: loss at line %d: gpu %.9g cpu %.9g", i, lg[i], lc[i]);
+    CHECK(rel(vg, vc) < 5e-3, "loop: val_bpc gpu %.9g cpu %.9g", vg, vc);
+    CHECK(nc > 0 && lc[nc - 1] < lc[0], "loop: the loss does not fall (%g -> %g)", lc[0], nc ? lc[nc - 1] : 0);
+    /* the GPU's checkpoint serves */
+    model_t *m = model_load(c.out, err);
+    CHECK(m != NULL, "the GPU's checkpoint does not load: %s", err);
+    model_free(m);
+    /* stop at 20, resume to 40: the same as the run that never stopped */
+    c.steps = 20;
+    f = tmpfile();
+    snprintf(c.out, sizeof c.out, "%s/gpu2.safetensors", dir);
+    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "gpu run to 20: %s", err);
+    fclose(f);
+    c.steps = 40;
+    f = tmpfile();
+    CHECK(train_run_on(&c, &tgpu_train_device, 1, f, err) == 0, "gpu resume: %s", err);
+    int nr = read_log(f, lr_, 8, &vr);
+    fclose(f);
+    CHECK(nr == 2, "resumed run: %d progress lines (expected 2)", nr);
+    for (int i = 0; i < nr && i + 2 < ng; i++)
+        CHECK(lr_[i] == lg[i + 2], "resume: loss at line %d: %.17g vs %.17g without a stop", i + 2, lr_[i], lg[i + 2]);
+    CHECK(vr == vg, "resume: val_bpc %.17g vs %.17g without a stop", vr, vg);
+    printf("loop: cpu losses %.6f .. %.6f val %.6f; gpu %.6f .. %.6f val %.6f\n", lc[0], lc[nc ? nc - 1 : 0], vc, lg[0],
+           lg[ng ? ng - 1 : 0], vg);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) printf("note: could not remove %s\n", dir);
+}
+
+int main(void)
+{
+    char err[ERR_LEN];
+    if (tgpu_available(err)) {
+        printf("SKIP test_train_gpu: %s\n", err);
+        return test_summary("test_train_gpu");
+    }
+    static const double zf[8] = {0.31, 0.57, 0.43, 0.12, 0.9, 0.05, 0.66, 0.2};
+    train_cfg c = tiny();
+    compare_case(c, 7, zf, 5, "tiny adagrad");
+    c.optim = OPT_ADAM;
+    c.lr = 0.01;
+    compare_case(c, 7, zf, 5, "tiny adam");
+
+    /* a window trimmed to 8 of 200 (cache 72), blocks longer than S - W */
+    static const double zs[8] = {0.0123, 0.0173, 0.01, 0.02, 0, 0, 0, 0};
+    c = tiny();
+    c.attn_span = 200;
+    c.nb_layers = 1;
+    compare_case(c, 7, zs, 3, "trimmed window");
+
+    /* blocks longer than the span (M > S) */
+    c = tiny();
+    c.attn_span = 6;
+    c.block_size = 9;
+    c.adapt_span_ramp = 2;
+    compare_case(c, 7, zf, 3, "block over span");
+
+    /* heads of 64 like aspan-small, several streams, a span of two windows of 64 */
+    c = tiny();
+    c.hidden_size = 256;
+    c.nb_heads = 4;
+    c.inner_hidden_size = 128;
+    c.attn_span = 160;
+    c.block_size = 48;
+    c.batch_size = 3;
+    c.adapt_span_ramp = 32;
+    c.adapt_span_loss = 2e-3;
+    /* z = (z/S) S away from integers: the mask's clamp has kinks there, where
+     * float32 and double may take different sides */
+    static const double zm[8] = {0.3013, 0.8027, 0.0519, 0.5533, 0.9871, 0.0071, 0.4219, 0.7013};
+    compare_case(c, 40, zm, 4, "heads of 64");
+
+    test_loop();
+    return test_summary("test_train_gpu");
+}
+#endif
