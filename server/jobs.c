@@ -694,6 +694,21 @@ static int job_spawn(job_t *j, char *err)
         if (nfd >= 0) close(nfd);
         return snprintf(err, 512, "cannot open %s", errp), -1;
     }
+    /* the environment, less the server's keys: the trainer needs none */
+    extern char **environ;
+    size_t ne = 0;
+    while (environ[ne]) ne++;
+    char **envp = malloc((ne + 1) * sizeof *envp);
+    if (!envp) {
+        close(efd);
+        close(nfd);
+        return snprintf(err, 512, "out of memory"), -1;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < ne; i++)
+        if (strncmp(environ[i], "SPANSERVE_ADMIN_KEY=", 20) != 0 && strncmp(environ[i], "SPANSERVE_API_KEY=", 18) != 0)
+            envp[k++] = environ[i];
+    envp[k] = NULL;
     long maxfd = sysconf(_SC_OPEN_MAX);
     if (maxfd < 0 || maxfd > 65536) maxfd = 65536;
     sigset_t none;
@@ -713,9 +728,10 @@ static int job_spawn(job_t *j, char *err)
         signal(SIGTERM, SIG_DFL);
         signal(SIGINT, SIG_DFL);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        execv("/proc/self/exe", argv);
+        execve("/proc/self/exe", argv, envp);
         _exit(127);
     }
+    free(envp);
     close(efd);
     close(nfd);
     if (pid < 0) return snprintf(err, 512, "cannot start the trainer: %s", strerror(errno)), -1;
