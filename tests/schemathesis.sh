@@ -1,20 +1,27 @@
 #!/bin/sh
 # schemathesis.sh - property-based tests of the HTTP API from its own OpenAPI
-# document: starts `spanserve serve` on a free loopback port with the two
+# documents: starts `spanserve serve` on a free loopback port with the two
 # reference fixtures, points schemathesis (pip package `schemathesis`, see
 # .ci/requirements.txt) at GET /openapi.json and lets it generate requests for
 # every operation, checking that no response is a 5xx and that every response
 # matches the schema the document gives for it. Then the server must still
 # answer /healthz, exit 0 on SIGTERM and have logged no sanitizer report.
 #
-#   sh tests/schemathesis.sh            # about 90 s on 2 cores
+#   sh tests/schemathesis.sh            # 2 to 3 minutes on 2 cores
 #   SCHEMATHESIS_SECONDS=30 SCHEMATHESIS_EXAMPLES=10 sh tests/schemathesis.sh
 #
 # Environment: SPANSERVE_BIN (default bin/spanserve), SPANSERVE_SHARED
 # (default ../shared), SCHEMATHESIS_SECONDS (time budget, default 80),
+# SCHEMATHESIS_JOBS_SECONDS (the jobs listener's, default 30),
 # SCHEMATHESIS_EXAMPLES (per operation and phase, default 25),
 # SCHEMATHESIS_CHECKS (default not_a_server_error,response_schema_conformance),
 # SCHEMATHESIS_SEED (default 1: the same requests every run).
+#
+# Then the same against the jobs listener (--jobs-listen, an admin key) from
+# its own document, server/openapi_jobs.json, for SCHEMATHESIS_JOBS_SECONDS
+# (default 30). POST /v1/jobs is left out there: a request it accepts starts
+# a training process that outlives the server (tests/test_jobs.py covers
+# that route).
 #
 # POST /v1/models is left out (a url there would make the server download
 # from wherever the generator points; the server also runs without
@@ -38,8 +45,11 @@ fi
 [ -x "$bin" ] || { echo "FAIL schemathesis.sh: no server binary at $bin (run make)"; summary 0 1; }
 
 tmp=$(mktemp -d)
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$bin" serve --listen "127.0.0.1:$port" \
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+jport=$(free_port)
+jobs_seconds=${SCHEMATHESIS_JOBS_SECONDS:-30}
+"$bin" serve --listen "127.0.0.1:$port" --jobs-listen "127.0.0.1:$jport" --admin-key schemathesis-admin \
     --model "aspan=$shared/fixtures/aspan-small/model.safetensors" \
     --model "par=$shared/fixtures/par-small/model.safetensors" \
     --state-dir "$tmp/state" --max-tokens 64 --max-prompt 4096 --session-memory 64M \
@@ -60,14 +70,16 @@ if [ "$ready" = 0 ]; then
     summary 0 1
 fi
 
+# st NAME URL SECONDS ARGS...: one schemathesis run; adds the failing
+# operations (one per failing test case of its JUnit report) to $fail.
 fail=0
-( cd "$tmp" && schemathesis run "http://127.0.0.1:$port/openapi.json" \
-    --checks "$checks" --max-examples "$examples" --max-time "$seconds" --seed "$seed" \
-    --exclude-operation-id loadModel --exclude-operation-id deleteModel \
-    --request-timeout 30 --no-color --report junit --report-junit-path "$tmp/junit.xml" ) >"$tmp/st.log" 2>&1
-rc=$?
-# the failures schemathesis found: one per failing test case of its JUnit report
-n=$(python3 - "$tmp/junit.xml" <<'PY'
+st() {
+    name=$1 url=$2 secs=$3; shift 3
+    ( cd "$tmp" && schemathesis run "$url" "$@" \
+        --checks "$checks" --max-examples "$examples" --max-time "$secs" --seed "$seed" \
+        --request-timeout 30 --no-color --report junit --report-junit-path "$tmp/junit-$name.xml" ) >"$tmp/st-$name.log" 2>&1
+    rc=$?
+    n=$(python3 - "$tmp/junit-$name.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
 try:
     root = ET.parse(sys.argv[1]).getroot()
@@ -76,14 +88,18 @@ except Exception:
 print(sum(1 for tc in root.iter("testcase") if tc.find("failure") is not None or tc.find("error") is not None))
 PY
 )
-if [ "$rc" != 0 ]; then
-    [ "$n" -gt 0 ] 2>/dev/null || n=1
-    fail=$((fail + n))
-    echo "FAIL schemathesis.sh: schemathesis exited $rc with $n failing operations:"
-    sed -n '/FAILURES/,$p' "$tmp/st.log" | head -n 150
-    grep -q FAILURES "$tmp/st.log" || tail -n 60 "$tmp/st.log"
-fi
-grep -E '^ *Test cases:|generated,' "$tmp/st.log" | tail -n 1 | sed 's/^ */note: /'
+    if [ "$rc" != 0 ]; then
+        [ "$n" -gt 0 ] 2>/dev/null || n=1
+        fail=$((fail + n))
+        echo "FAIL schemathesis.sh: schemathesis ($name) exited $rc with $n failing operations:"
+        sed -n '/FAILURES/,$p' "$tmp/st-$name.log" | head -n 150
+        grep -q FAILURES "$tmp/st-$name.log" || tail -n 60 "$tmp/st-$name.log"
+    fi
+    grep -E '^ *Test cases:|generated,' "$tmp/st-$name.log" | tail -n 1 | sed "s/^ */note: $name: /"
+}
+st api "http://127.0.0.1:$port/openapi.json" "$seconds" --exclude-operation-id loadModel --exclude-operation-id deleteModel
+st jobs "http://127.0.0.1:$jport/openapi.json" "$jobs_seconds" -H "Authorization: Bearer schemathesis-admin" \
+    --exclude-operation-id submitJob
 
 if ! python3 -c "import urllib.request, sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$port/healthz', timeout=5).status != 200)" 2>/dev/null; then
     echo "FAIL schemathesis.sh: the server stopped answering /healthz: $(tail -c 500 "$tmp/server.log")"
