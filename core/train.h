@@ -51,6 +51,7 @@ typedef struct {
     char out[TRAIN_PATH_LEN];    /* the checkpoint; the state sidecar is OUT.state */
     char log[TRAIN_PATH_LEN];    /* JSON lines; empty: standard output */
     char device[16];             /* "cpu", or "cuda" (adaptive-span, builds with nvcc) */
+    int tf32;                    /* cuda: linear layers in TF32 */
     double val_fraction;         /* the last fraction of the text (in characters) is validation */
     /* schedule */
     long steps, log_every, eval_every, checkpoint_every, eval_tokens;

@@ -34,6 +34,7 @@ static const keydef keys[] = {
     {"out", -1, K_PATH, 0, 0, 0, F(out), "the checkpoint to write (safetensors); OUT.state is the exact training state; required"},
     {"log", -1, K_PATH, 0, 0, 0, F(log), "progress as JSON lines to this file (default: standard output)"},
     {"device", -1, K_DEVICE, 0, 0, 0, F(device), "cpu, or cuda (adaptive-span; builds with nvcc)"},
+    {"tf32", FAM_ASPAN, K_BOOL, 0, 0, 0, F(tf32), "device cuda: the linear layers' products on tensor cores in TF32 (faster; not within 1e-3 of the CPU's gradients)"},
     {"val_fraction", -1, K_REAL, 0, 0.5, 1, F(val_fraction), "the last fraction of the text, in characters, is the validation text (0.1)"},
     /* schedule */
     {"steps", -1, K_LONG, 0, BIG, 0, F(steps), "optimizer steps in all (search included for PAR)"},
@@ -212,6 +213,8 @@ int train_cfg_check(const train_cfg *c, char *err)
     if (strcmp(c->device, "cpu") != 0 && c->fam != FAM_ASPAN)
         return err_set(err, "config 'device' = \"%s\": the CUDA trainer covers the adaptive-span family only; train "
                        "par-transformer-xl with --device cpu", c->device);
+    if (c->tf32 && strcmp(c->device, "cuda") != 0)
+        return err_set(err, "config 'tf32' is true but 'device' is \"%s\": TF32 is the CUDA trainer's", c->device);
     if (!c->data[0]) return err_set(err, "config 'data' is required: the text file to train on (or --data FILE)");
     if (!c->out[0]) return err_set(err, "config 'out' is required: the checkpoint to write (or --out FILE)");
     if (c->fam == FAM_ASPAN) {

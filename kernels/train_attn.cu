@@ -36,35 +36,6 @@ int tg_span_mask(tgpu *g, float *mask, float *mskin, const float *zf, int W, cha
     return 0;
 }
 
-/* one thread per element of the row layout: (b, r, h, d) */
-template <bool SPLIT>
-__global__ static void heads_kernel(float *dst, const float *src, size_t total, int R, int K, int D)
-{
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    const int H = K * D, col = (int)(i % H), h = col / D, d = col % D;
-    const size_t row = i / H, b = row / R, r = row % R;
-    const size_t hi = ((b * K + h) * R + r) * D + d;
-    if (SPLIT) dst[hi] = src[i];
-    else dst[i] = src[hi];
-}
-
-int tg_split_heads(tgpu *g, float *dst, const float *src, int B, int R, char *err)
-{
-    const size_t total = (size_t)B * R * g->H;
-    heads_kernel<true><<<tg_blocks(total, 256), 256, 0, g->stream>>>(dst, src, total, R, g->K, g->D);
-    TG_LAUNCH(err, "split heads");
-    return 0;
-}
-
-int tg_merge_heads(tgpu *g, float *dst, const float *src, int B, int R, char *err)
-{
-    const size_t total = (size_t)B * R * g->H;
-    heads_kernel<false><<<tg_blocks(total, 256), 256, 0, g->stream>>>(dst, src, total, R, g->K, g->D);
-    TG_LAUNCH(err, "merge heads");
-    return 0;
-}
-
 __global__ static void hall_kernel(float *hall, const float *mem, const float *x, size_t total, int W, int M, int S,
                                    int H)
 {

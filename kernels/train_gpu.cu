@@ -165,8 +165,8 @@ tgpu *tgpu_new(const trainer *t, char *err)
         dev_alloc(g, &g->m1, F * g->n, err) || dev_alloc(g, &g->m2, F * g->n, err) ||
         dev_alloc(g, &g->mem, F * L * B * S * H, err) || dev_alloc(g, &g->mem_keep, F * L * B * S * H, err) ||
         dev_alloc(g, &g->mem_tmp, F * B * S * H, err) || dev_alloc(g, &g->X, F * (L + 1) * N * H, err) ||
-        dev_alloc(g, &g->hall, F * L * B * SMx * H, err) || dev_alloc(g, &g->Qh, F * L * N * H, err) ||
-        dev_alloc(g, &g->Kh, F * L * B * SMx * H, err) || dev_alloc(g, &g->Vh, F * L * B * SMx * H, err) ||
+        dev_alloc(g, &g->hall, F * L * B * SMx * H, err) || dev_alloc(g, &g->Q, F * L * N * H, err) ||
+        dev_alloc(g, &g->Kr, F * L * B * SMx * H, err) || dev_alloc(g, &g->Vr, F * L * B * SMx * H, err) ||
         dev_alloc(g, &g->A, F * L * B * K * M * S, err) || dev_alloc(g, &g->nrm, F * L * B * K * M, err) ||
         dev_alloc(g, &g->mask, F * L * K * S, err) || dev_alloc(g, &g->mskin, F * L * K * S, err) ||
         dev_alloc(g, &g->att, F * L * N * H, err) || dev_alloc(g, &g->xh1, F * L * N * H, err) ||
@@ -175,12 +175,11 @@ tgpu *tgpu_new(const trainer *t, char *err)
         dev_alloc(g, &g->ff, F * L * N * I, err) || dev_alloc(g, &g->logp, F * N * V, err) ||
         dev_alloc(g, &g->nll, F * N, err) || dev_alloc(g, &g->F1, F * B * K * M * SMx, err) ||
         dev_alloc(g, &g->F2, F * B * K * M * SMx, err) || dev_alloc(g, &g->PB, F * N * K * S, err) ||
-        dev_alloc(g, &g->Oh, F * N * H, err) || dev_alloc(g, &g->tmp, F * N * H, err) ||
+        dev_alloc(g, &g->tmp, F * N * H, err) ||
         dev_alloc(g, &g->dX, F * N * H, err) || dev_alloc(g, &g->dY, F * N * H, err) ||
         dev_alloc(g, &g->dX1, F * N * H, err) || dev_alloc(g, &g->dAtt, F * N * H, err) ||
         dev_alloc(g, &g->dQ, F * N * H, err) || dev_alloc(g, &g->dFF, F * N * I, err) ||
         dev_alloc(g, &g->dKr, F * B * SMx * H, err) || dev_alloc(g, &g->dVr, F * B * SMx * H, err) ||
-        dev_alloc(g, &g->dKh, F * B * SMx * H, err) || dev_alloc(g, &g->dVh, F * B * SMx * H, err) ||
         dev_alloc(g, &g->dzrow, F * B * K * M, err) ||
         dev_alloc(g, &g->colpart, sizeof(double) * TG_COL_CHUNKS * maxc, err) ||
         dev_alloc(g, &g->dsum, sizeof(double) * 4, err) ||
@@ -190,7 +189,7 @@ tgpu *tgpu_new(const trainer *t, char *err)
         err_set(err, "cudaMallocHost failed");
         goto fail;
     }
-    if (plan_optimizer(g, t, err) || tgpu_upload(g, t, err)) goto fail;
+    if (plan_optimizer(g, t, err) || tgpu_set_tf32(g, t->c.tf32, err) || tgpu_upload(g, t, err)) goto fail;
     return g;
 fail:
     tgpu_free(g);
@@ -288,6 +287,21 @@ static int upload_tokens(tgpu *g, const int32_t *x, const int32_t *y, char *err)
     return 0;
 }
 
+/* The attention's products, head by head: for head h the B streams' D
+ * columns of the row-layout operands (leading dimension H, a stream apart)
+ * and its full-score matrices, in one batched product each. Operand X is
+ * at X + h * hX, advanced by sX a stream. */
+static int heads_gemm(tgpu *g, int ta, int tb, int m, int n, int k, const float *A, int lda, long long sa, size_t ha,
+                      const float *B, int ldb, long long sb, size_t hb, float *C, int ldc, long long sc, size_t hc,
+                      char *err)
+{
+    for (int h = 0; h < g->K; h++)
+        if (tg_gemm_batched(g, ta, tb, m, n, k, 1, A + h * ha, lda, sa, B + h * hb, ldb, sb, 0, C + h * hc, ldc, sc,
+                            g->B, err))
+            return -1;
+    return 0;
+}
+
 static int layer_forward(tgpu *g, int l, int carry, char *err)
 {
     const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
@@ -296,29 +310,26 @@ static int layer_forward(tgpu *g, int l, int carry, char *err)
     const tlayer *ly = &g->ly[l];
     const float *w = g->w;
     float *X = g->X + (size_t)l * N * H, *Xn = X + (size_t)N * H, *hall = g->hall + (size_t)l * B * SMx * H,
-          *Qh = g->Qh + (size_t)l * N * H, *Kh = g->Kh + (size_t)l * B * SMx * H, *Vh = g->Vh + (size_t)l * B * SMx * H,
+          *Q = g->Q + (size_t)l * N * H, *Kr = g->Kr + (size_t)l * B * SMx * H, *Vr = g->Vr + (size_t)l * B * SMx * H,
           *A = g->A + (size_t)l * B * K * M * S, *nrm = g->nrm + (size_t)l * B * K * M,
           *mask = g->mask + (size_t)l * K * S, *mskin = g->mskin + (size_t)l * K * S, *att = g->att + (size_t)l * N * H,
           *x1 = g->x1 + (size_t)l * N * H, *xh1 = g->xh1 + (size_t)l * N * H, *xh2 = g->xh2 + (size_t)l * N * H,
           *r1 = g->r1 + (size_t)l * N, *r2 = g->r2 + (size_t)l * N, *ff = g->ff + (size_t)l * N * I,
           *mem = g->mem + (size_t)l * B * S * H;
-    const long long sq = (long long)M * D, sk = (long long)SM * D, sf = (long long)M * SM;
+    const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
+    const size_t hf = (size_t)M * SM;
     if (tg_span_mask(g, mask, mskin, w + ly->zfrac, W, err) ||
-        /* q = X Wq^T; its pe band; the head layout */
-        tg_gemm(g, 0, 1, N, H, H, 1, X, H, w + ly->wq, H, 0, g->tmp, H, err) ||
-        tg_gemm(g, 0, 0, N * K, W, D, 1, g->tmp, D, w + g->key_pe + (S - W), S, 0, g->PB, W, err) ||
-        tg_split_heads(g, Qh, g->tmp, B, M, err) ||
+        /* q = X Wq^T and its pe band */
+        tg_gemm(g, 0, 1, N, H, H, 1, X, H, w + ly->wq, H, 0, Q, H, err) ||
+        tg_gemm(g, 0, 0, N * K, W, D, 1, Q, D, w + g->key_pe + (S - W), S, 0, g->PB, W, err) ||
         /* k, v of [memory window; X] */
         tg_build_hall(g, hall, mem, X, W, err) ||
-        tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wk, H, 0, g->dKr, H, err) ||
-        tg_split_heads(g, Kh, g->dKr, B, SM, err) ||
-        tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wv, H, 0, g->dVr, H, err) ||
-        tg_split_heads(g, Vh, g->dVr, B, SM, err) ||
+        tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wk, H, 0, Kr, H, err) ||
+        tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wv, H, 0, Vr, H, err) ||
         /* scores, the masked softmax, o = w v */
-        tg_gemm_batched(g, 0, 1, M, SM, D, 1, Qh, D, sq, Kh, D, sk, 0, g->F1, SM, sf, B * K, err) ||
+        heads_gemm(g, 0, 1, M, SM, D, Q, H, sq, D, Kr, H, sk, D, g->F1, SM, sf, hf, err) ||
         tg_band_softmax(g, g->F1, g->PB, A, nrm, g->F2, mask, W, err) ||
-        tg_gemm_batched(g, 0, 0, M, D, SM, 1, g->F2, SM, sf, Vh, D, sk, 0, g->Oh, D, sq, B * K, err) ||
-        tg_merge_heads(g, att, g->Oh, B, M, err) ||
+        heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Vr, H, sk, D, att, H, sq, D, err) ||
         /* X1 = LN1(X + o Wo^T);  X' = LN2(X1 + fc2(relu(fc1(X1)))) */
         tg_gemm(g, 0, 1, N, H, H, 1, att, H, w + ly->wo, H, 0, g->tmp, H, err) ||
         tg_ln_fwd(g, x1, xh1, r1, g->tmp, NULL, X, w + ly->ln1_w, w + ly->ln1_b, N, H, err) ||
@@ -340,15 +351,15 @@ static int layer_backward(tgpu *g, int l, char *err)
     const float *w = g->w;
     float *gg = g->g;
     const float *X = g->X + (size_t)l * N * H, *hall = g->hall + (size_t)l * B * SMx * H,
-                *Qh = g->Qh + (size_t)l * N * H, *Kh = g->Kh + (size_t)l * B * SMx * H,
-                *Vh = g->Vh + (size_t)l * B * SMx * H, *A = g->A + (size_t)l * B * K * M * S,
+                *Q = g->Q + (size_t)l * N * H, *Kr = g->Kr + (size_t)l * B * SMx * H,
+                *Vr = g->Vr + (size_t)l * B * SMx * H, *A = g->A + (size_t)l * B * K * M * S,
                 *nrm = g->nrm + (size_t)l * B * K * M, *mask = g->mask + (size_t)l * K * S,
                 *mskin = g->mskin + (size_t)l * K * S, *att = g->att + (size_t)l * N * H,
                 *x1 = g->x1 + (size_t)l * N * H, *xh1 = g->xh1 + (size_t)l * N * H,
                 *xh2 = g->xh2 + (size_t)l * N * H, *r1 = g->r1 + (size_t)l * N, *r2 = g->r2 + (size_t)l * N,
                 *ff = g->ff + (size_t)l * N * I;
-    const long long sq = (long long)M * D, sk = (long long)SM * D, sf = (long long)M * SM;
-    const size_t NH = sizeof(float) * N * H;
+    const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
+    const size_t NH = sizeof(float) * N * H, hf = (size_t)M * SM;
     /* X' = LN2(X1 + FF(X1)) */
     if (tg_ln_back(g, g->dY, gg + ly->ln2_w, gg + ly->ln2_b, g->dX, xh2, r2, w + ly->ln2_w, N, H, err)) return -1;
     TG_TRY(cudaMemcpyAsync(g->dX1, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
@@ -366,20 +377,16 @@ static int layer_backward(tgpu *g, int l, char *err)
     if (tg_gemm(g, 1, 0, H, H, N, 1, g->dY, H, att, H, 1, gg + ly->wo, H, err) ||
         tg_gemm(g, 0, 0, N, H, H, 1, g->dY, H, w + ly->wo, H, 0, g->dAtt, H, err) ||
         /* attention: dV = w^T dO, dw = dO V^T, then the band's backward */
-        tg_split_heads(g, g->Oh, g->dAtt, B, M, err) ||
         tg_band_weights(g, A, nrm, mask, g->F2, W, err) ||
-        tg_gemm_batched(g, 1, 0, SM, D, M, 1, g->F2, SM, sf, g->Oh, D, sq, 0, g->dVh, D, sk, B * K, err) ||
-        tg_gemm_batched(g, 0, 1, M, SM, D, 1, g->Oh, D, sq, Vh, D, sk, 0, g->F1, SM, sf, B * K, err) ||
+        heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, g->dAtt, H, sq, D, g->dVr, H, sk, D, err) ||
+        heads_gemm(g, 0, 1, M, SM, D, g->dAtt, H, sq, D, Vr, H, sk, D, g->F1, SM, sf, hf, err) ||
         tg_band_back(g, g->F1, A, nrm, mask, mskin, g->F2, g->PB, g->dzrow, W, err) ||
         tg_span_grad(g, gg + ly->zfrac, g->dzrow, err) ||
         /* dQ = dS K + dPE pe^T;  dK = dS^T Q;  dpe += Q^T dPE */
-        tg_gemm_batched(g, 0, 0, M, D, SM, 1, g->F2, SM, sf, Kh, D, sk, 0, g->Oh, D, sq, B * K, err) ||
-        tg_merge_heads(g, g->dQ, g->Oh, B, M, err) ||
-        tg_gemm_batched(g, 1, 0, SM, D, M, 1, g->F2, SM, sf, Qh, D, sq, 0, g->dKh, D, sk, B * K, err) ||
-        tg_merge_heads(g, g->dKr, g->dKh, B, SM, err) || tg_merge_heads(g, g->dVr, g->dVh, B, SM, err) ||
+        heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Kr, H, sk, D, g->dQ, H, sq, D, err) ||
+        heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, Q, H, sq, D, g->dKr, H, sk, D, err) ||
         tg_gemm(g, 0, 1, N * K, D, W, 1, g->PB, W, w + g->key_pe + (S - W), S, 1, g->dQ, D, err) ||
-        tg_merge_heads(g, g->tmp, Qh, B, M, err) ||
-        tg_gemm(g, 1, 0, D, W, N * K, 1, g->tmp, D, g->PB, W, 1, gg + g->key_pe + (S - W), S, err) ||
+        tg_gemm(g, 1, 0, D, W, N * K, 1, Q, D, g->PB, W, 1, gg + g->key_pe + (S - W), S, err) ||
         /* the projections: weights see every row, the input only the block's
          * (the memory is detached) */
         tg_gemm(g, 1, 0, H, H, N, 1, g->dQ, H, X, H, 1, gg + ly->wq, H, err) ||

@@ -8,8 +8,8 @@
  *
  * Layouts (row-major, as core/train_aspan.c; N = B*M rows of a block):
  *   row layout    [b][r][H]: the linear layers' inputs and outputs
- *   head layout   [b][h][r][D]: queries, keys and values for the batched
- *                 products of the attention (split_heads / merge_heads)
+ *                 (head h: columns h*D..h*D+D-1; the attention's batched
+ *                 products take one head's columns of every stream)
  *   full scores   [b][h][i][W+M]: query i against every key row of its
  *                 stream ([memory window; block]); only columns i..i+W-1
  *                 (the band) can be non-zero
@@ -70,7 +70,7 @@ struct tgpu {
     /* activations kept for the backward (per layer unless said) */
     float *X;                     /* (L+1) x N x H: every layer's input and the last output */
     float *hall;                  /* L x B x (W+M) x H, packed at the layer's window W */
-    float *Qh, *Kh, *Vh;          /* head layout: L x N x H; L x B x (W+M) x H twice */
+    float *Q, *Kr, *Vr;           /* L x N x H; L x B x (W+M) x H twice */
     float *A;                     /* L x (B K M) x W: the softmax a (band) */
     float *nrm;                   /* L x B K M: sum a m + 1e-8 */
     float *mask, *mskin;          /* L x K x S: m_c, and 1 where its clamp passes a gradient */
@@ -83,10 +83,9 @@ struct tgpu {
     /* scratch */
     float *F1, *F2;               /* full scores: B K M (S+M) each */
     float *PB;                    /* pe band: N K S */
-    float *Oh;                    /* head layout N x H */
     float *tmp, *dX, *dY, *dX1, *dAtt, *dQ;   /* N x H */
     float *dFF;                   /* N x I */
-    float *dKr, *dVr, *dKh, *dVh; /* B x (S+M) x H */
+    float *dKr, *dVr;             /* B x (S+M) x H */
     float *dzrow;                 /* B K M */
     double *colpart;              /* TG_COL_CHUNKS x max(H, I, V) */
     double *dsum;                 /* scalar results */
@@ -184,9 +183,6 @@ int tg_optim(tgpu *g, double lr, long step, char *err);
 /* mask[h][c] = clamp((1 - (W - c) + z_h S) / R + 1, 0, 1) for c < W, and
  * mskin 1 where the clamp passes a gradient */
 int tg_span_mask(tgpu *g, float *mask, float *mskin, const float *zf, int W, char *err);
-/* [b][r][h*D+d] (R rows a stream) <-> [b][h][r][d] */
-int tg_split_heads(tgpu *g, float *dst, const float *src, int B, int R, char *err);
-int tg_merge_heads(tgpu *g, float *dst, const float *src, int B, int R, char *err);
 /* hall[b] = [mem[b][S-W..S); x[b]] */
 int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W, char *err);
 /* full scores F1 + pe band -> a (band), nrm, and the final weights w in

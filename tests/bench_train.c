@@ -9,6 +9,8 @@
  * two: z/S = 0 (the recipe's start: windows of 64) and z/S = 1 (every head
  * at the full span: windows of 1024); in float32 (the default) and with the
  * linear layers in TF32. Wall time of STEPS steps after WARM, median of RUNS.
+ * `bench_train --profile`: one step at z/S = 0 in float32 only, for a
+ * profiler (ncu) to time each kernel.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "err.h"
@@ -27,9 +29,7 @@ int main(void)
 
 #include <time.h>
 
-#define WARM 3
-#define STEPS 10
-#define RUNS 3
+static int WARM = 3, STEPS = 10, RUNS = 3;
 
 static double now_s(void)
 {
@@ -48,7 +48,7 @@ static int cmp_double(const void *a, const void *b)
 static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, char *err)
 {
     const int N = t->B * t->M;
-    double runs[RUNS];
+    double runs[3];
     for (int k = 0; k < RUNS; k++) {
         double t0 = 0;
         for (int s = 0; s < WARM + STEPS; s++) {
@@ -66,9 +66,11 @@ static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, c
     return runs[RUNS / 2];
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     char err[ERR_LEN];
+    const int profile = argc > 1 && strcmp(argv[1], "--profile") == 0;
+    if (profile) WARM = 0, STEPS = 1, RUNS = 1;
     if (tgpu_available(err)) {
         printf("SKIP bench_train: %s\n", err);
         return 0;
@@ -84,8 +86,8 @@ int main(void)
     int32_t *x = malloc(sizeof *x * c.batch_size * c.block_size), *y = malloc(sizeof *y * c.batch_size * c.block_size);
     train_rng r = {99};
     printf("bench_train: aspan-small training step (L 8, H 256, heads 4, inner 1024, S 1024, M 256, B 64, V %d)\n", V);
-    for (int span = 0; span < 2; span++)
-        for (int tf32 = 0; tf32 < 2; tf32++) {
+    for (int span = 0; span < (profile ? 1 : 2); span++)
+        for (int tf32 = 0; tf32 < (profile ? 1 : 2); tf32++) {
             trainer_init(t, 1);
             t->step = 0;
             for (int l = 0; l < t->L; l++)

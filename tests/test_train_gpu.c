@@ -9,9 +9,9 @@
  *     1e-5 of its tensor's largest, where float32 sums cancel);
  *   - five steps of Adagrad (the reference's per-tensor clipping, warm-up)
  *     and of Adam: the losses track the CPU's to 1e-4 and the weights to a
- *     thousandth of lr a step (all but a few elements of Adagrad whose
- *     gradients are at float32's rounding, which Adagrad's normalisation
- *     turns into up to lr);
+ *     thousandth of lr a step (but elements whose gradient is below
+ *     float32's resolution, which Adagrad's normalisation turns into up to
+ *     lr);
  *   - windows trimmed below the span, blocks longer than the span;
  *   - `spanserve train`'s loop (train_run_on) on a slice of tiny_shakespeare:
  *     the GPU's logged losses and validation bpc follow the CPU's (5e-3
@@ -111,6 +111,18 @@ static void compare_case(train_cfg c, int V, const double *zf, int steps, const 
     CHECK(rel(lg, lc) < 1e-5, "%s: loss gpu %.9g cpu %.9g (%s)", what, lg, lc, err);
     CHECK(tgpu_download_grad(g, buf, err) == 0, "%s: %s", what, err);
     compare_grads(tc, buf, what);
+    /* elements whose gradient float32 cannot resolve: below 1e-5 of their
+     * tensor's largest (key_pe columns that every head's mask zeroes move
+     * the loss only through the 1e-8 of the mask's normalisation) */
+    char *unres = calloc(tc->n, 1);
+    size_t n_unres = 0;
+    for (int i = 0; i < tc->n_tp; i++) {
+        const tparam *p = &tc->tp[i];
+        double mx = 0;
+        for (size_t j = 0; j < p->n; j++) mx = fmax(mx, fabs(tc->g[p->off + j]));
+        for (size_t j = 0; j < p->n; j++)
+            if (fabs(tc->g[p->off + j]) <= 1e-5 * mx) unres[p->off + j] = 1, n_unres++;
+    }
 
     /* steps: the same batches, warm-up from step 1 */
     double worst_loss = 0;
@@ -127,29 +139,31 @@ static void compare_case(train_cfg c, int V, const double *zf, int steps, const 
     CHECK(tg->step == tc->step, "%s: %ld steps on the GPU, %ld on the CPU", what, tg->step, tc->step);
     if (steps) {
         CHECK(tgpu_download(g, tg, err) == 0, "%s: %s", what, err);
-        /* Each step moves a weight by about lr at most. Adagrad divides each
-         * gradient by its own root sum of squares, so an element whose
-         * gradient is as small as float32's rounding of it moves by a
-         * different fraction of lr on the GPU: a few such elements may
-         * differ by up to 2 lr a step; every other weight agrees to a
-         * thousandth of lr a step. */
-        double worst = 0, tight = 1e-3 * c.lr * steps;
+        /* Each step moves a weight by about lr at most, and float32's
+         * rounding of the gradients moves the GPU's weights a thousandth of
+         * that. Adagrad divides each gradient by its own root sum of
+         * squares: an element whose gradient float32 cannot resolve moves
+         * by a different fraction of lr (within 2 lr a step). */
+        double worst = 0, worst_res = 0, tight = 1e-3 * c.lr * steps;
         size_t off_tight = 0;
-        const char *wn = "";
+        const char *wn = "", *rn = "";
         for (int i = 0; i < tc->n_tp; i++) {
             const tparam *p = &tc->tp[i];
             for (size_t j = 0; j < p->n; j++) {
                 double d = fabs(tg->w[p->off + j] - tc->w[p->off + j]);
-                if (!(d <= tight)) off_tight++;
                 if (!(d <= worst)) worst = d, wn = p->name;
+                if (unres[p->off + j]) continue;
+                if (!(d <= tight)) off_tight++;
+                if (!(d <= worst_res)) worst_res = d, rn = p->name;
             }
         }
         CHECK(worst <= 2 * c.lr * steps, "%s: after %d steps a weight of %s differs by %.3g", what, steps, wn, worst);
-        CHECK(off_tight <= 1 + tc->n / 1000, "%s: after %d steps %zu of %zu weights differ by more than %.3g", what,
-              steps, off_tight, tc->n, tight);
-        printf("%s: %d steps, losses within %.2g, weights within %.3g but %zu of %zu (worst %.3g, %s)\n", what, steps,
-               worst_loss, tight, off_tight, tc->n, worst, wn);
+        CHECK(off_tight == 0, "%s: after %d steps %zu of %zu weights differ by more than %.3g (the most %.3g, %s)",
+              what, steps, off_tight, tc->n, tight, worst_res, rn);
+        printf("%s: %d steps, losses within %.2g, weights within %.3g (%s; %zu of %zu unresolved within %.3g)\n", what,
+               steps, worst_loss, worst_res, rn, n_unres, tc->n, worst);
     }
+    free(unres);
     free(x);
     free(y);
     free(buf);
@@ -173,6 +187,52 @@ static train_cfg tiny(void)
     c.adapt_span_loss = 0.01;
     c.lr_warmup = 3;
     return c;
+}
+
+/* config 'tf32': the linear layers on tensor cores, near the CPU but not
+ * within float32's 1e-3: the loss to 1e-2, every tensor's gradient to 5e-2
+ * of its norm */
+static void test_tf32(void)
+{
+    char err[ERR_LEN];
+    train_cfg c = tiny();
+    c.hidden_size = 64, c.inner_hidden_size = 128, c.attn_span = 40, c.block_size = 16;
+    c.tf32 = 1;
+    strcpy(c.device, "cuda");
+    CHECK(train_cfg_check(&c, err) != 0 && strstr(err, "'data' is required"), "tf32 with cuda: %s", err);
+    trainer *tc = trainer_new(&c, 11, err), *tg = trainer_new(&c, 11, err);
+    tgpu *g = tg ? tgpu_new(tg, err) : NULL;
+    CHECK(tc && tg && g, "tf32: %s", err);
+    if (tc && tg && g) {
+        trainer_init(tc, 5);
+        trainer_init(tg, 5);
+        CHECK(tgpu_upload(g, tg, err) == 0, "tf32: %s", err);
+        int32_t x[64], y[64];
+        double ac, ag, lc = 0, lg = 0, *gg = malloc(sizeof *gg * tc->n);
+        for (int s = 0; s < 3; s++) {
+            rand_tokens(x, y, 64, 11);
+            lc = trainer_forward(tc, x, y, s == 2, 1, &ac, err);
+            lg = tgpu_forward(g, tg, x, y, s == 2, 1, &ag, err);
+        }
+        CHECK(rel(lg, lc) < 1e-2, "tf32: loss gpu %.9g cpu %.9g", lg, lc);
+        CHECK(tgpu_download_grad(g, gg, err) == 0, "tf32: %s", err);
+        double worst = 0;
+        for (int i = 0; i < tc->n_tp; i++) {
+            const tparam *p = &tc->tp[i];
+            double d2 = 0, n2 = 0;
+            for (size_t j = 0; j < p->n; j++) {
+                d2 += (gg[p->off + j] - tc->g[p->off + j]) * (gg[p->off + j] - tc->g[p->off + j]);
+                n2 += tc->g[p->off + j] * tc->g[p->off + j];
+            }
+            worst = fmax(worst, sqrt(d2 / n2));
+        }
+        CHECK(worst < 5e-2, "tf32: a tensor's gradient is off by %.3g of its norm", worst);
+        printf("tf32: loss within %.2g, gradients within %.3g of their norms\n", rel(lg, lc), worst);
+        free(gg);
+    }
+    tgpu_free(g);
+    trainer_free(tc);
+    trainer_free(tg);
 }
 
 /* ---- the loop ---- */
@@ -306,6 +366,7 @@ int main(void)
     static const double zm[8] = {0.3013, 0.8027, 0.0519, 0.5533, 0.9871, 0.0071, 0.4219, 0.7013};
     compare_case(c, 40, zm, 4, "heads of 64");
 
+    test_tf32();
     test_loop();
     return test_summary("test_train_gpu");
 }
