@@ -301,14 +301,16 @@ static size_t aspan_smem(const gpu_model *g, int T)
 
 size_t gpu_aspan_attn_smem(const gpu_model *g) { return aspan_smem(g, ASPAN_MAXT); }
 
-int gpu_aspan_attn(gpu_model *g, int l, int B, int M, char *err)
+int gpu_aspan_attn(gpu_model *g, int l, int B, int M, int *ring_done, char *err)
 {
+    *ring_done = 0;
     const model_t *m = g->m;
     const int K = m->n_head, D = m->d_head;
     const int64_t pairs = (int64_t)B * M * K;
     const int tiled = gpu_aspan_tile(g, l, B, M, err);   /* blocks of many queries: aspan_tile.cu */
     if (tiled) return tiled < 0 ? -1 : 0;
     const int dec = gpu_aspan_decode(g, l, B, M, err);   /* heads of 32, 64 or 128 dims: aspan_decode.cu */
+    if (dec > 0) *ring_done = M == 1;                    /* it wrote the rings of a one-token step */
     if (dec) return dec < 0 ? -1 : 0;
     int lw = 0;   /* the layer's widest window */
     for (int h = 0; h < K; h++)

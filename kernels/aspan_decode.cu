@@ -17,6 +17,12 @@
  * aspan_combine_kernel finishes; otherwise the block writes
  * (O / Z) / (W / Z + 1e-8) itself.
  *
+ * A step of one token a stream also writes the rings here (ring.cu's launch
+ * is then skipped): the new key goes to the slot of distance kw, the new
+ * value to that of distance r, and exactly one block reads each of those
+ * rows (the one whose split holds the distance), so it writes them after
+ * its own reads.
+ *
  * Heads of 32, 64 or 128 dims (a template parameter: q is in registers);
  * other widths go to aspan_attn.cu.
  */
@@ -88,7 +94,8 @@ template <typename RT, int D>
 __global__ static void __launch_bounds__(32 * DEC_WARPS)
     aspan_decode_kernel(float *att, bf16 *attb, const RT *qkv, int M, int S, float scale, const float *key_pe,
                         const int *krows, const int *reach, const int64_t *mask_off, const float *derived,
-                        const int64_t *off, RT *const *ring, const int64_t *pos, int chunk, float *part)
+                        const int64_t *off, RT *const *ring, const int64_t *pos, int chunk, float *part,
+                        bool wring)
 {
     typedef vlanes<RT, D> VL;
     constexpr int T = VL::T;   /* dims a lane accumulates */
@@ -98,16 +105,20 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS)
     const int b = n / M, i = n % M, kw = krows[h], r = reach[h];
     const int dlo = 1 + sp * chunk, dhi = min(kw, dlo + chunk - 1);
     const size_t oo = (size_t)n * H + (size_t)h * D;
+    const size_t stride = (size_t)3 * H;
+    const RT *kb = qkv + (size_t)b * M * stride + H + (size_t)h * D, *vb = kb + H;
+    RT *const kr = ring[b] + off[h], *const vr = kr + (size_t)kw * D;
+    const int64_t t = pos[b] + i;
+    const int kslot = kw > 0 ? ring_slot(t, kw) : 0, vslot = r > 0 ? ring_slot(t, r) : 0;
+    /* wring (M = 1): this block holds distance kw (r), the ring row the new key (value) replaces */
+    const bool wk = wring && dlo <= kw && kw <= dhi, wv = wring && dlo <= r && r <= dhi;
     if (r == 0 || dlo > kw) {   /* nothing here (a zero mask: aspan_combine_kernel or this block writes zeros) */
         if (!part && r == 0)
             for (int c = threadIdx.x; c < D; c += blockDim.x) attb ? stf(attb + oo + c, 0.0f) : stf(att + oo + c, 0.0f);
+        if (wk)   /* no value ring; the key is still the window's */
+            for (int c = threadIdx.x; c < D; c += blockDim.x) kr[(size_t)kslot * D + c] = kb[c];
         return;
     }
-    const size_t stride = (size_t)3 * H;
-    const RT *kb = qkv + (size_t)b * M * stride + H + (size_t)h * D, *vb = kb + H;
-    const RT *kr = ring[b] + off[h], *vr = kr + (size_t)kw * D;
-    const int64_t t = pos[b] + i;
-    const int kslot = ring_slot(t, kw), vslot = ring_slot(t, r);
     const float *mask = derived + mask_off[h];
 
     float q[D];
@@ -200,6 +211,9 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS)
         if (rec) rec[4 + c] = acc;
         else if (attb) stf(attb + oo + c, acc / Z / wz);
         else att[oo + c] = acc / Z / wz;
+        /* the block's reads are done (the barrier above): the new key and value in */
+        if (wk) kr[(size_t)kslot * D + c] = kb[c];
+        if (wv) vr[(size_t)vslot * D + c] = vb[c];
     }
 }
 
@@ -212,7 +226,8 @@ static int dec_launch(gpu_model *g, int l, int B, int M, int nsplit, int chunk, 
     float *part = nsplit > 1 ? g->part : NULL;
     aspan_decode_kernel<RT, D><<<dim3((unsigned)(B * M), (unsigned)K, (unsigned)nsplit), 32 * DEC_WARPS, 0, g->stream>>>(
         att, attb, qkv, M, m->span, sqrtf((float)D), g->key_pe, g->krows + (size_t)l * K, g->reach + (size_t)l * K,
-        g->mask_off + (size_t)l * K, g->derived, g->d_off + (size_t)l * K, ring, stage_pos(g, g->d_stage), chunk, part);
+        g->mask_off + (size_t)l * K, g->derived, g->d_off + (size_t)l * K, ring, stage_pos(g, g->d_stage), chunk, part,
+        M == 1);
     LAUNCH_TRY(err, "aspan_decode");
     if (part && gpu_aspan_combine(g, l, B, M, chunk, nsplit, att, attb, err)) return -1;
     return 1;

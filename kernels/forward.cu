@@ -57,9 +57,14 @@ static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
 {
     const model_t *m = g->m;
     const int Dm = m->d_model, I = m->d_inner;
-    if (OP(OP_FC1, linear(g, g->ff, g->x, g->xb, d->fc1_w, d->fc1_h, N, Dm, I, err)) ||
-        OP(OP_RELU, gpu_bias_relu(g, g->ff, g->ffb, d->fc1_b, N, I, err)) ||
-        OP(OP_FC2, linear(g, g->tmp, g->ff, g->ffb, d->fc2_w, d->fc2_h, N, I, Dm, err)) ||
+    /* a few rows: fc1, its bias and the ReLU in one launch (matmul.cu) */
+    const int fused = gpu_linear_bias_relu(g, g->ff, g->ffb, g->x, g->xb, d->fc1_w, d->fc1_h, d->fc1_b, N, Dm, I, err);
+    if (fused < 0) return -1;
+    if (fused) mark(g, OP_FC1);
+    else if (OP(OP_FC1, linear(g, g->ff, g->x, g->xb, d->fc1_w, d->fc1_h, N, Dm, I, err)) ||
+             OP(OP_RELU, gpu_bias_relu(g, g->ff, g->ffb, d->fc1_b, N, I, err)))
+        return -1;
+    if (OP(OP_FC2, linear(g, g->tmp, g->ff, g->ffb, d->fc2_w, d->fc2_h, N, I, Dm, err)) ||
         OP(OP_LN, gpu_add_layernorm(g, g->x, g->xb, g->tmp, d->fc2_b, d->ln2_w, d->ln2_b, N, Dm, err)))
         return -1;
     return 0;
@@ -79,7 +84,9 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
                                                 : gpu_linear(g, g->qkv, g->x, d->wqkv, N, Dm, 3 * A, err)))
                 return -1;
             if (m->fam == FAM_ASPAN) {
-                if (OP(OP_ATTN, gpu_aspan_attn(g, l, B, M, err)) || OP(OP_RING, gpu_aspan_ring_write(g, l, B, M, err)))
+                int ring_done = 0;   /* a one-token step's rings are written by the attention (aspan_decode.cu) */
+                if (OP(OP_ATTN, gpu_aspan_attn(g, l, B, M, &ring_done, err)) ||
+                    (!ring_done && OP(OP_RING, gpu_aspan_ring_write(g, l, B, M, err))))
                     return -1;
             } else {
                 if (OP(OP_ATTN, gpu_rel_attn(g, l, B, M, err)) || OP(OP_RING, gpu_par_ring_write(g, l, B, M, err)))

@@ -197,6 +197,11 @@ int gpu_linear(gpu_model *g, float *y, const float *x, const float *W, int n, in
 int gpu_linear_bf16(gpu_model *g, float *y, const bf16 *x, const bf16 *W, int n, int in, int out, char *err);
 /* the same, y in bfloat16 (the sums in float32, rounded once) */
 int gpu_linear_bf16_out(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, int n, int in, int out, char *err);
+/* matmul.cu: y = max(x W^T + b, 0) in one launch for a few rows (decode),
+ * into y (GPU_FP32) or yb (GPU_BF16): 1 if it ran, 0 if the shapes call for
+ * gpu_linear then gpu_bias_relu, -1 on an error */
+int gpu_linear_bias_relu(gpu_model *g, float *y, bf16 *yb, const float *x, const bf16 *xb, const float *W,
+                         const bf16 *Wb, const float *b, int n, int in, int out, char *err);
 /* matmul.cu: dst[i] = bf16(src[i]) */
 int gpu_to_bf16(gpu_model *g, bf16 *dst, const float *src, size_t n, char *err);
 /* embed.cu: x[n] = emb[tok[n]] * scale; also into xb (bfloat16) if not NULL */
@@ -214,7 +219,7 @@ int gpu_log_softmax(gpu_model *g, float *y, const float *b, int n, int d, char *
 /* aspan_attn.cu: one layer's span-limited attention for B streams x M
  * queries, into g->att (GPU_FP32) or g->attb (GPU_BF16); the rings are read
  * in the model's precision (so are rel_attn's and written by ring.cu's) */
-int gpu_aspan_attn(gpu_model *g, int layer, int B, int M, char *err);
+int gpu_aspan_attn(gpu_model *g, int layer, int B, int M, int *ring_done, char *err);
 /* rel_attn.cu: one PAR block's relative attention */
 int gpu_rel_attn(gpu_model *g, int layer, int B, int M, char *err);
 /* aspan_tile.cu: the same for blocks of at least ASPAN_TILE_MIN_M queries

@@ -19,7 +19,9 @@
  * kernels read the weights far below the memory's rate there (8 us for a
  * 1536 x 512 float32 matrix, 3 MB). gemv_kernel reads each weight row once
  * with 16-byte loads, one warp per output, the n rows of x beside it, and
- * sums in float32; it is taken when the shapes allow 16-byte loads.
+ * sums in float32; it is taken when the shapes allow 16-byte loads. For the
+ * feed-forward's first layer it also adds the bias and applies the ReLU
+ * (gpu_linear_bias_relu), one launch fewer a layer.
  */
 #include "gpu_internal.cuh"
 
@@ -45,7 +47,7 @@ static __device__ __forceinline__ void unpack16(const bf16 *p, float *o)
 
 template <typename T, typename OT, int NR>
 __global__ static void __launch_bounds__(32 * GEMV_WARPS)
-    gemv_kernel(OT *y, const T *x, const T *W, int in, int out)
+    gemv_kernel(OT *y, const T *x, const T *W, const float *bias, int in, int out)
 {
     constexpr int VEC = 16 / sizeof(T);
     const int lane = threadIdx.x & 31, o = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -69,6 +71,10 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS)
     for (int r = 0; r < NR; r++) {
         float v = acc[r];
         for (int s = 16; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+        if (bias) {   /* as bias_relu.cu: the bias added in float, then the clamp */
+            v += bias[o];
+            v = v < 0.0f ? 0.0f : v;
+        }
         if (lane == 0) stf(y + (size_t)r * out + o, v);
     }
 }
@@ -76,20 +82,21 @@ __global__ static void __launch_bounds__(32 * GEMV_WARPS)
 /* y = x W^T by gemv_kernel when n is small and 16-byte loads line up; 1 if
  * it ran, 0 if the shapes call for cuBLAS, -1 on a launch error. */
 template <typename T, typename OT>
-static int gemv(gpu_model *g, OT *y, const T *x, const T *W, int n, int in, int out, char *err)
+static int gemv(gpu_model *g, OT *y, const T *x, const T *W, int n, int in, int out, char *err,
+                const float *bias = NULL)
 {
     const int VEC = 16 / sizeof(T);
     if (n > GEMV_MAX_ROWS || in % VEC || ((uintptr_t)x | (uintptr_t)W) % 16) return 0;
     const unsigned blocks = (unsigned)((out + GEMV_WARPS - 1) / GEMV_WARPS), T_ = 32 * GEMV_WARPS;
     switch (n) {
-    case 1: gemv_kernel<T, OT, 1><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
-    case 2: gemv_kernel<T, OT, 2><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
-    case 3: gemv_kernel<T, OT, 3><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
-    case 4: gemv_kernel<T, OT, 4><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
-    case 5: gemv_kernel<T, OT, 5><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
-    case 6: gemv_kernel<T, OT, 6><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
-    case 7: gemv_kernel<T, OT, 7><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
-    default: gemv_kernel<T, OT, 8><<<blocks, T_, 0, g->stream>>>(y, x, W, in, out); break;
+    case 1: gemv_kernel<T, OT, 1><<<blocks, T_, 0, g->stream>>>(y, x, W, bias, in, out); break;
+    case 2: gemv_kernel<T, OT, 2><<<blocks, T_, 0, g->stream>>>(y, x, W, bias, in, out); break;
+    case 3: gemv_kernel<T, OT, 3><<<blocks, T_, 0, g->stream>>>(y, x, W, bias, in, out); break;
+    case 4: gemv_kernel<T, OT, 4><<<blocks, T_, 0, g->stream>>>(y, x, W, bias, in, out); break;
+    case 5: gemv_kernel<T, OT, 5><<<blocks, T_, 0, g->stream>>>(y, x, W, bias, in, out); break;
+    case 6: gemv_kernel<T, OT, 6><<<blocks, T_, 0, g->stream>>>(y, x, W, bias, in, out); break;
+    case 7: gemv_kernel<T, OT, 7><<<blocks, T_, 0, g->stream>>>(y, x, W, bias, in, out); break;
+    default: gemv_kernel<T, OT, 8><<<blocks, T_, 0, g->stream>>>(y, x, W, bias, in, out); break;
     }
     LAUNCH_TRY(err, "gemv");
     return 1;
@@ -128,6 +135,13 @@ int gpu_linear_bf16_out(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, int
                           &zero, y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              err, "cublasGemmEx (bf16 out)");
     return 0;
+}
+
+int gpu_linear_bias_relu(gpu_model *g, float *y, bf16 *yb, const float *x, const bf16 *xb, const float *W,
+                         const bf16 *Wb, const float *b, int n, int in, int out, char *err)
+{
+    if (!g->gemv_on || n <= 0) return 0;
+    return g->prec == GPU_BF16 ? gemv(g, yb, xb, Wb, n, in, out, err, b) : gemv(g, y, x, W, n, in, out, err, b);
 }
 
 __global__ static void to_bf16_kernel(bf16 *dst, const float *src, size_t n)
