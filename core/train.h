@@ -230,7 +230,13 @@ typedef struct train_device {
 /* Runs the whole training of C: reads the text, builds the vocabulary,
  * trains, evaluates, writes checkpoints and the state sidecar (OUT.state),
  * and writes progress as JSON lines to LOG. With RESUME, continues from the
- * sidecar. Returns 0, or -1 with ERR set. */
+ * sidecar. Returns 0, TRAIN_STOPPED (train_request_stop: the checkpoint and
+ * state of the last whole step are written, a "stopped" line logged), or -1
+ * with ERR set. */
+#define TRAIN_STOPPED 3
+/* Asks the running loop to stop after the step in progress (from a signal
+ * handler: it only sets a flag). */
+void train_request_stop(void);
 int train_run(const train_cfg *c, int resume, FILE *log, char *err);
 /* The same, the steps run on DEV when not NULL (config 'device' "cuda"). */
 int train_run_on(const train_cfg *c, const train_device *dev, int resume, FILE *log, char *err);

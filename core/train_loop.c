@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -519,6 +520,10 @@ static void progress(run_t *r, double lr, double tok_s, int with_eval, double va
 
 int train_run(const train_cfg *c, int resume, FILE *logf, char *err) { return train_run_on(c, NULL, resume, logf, err); }
 
+static volatile sig_atomic_t stop_asked;
+
+void train_request_stop(void) { stop_asked = 1; }
+
 int train_run_on(const train_cfg *c, const train_device *dev, int resume, FILE *logf, char *err)
 {
     if (train_cfg_check(c, err)) return -1;
@@ -618,8 +623,19 @@ int train_run_on(const train_cfg *c, const train_device *dev, int resume, FILE *
             json_object_set_new(o, "arch_weights", arch_weights(t));
             emit(&r, o);
         }
-        if ((c->checkpoint_every && s % c->checkpoint_every == 0) || s == c->steps)
-            if (save_all(&r, err)) goto out;
+        const int saved = (c->checkpoint_every && s % c->checkpoint_every == 0) || s == c->steps;
+        if (saved && save_all(&r, err)) goto out;
+        if (stop_asked && s < c->steps) {   /* asked to stop: this step is the run's last, saved */
+            if (!saved && save_all(&r, err)) goto out;
+            json_t *o = json_object();
+            json_object_set_new(o, "event", json_string("stopped"));
+            json_object_set_new(o, "step", json_integer(s));
+            json_object_set_new(o, "checkpoint", json_string(c->out));
+            json_object_set_new(o, "seconds", json_real(now_s() - t0));
+            emit(&r, o);
+            rc = TRAIN_STOPPED;
+            goto out;
+        }
     }
     if (!evaluated) {   /* a resumed run that had nothing left to do still reports */
         val = evaluate(&r, err);

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,14 @@
 #endif
 
 int cmd_train(int argc, char **argv);
+
+/* SIGTERM or SIGINT: the loop stops after the step in progress, saved; a
+ * second one ends the process at once. */
+static void on_stop(int sig)
+{
+    train_request_stop();
+    signal(sig, SIG_DFL);
+}
 
 static const char train_usage[] =
     "usage: spanserve train --config FILE.json [--data FILE] [--out FILE] [--steps N]\n"
@@ -43,7 +52,12 @@ static const char train_usage[] =
     "                  checkpoint and state formats\n"
     "  --log FILE      progress to FILE (appended on --resume) instead of stdout\n"
     "  --resume        continue from OUT.state: the same numbers as a run that\n"
-    "                  never stopped (steps may be raised)\n";
+    "                  never stopped (steps may be raised)\n"
+    "\n"
+    "SIGTERM or SIGINT stops the run after the step in progress, with that\n"
+    "step's checkpoint and state written and a \"stopped\" line logged; the\n"
+    "exit status is then 3 (--resume goes on). A second signal ends it at once.\n"
+    "Exit status: 0 done, 1 failed while running, 2 a bad config or flag.\n";
 
 static int usage(const char *fmt, const char *arg)
 {
@@ -162,8 +176,16 @@ int cmd_train(int argc, char **argv)
         fprintf(stderr, "spanserve train: log '%s': %s\n", cfg.log, strerror(errno));
         return 1;
     }
+    struct sigaction sa = {.sa_handler = on_stop};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     int rc = train_run_on(&cfg, dev, resume, log, err);
-    if (rc) fprintf(stderr, "spanserve train: %s\n", err);
+    if (rc == TRAIN_STOPPED)
+        fprintf(stderr, "spanserve train: stopped by a signal; the checkpoint and state of the last step are saved "
+                "(--resume goes on)\n");
+    else if (rc)
+        fprintf(stderr, "spanserve train: %s\n", err);
     if (log != stdout) fclose(log);
-    return rc ? 1 : 0;
+    return rc == TRAIN_STOPPED ? TRAIN_STOPPED : rc ? 1 : 0;
 }

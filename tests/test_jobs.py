@@ -541,6 +541,9 @@ def t_cancel(S):
     check("cancel running: 200", r.status == 200 and r.json["status"] in ("running", "cancelled"), f"{r}")
     j = S.wait_status("long-1", ("cancelled", "failed"), 20) or {}
     check("cancelled", j.get("status") == "cancelled" and "checkpoint" in j, f"{j}")
+    stop = [e for e in log_events(S, "long-1") if e["event"] == "stopped"]
+    check("SIGTERM: the trainer stopped after its step, that step saved", stop
+          and stop[-1]["step"] == j.get("checkpoint", {}).get("step"), f"{stop} {j.get('checkpoint')}")
     check("its process is gone", pid and not alive(pid), f"{pid}")
     follower.join(30)
     names = [e for e, _ in live.get("evs", [])]
@@ -560,6 +563,33 @@ def t_cancel(S):
     check("resumed from the checkpoint", ev and ev[0]["step"] == ck.get("step") and j.get("runs") == 2, f"{ev} {j.get('runs')}")
     S.j("POST", "/v1/jobs/long-1/cancel")
     check("cancelled again", (S.wait_status("long-1", ("cancelled",), 20) or {}).get("status") == "cancelled")
+
+
+def t_cancel_kill(S):
+    """A trainer that stops gracefully on SIGTERM does so after its step in
+    progress; one whose step outlasts --cancel-grace (2 s here: a model whose
+    every step takes seconds on the CPU) is killed then."""
+    slow = dict(TINY_ASPAN, hidden_size=512, inner_hidden_size=2048, nb_layers=6, nb_heads=8, attn_span=64,
+                block_size=48, batch_size=16, steps=1000, log_every=1, eval_every=0, checkpoint_every=0)
+    r = S.j("POST", "/v1/jobs", {"id": "slow-1", "family": "adaptive-span", "file": FILES["text"], "config": slow})
+    check("slow job", r.status == 201, f"{r}")
+    j = wait_for(lambda: any(e["event"] == "start" for e in log_events(S, "slow-1")) and S.job("slow-1"), 60) or {}
+    pid = j.get("pid")
+    check("running, its trainer started", j.get("status") == "running" and pid, f"{j}")
+    if not pid:
+        return
+    t0 = time.time()
+    r = S.j("POST", "/v1/jobs/slow-1/cancel")
+    time.sleep(1.0)
+    check("SIGTERM: the trainer finishes its step first", r.status == 200 and alive(pid)
+          and S.job("slow-1").get("status") == "running", f"{r} {S.job('slow-1')}")
+    j = S.wait_status("slow-1", ("cancelled", "failed"), 30) or {}
+    dt = time.time() - t0
+    check("past --cancel-grace: SIGKILL, the job cancelled", j.get("status") == "cancelled" and dt >= 1.9
+          and not alive(pid), f"{dt:.1f} s {j}")
+    ev = [e["event"] for e in log_events(S, "slow-1")]
+    check("no step finished: nothing saved, no stopped line", "stopped" not in ev and "checkpoint" not in ev
+          and not j.get("checkpoint"), f"{ev} {j.get('checkpoint')}")
 
 
 def t_killed(S):
@@ -725,6 +755,7 @@ def main():
             run("train_par", t_train_par, S)
             run("invalid", t_invalid, S)
             run("cancel", t_cancel, S)
+            run("cancel_kill", t_cancel_kill, S)
             run("killed", t_killed, S)
             run("spanctl", t_spanctl, S)
         CURRENT = "main server"

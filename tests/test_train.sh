@@ -218,5 +218,33 @@ expect 0 "$bin" train --help; contains "$tmp/out" "usage: spanserve train"
 expect 1 "$bin" train --config "$tmp/aspan.json" --out "$tmp/never.safetensors" --resume; contains "$tmp/err" "never.safetensors.state"
 expect 1 "$bin" train --config "$tmp/aspan.json" --log "$tmp/no/such/dir.log"; contains "$tmp/err" "log '$tmp/no/such/dir.log'"
 
+# SIGTERM: the step in progress ends, its checkpoint and state are written,
+# a "stopped" line is logged, exit status 3; --resume goes on from that step
+"$bin" train --config "$tmp/aspan.json" --out "$tmp/stop.safetensors" --steps 1000000 \
+    --log "$tmp/stop.log" 2>"$tmp/stop.err" &
+pid=$!
+for _ in $(seq 1 300); do grep -q '"event":"train"' "$tmp/stop.log" 2>/dev/null && break; sleep 0.1; done
+kill -TERM "$pid"; wait "$pid"; rc=$?
+[ "$rc" = 3 ] && ok || bad "SIGTERM: exit status $rc, expected 3: $(tail -c 300 "$tmp/stop.err")"
+contains "$tmp/stop.err" "stopped by a signal"
+python3 - "$tmp/stop.log" "$tmp/stop.safetensors" <<'PY' && ok || bad "SIGTERM: the log: $(tail -n 2 "$tmp/stop.log")"
+import json, os, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ck = [r for r in rows if r["event"] == "checkpoint"]
+assert rows[-1]["event"] == "stopped" and rows[-1]["step"] >= 10, rows[-1]
+assert ck and ck[-1]["step"] == rows[-1]["step"], ck   # saved at the step it stopped on
+assert os.path.getsize(sys.argv[2]) > 0 and os.path.getsize(sys.argv[2] + ".state") > 0
+open(sys.argv[1] + ".step", "w").write(str(rows[-1]["step"]))
+PY
+s=$(cat "$tmp/stop.log.step" 2>/dev/null || echo 0)
+expect 0 "$bin" train --config "$tmp/aspan.json" --out "$tmp/stop.safetensors" --steps $((s + 10)) --resume --log "$tmp/stop2.log"
+python3 - "$tmp/stop2.log" "$s" <<'PY' && ok || bad "resume after SIGTERM: $(head -n 1 "$tmp/stop2.log") ... $(tail -n 1 "$tmp/stop2.log")"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+s = int(sys.argv[2])
+assert rows[0]["event"] == "resume" and rows[0]["step"] == s, rows[0]
+assert rows[-1]["event"] == "done" and rows[-1]["step"] == s + 10, rows[-1]
+PY
+
 echo "test_train.sh: $pass passed, $fail failed"
 [ "$fail" = 0 ]
