@@ -13,6 +13,7 @@ have_pc libmicrohttpd || need="$need libmicrohttpd-dev"
 have_pc libcurl || need="$need libcurl4-openssl-dev"
 command -v curl >/dev/null 2>&1 || need="$need curl"
 command -v python3 >/dev/null 2>&1 || need="$need python3"
+command -v openssl >/dev/null 2>&1 || need="$need openssl"   # the tests' https server's certificate
 [ -z "$need" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "deps: installing$need"

@@ -54,6 +54,7 @@ int fetch_url(const char *url, const char *dest, size_t max, const char *limit, 
     curl_easy_setopt(c, CURLOPT_PROTOCOLS, CURLPROTO_HTTPS);
     curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS, CURLPROTO_HTTPS);
 #endif
+    if (srv.cfg.ca_file) curl_easy_setopt(c, CURLOPT_CAINFO, srv.cfg.ca_file);
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 10L);

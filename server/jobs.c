@@ -1001,6 +1001,7 @@ static int hook_post(const char *url, const char *body, char *err, size_t cap)
     h = curl_slist_append(h, "User-Agent: spanserve-jobs");
     char cerr[CURL_ERROR_SIZE] = "";
     curl_easy_setopt(c, CURLOPT_URL, url);
+    if (srv.cfg.ca_file) curl_easy_setopt(c, CURLOPT_CAINFO, srv.cfg.ca_file);
 #if LIBCURL_VERSION_NUM >= 0x075500
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
 #else

@@ -177,6 +177,8 @@ static const char serve_usage[] =
     "  --max-tokens N          max_tokens limit per request (default 4096)\n"
     "  --max-prompt N          tokens per prompt or scored text (default 1000000)\n"
     "  --max-download BYTES    checkpoint size fetched by URL (default 2G)\n"
+    "  --ca-file FILE          certificate authorities (PEM) trusted for https downloads\n"
+    "                          and webhooks instead of the system's (a private CA)\n"
     "  --request-timeout S     seconds a request may take (default 600)\n"
     "  --drain-timeout S       seconds to finish in-flight work on SIGTERM (default 30)\n"
     "  --memory exact|span     adaptive-span memory (default exact; see README)\n"
@@ -290,7 +292,7 @@ int cmd_serve(int argc, char **argv)
         {"precision", 1, 0, 'P'},
         {"jobs-listen", 1, 0, 'J'},   {"admin-key", 1, 0, 'A'},    {"admin-key-file", 1, 0, 'F'},
         {"data-dir", 1, 0, 'x'},      {"max-jobs", 1, 0, 'j'},     {"max-upload", 1, 0, 'u'},
-        {"cancel-grace", 1, 0, 'g'},
+        {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},
         {0, 0, 0, 0}};
     config_t *c = &srv.cfg;
     c->listen_addr = "127.0.0.1:8080";
@@ -344,6 +346,11 @@ int cmd_serve(int argc, char **argv)
             break;
         case 'g':
             if (parse_num(optarg, 0, 86400, &c->cancel_grace)) return usage("--cancel-grace takes 0 to 86400 seconds");
+            break;
+        case 'C':
+            if (access(optarg, R_OK) != 0)
+                return fprintf(stderr, "spanserve serve: --ca-file %s: %s\n", optarg, strerror(errno)), 2;
+            c->ca_file = optarg;
             break;
         case 'S':
             if (parse_size(optarg, &c->session_memory)) return usage("--session-memory takes a byte count");

@@ -41,6 +41,7 @@ typedef struct {
     double drain_timeout;        /* --drain-timeout: seconds to finish in-flight work on shutdown */
     double request_timeout;      /* --request-timeout: seconds a request may run */
     size_t max_download;         /* --max-download: bytes of a checkpoint fetched by URL */
+    const char *ca_file;         /* --ca-file: PEM authorities for https downloads and webhooks (NULL: the system's) */
     mem_mode mem_mode;           /* --memory exact|span */
     int cuda;                    /* --device: models run on the CUDA core */
     int bf16;                    /* --precision bf16 (the default on the GPU), 0 for fp32 */

@@ -136,6 +136,36 @@ class Receiver:
             return [json.loads(b) for p, _, b in self.calls if p == path]
 
 
+class HttpsFiles:
+    """An https server on loopback with a certificate of its own (openssl,
+    for 127.0.0.1): the server under test trusts it through --ca-file."""
+
+    def __init__(self, tmp, files):
+        self.cert, key = os.path.join(tmp, "ca.pem"), os.path.join(tmp, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", self.cert],
+                       check=True, capture_output=True)
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = files.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            def log_message(self, *a):
+                pass
+
+        import ssl
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.cert, key)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
 # ---------------------------------------------------------------- the server
 
 
@@ -148,6 +178,7 @@ class Server:
         self.max_jobs = max_jobs
         self.proc = None
         self.logs = []
+        self.ca_file = None
 
     def start(self):
         for _ in range(3):
@@ -161,7 +192,7 @@ class Server:
                 [BIN, "serve", "--listen", f"127.0.0.1:{self.port}", "--jobs-listen", f"127.0.0.1:{self.jport}",
                  "--admin-key", ADMIN, "--api-key", APIKEY, "--state-dir", self.state, "--model-dir", self.models,
                  "--data-dir", self.data, "--max-jobs", str(self.max_jobs), "--max-upload", "300000",
-                 "--cancel-grace", "2", "--model", f"aspan={A_PATH}"],
+                 "--cancel-grace", "2", "--model", f"aspan={A_PATH}"] + (["--ca-file", self.ca_file] if self.ca_file else []),
                 stdin=subprocess.DEVNULL, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
             if wait_for(lambda: self.proc.poll() is not None or call(self.jport, "GET", "/healthz", timeout=2).status == 200
                         and call(self.port, "GET", "/readyz", timeout=2).status == 200, 60):
@@ -592,6 +623,21 @@ def t_cancel_kill(S):
           and not j.get("checkpoint"), f"{ev} {j.get('checkpoint')}")
 
 
+def t_https(S, web):
+    """A training text fetched from an https URL (its server's certificate
+    trusted through --ca-file), and one over --max-upload."""
+    r = S.j("POST", "/v1/jobs", {"id": "url-1", "family": "adaptive-span", "url": web.url + "/text.txt",
+                                  "config": dict(TINY_ASPAN, steps=40)})
+    check("https URL: accepted", r.status == 201, f"{r}")
+    j = S.wait_status("url-1", ("succeeded", "failed", "cancelled"), 90) or {}
+    check("https URL: fetched and trained", j.get("status") == "succeeded" and j.get("data", {}).get("url") == web.url
+          + "/text.txt", f"{j}")
+    expect_error("https URL over --max-upload", S.j("POST", "/v1/jobs", {"family": "adaptive-span", "url": web.url
+                 + "/big.txt", "config": TINY_ASPAN}), 413, "")
+    expect_error("https URL not found", S.j("POST", "/v1/jobs", {"family": "adaptive-span", "url": web.url
+                 + "/missing.txt", "config": TINY_ASPAN}), 400, "cannot fetch")
+
+
 def t_killed(S):
     r = S.j("POST", "/v1/jobs", {"id": "killed-1", "family": "adaptive-span", "file": FILES["text"], "config": long_config(),
                                   "webhook": S.hook_url + "/hook/killed"})
@@ -742,7 +788,9 @@ def main():
     hook = Receiver(fail_first=1)
     servers = []
     try:
+        web = HttpsFiles(tmp, {"/text.txt": TEXT.encode(), "/big.txt": b"x" * 400000})
         S = Server(os.path.join(tmp, "main"))
+        S.ca_file = web.cert
         S.hook_url = hook.url
         S.hook_bodies = hook.bodies
         servers.append(S)
@@ -756,6 +804,7 @@ def main():
             run("invalid", t_invalid, S)
             run("cancel", t_cancel, S)
             run("cancel_kill", t_cancel_kill, S)
+            run("https", t_https, S, web)
             run("killed", t_killed, S)
             run("spanctl", t_spanctl, S)
         CURRENT = "main server"
