@@ -5,8 +5,13 @@ chunks, a session exported from the GPU and imported on the CPU (and back),
 concurrent generations batched on the device, a restart on the same state
 directory; all in --precision fp32, to 1e-4. Then the default precision,
 bf16: bpc within 0.005 of the CPU's, greedy generation equal for 50 tokens,
-half the session bytes on the device, sessions moved both ways. Without a GPU (the server refuses --device cuda) it reports a
-skip. Ends with "test_gpu_server.py: N passed, N failed".
+half the session bytes on the device, sessions moved both ways. Last,
+training jobs on the GPU machine: the server's log says one job at a time per
+GPU and cuda the jobs' default device; an adaptive-span job trains there
+(its log names the GPU), is deployed on the GPU server and generates; a
+second job waits in the queue while the first runs. Without a GPU (the
+server refuses --device cuda) it reports a skip. Ends with
+"test_gpu_server.py: N passed, N failed".
 """
 import json, os, signal, socket, subprocess, sys, tempfile, threading, time, http.client
 
@@ -55,10 +60,13 @@ class Server:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
-    def call(self, method, path, body=None, raw=None, ctype="application/json"):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+    def call(self, method, path, body=None, raw=None, ctype="application/json", port=None, key=None):
+        c = http.client.HTTPConnection("127.0.0.1", port or self.port, timeout=120)
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        c.request(method, path, body=data, headers={"Content-Type": ctype} if data is not None else {})
+        headers = {"Content-Type": ctype} if data is not None else {}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        c.request(method, path, body=data, headers=headers)
         r = c.getresponse()
         b = r.read()
         c.close()
@@ -186,7 +194,49 @@ def main():
     check("CPU -> bf16 GPU: the session continues", st == 200 and st2 == 200 and abs(g["nll"] - c["nll"]) < 0.01, f"{g} {c}")
     for s in (bf, cpu):
         check("SIGTERM exits 0", s.stop() == 0, s.output()[-300:])
-    for s in (gpu, gpu2, bf, cpu):
+    # training jobs on the GPU machine
+    jt = tempfile.mkdtemp()
+    os.makedirs(os.path.join(jt, "models"))
+    jport, admin = free_port(), "gpu-test-admin-key"
+    js = Server("cuda", os.path.join(jt, "state"), ["--jobs-listen", f"127.0.0.1:{jport}", "--admin-key", admin,
+                                                   "--model-dir", os.path.join(jt, "models")])
+    for _ in range(300):   # the jobs listener opens after the models are ready
+        try:
+            if js.call("GET", "/healthz", port=jport)[0] == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    out = js.output()
+    check("jobs: one at a time per GPU, cuda by default", "jobs: up to 1 at once on cuda" in out, out[-600:])
+    st, f = js.call("POST", "/v1/files?name=t.txt", raw=text.encode() * 5, ctype="text/plain", port=jport, key=admin)
+    check("jobs: upload", st == 201, f"{st} {f}")
+    cfg = {"hidden_size": 64, "inner_hidden_size": 128, "nb_layers": 2, "attn_span": 64, "block_size": 32,
+           "batch_size": 8, "steps": 300, "log_every": 50, "eval_every": 0, "eval_tokens": 2000}
+    fid = f.get("id") if isinstance(f, dict) else None
+    st, j1 = js.call("POST", "/v1/jobs", {"id": "g1", "family": "adaptive-span", "file": fid, "config": cfg,
+                                          "name": "gpu-trained", "deploy": True}, port=jport, key=admin)
+    st2, j2 = js.call("POST", "/v1/jobs", {"id": "g2", "family": "adaptive-span", "file": fid,
+                                           "config": dict(cfg, steps=50)}, port=jport, key=admin)
+    check("jobs: submitted, on cuda", st == 201 and st2 == 201 and j1.get("device") == "cuda", f"{st} {j1} {st2}")
+    _, q = js.call("GET", "/v1/jobs/g2", port=jport, key=admin)
+    check("jobs: the second waits while the first runs", q.get("status") == "queued", f"{q}")
+    job = {}
+    for _ in range(600):
+        _, job = js.call("GET", "/v1/jobs/g1", port=jport, key=admin)
+        if job.get("status") in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(0.2)
+    _, ev = js.call("GET", "/v1/jobs/g1/events?limit=1000", port=jport, key=admin)
+    start = next((e for e in ev.get("events", []) if e.get("event") == "start"), {})
+    print(f"GPU job: {job.get('status')}, device {start.get('device')} ({start.get('device_name')}), "
+          f"{job.get('tokens_per_s')} tokens/s")
+    check("jobs: trained on the GPU", job.get("status") == "succeeded" and start.get("device") == "cuda"
+          and start.get("device_name"), f"{job} {start}")
+    st, g = js.call("POST", "/v1/generate", {"model": "gpu-trained", "prompt": "ROMEO:", "max_tokens": 20})
+    check("jobs: the deployed model generates on the GPU server", st == 200 and len(g.get("tokens", [])) == 20, f"{st} {g}")
+    check("SIGTERM exits 0", js.stop() == 0, js.output()[-300:])
+    for s in (gpu, gpu2, bf, cpu, js):
         out = s.output()
         check("no sanitizer report", "ERROR: AddressSanitizer" not in out and "runtime error" not in out, out[-500:])
     print(f"test_gpu_server.py: {passed} passed, {failed} failed")
