@@ -81,19 +81,7 @@ template <> struct lanes<bf16> {
     }
 };
 
-/* A failed CUDA or cuBLAS call: message into err, return -1. */
-#define CU_TRY(call, err, what)                                                                        \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) return err_set(err, "%s: %s", what, cudaGetErrorString(e_));            \
-    } while (0)
-#define BLAS_TRY(call, err, what)                                                                      \
-    do {                                                                                               \
-        cublasStatus_t s_ = (call);                                                                    \
-        if (s_ != CUBLAS_STATUS_SUCCESS) return err_set(err, "%s: cuBLAS status %d", what, (int)s_);   \
-    } while (0)
-/* After a launch: a bad configuration shows here, a fault at the next sync. */
-#define LAUNCH_TRY(err, what) CU_TRY(cudaGetLastError(), err, what)
+#include "check.cuh"   /* CU_TRY, BLAS_TRY, LAUNCH_TRY */
 
 /* The operations of a step, as gpu_profile counts them. */
 enum { OP_EMBED, OP_QKV, OP_ATTN, OP_RING, OP_WO, OP_LN, OP_FC1, OP_RELU, OP_FC2, OP_OUT, OP_LOGSOFTMAX, OP_N };

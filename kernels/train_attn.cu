@@ -32,7 +32,7 @@ __global__ static void span_mask_kernel(float *mask, float *mskin, const float *
 int tg_span_mask(tgpu *g, float *mask, float *mskin, const float *zf, int W, char *err)
 {
     span_mask_kernel<<<g->K, 256, 0, g->stream>>>(mask, mskin, zf, W, g->S, g->R);
-    TG_LAUNCH(err, "span mask");
+    LAUNCH_TRY(err, "span mask");
     return 0;
 }
 
@@ -51,7 +51,7 @@ int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W,
 {
     const size_t total = (size_t)g->B * (W + g->M) * g->H;
     hall_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(hall, mem, x, total, W, g->M, g->S, g->H);
-    TG_LAUNCH(err, "hall");
+    LAUNCH_TRY(err, "hall");
     return 0;
 }
 
@@ -78,21 +78,21 @@ __global__ static void band_softmax_kernel(const float *F1, const float *PB, flo
     float *ar = A + (size_t)r * W, *fr = F2 + (size_t)r * SM;
     float mx = -INFINITY;
     for (int c = threadIdx.x; c < W; c += blockDim.x) mx = fmaxf(mx, (sr[c] + pr[c]) * scale);
-    mx = tg_block_max(mx, fs);
+    mx = block_max(mx, fs);
     double z = 0;
     for (int c = threadIdx.x; c < W; c += blockDim.x) {
         const float e = expf((sr[c] + pr[c]) * scale - mx);
         ar[c] = e;
         z += e;
     }
-    z = tg_block_sum(z, ds);
+    z = block_sum(z, ds);
     double zb = 0;
     for (int c = threadIdx.x; c < W; c += blockDim.x) {
         const float a = (float)(ar[c] / z);
         ar[c] = a;
         zb += (double)a * mk[c];
     }
-    zb = tg_block_sum(zb, ds) + 1e-8;
+    zb = block_sum(zb, ds) + 1e-8;
     if (threadIdx.x == 0) nrm[r] = (float)zb;
     for (int j = threadIdx.x; j < SM; j += blockDim.x) {
         const int c = j - i;
@@ -106,7 +106,7 @@ int tg_band_softmax(tgpu *g, const float *F1, const float *PB, float *A, float *
     const float scale = (float)(1.0 / sqrt((double)g->D));
     band_softmax_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(F1, PB, A, nrm, F2, mask, W, g->M, g->K, g->S,
                                                                     scale);
-    TG_LAUNCH(err, "band softmax");
+    LAUNCH_TRY(err, "band softmax");
     return 0;
 }
 
@@ -128,7 +128,7 @@ __global__ static void band_weights_kernel(const float *A, const float *nrm, con
 int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, char *err)
 {
     band_weights_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(A, nrm, mask, F2, W, g->M, g->K, g->S);
-    TG_LAUNCH(err, "band weights");
+    LAUNCH_TRY(err, "band weights");
     return 0;
 }
 
@@ -146,7 +146,7 @@ __global__ static void band_back_kernel(const float *F1, const float *A, const f
     const double n = nrm[r];
     double sw = 0;
     for (int c = threadIdx.x; c < W; c += blockDim.x) sw += (double)dwr[c] * (ar[c] * mk[c] / n);
-    sw = tg_block_sum(sw, ds);
+    sw = block_sum(sw, ds);
     double sa = 0, dz = 0;
     for (int c = threadIdx.x; c < W; c += blockDim.x) {
         const double db = (dwr[c] - sw) / n, da = db * mk[c];
@@ -154,8 +154,8 @@ __global__ static void band_back_kernel(const float *F1, const float *A, const f
         sa += ar[c] * da;
         pr[c] = (float)da;   /* da for now; ds below, by the same thread */
     }
-    sa = tg_block_sum(sa, ds);
-    dz = tg_block_sum(dz, ds);
+    sa = block_sum(sa, ds);
+    dz = block_sum(dz, ds);
     if (threadIdx.x == 0) dzrow[r] = (float)(dz * s_over_r);
     for (int j = threadIdx.x; j < SM; j += blockDim.x) {
         const int c = j - i;
@@ -174,7 +174,7 @@ int tg_band_back(tgpu *g, const float *F1, const float *A, const float *nrm, con
     const float scale = (float)(1.0 / sqrt((double)g->D));
     band_back_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(F1, A, nrm, mask, mskin, F2, PB, dzrow, W, g->M,
                                                                  g->K, g->S, scale, (float)g->S / g->R);
-    TG_LAUNCH(err, "band back");
+    LAUNCH_TRY(err, "band back");
     return 0;
 }
 
@@ -188,14 +188,14 @@ __global__ static void span_grad_kernel(float *gz, const float *dzrow, int B, in
         const int b = k / M, i = k % M;
         s += dzrow[((size_t)b * K + h) * M + i];
     }
-    s = tg_block_sum(s, ds);
+    s = block_sum(s, ds);
     if (threadIdx.x == 0) gz[h] += (float)(s + extra);
 }
 
 int tg_span_grad(tgpu *g, float *gz, const float *dzrow, char *err)
 {
     span_grad_kernel<<<g->K, 256, 0, g->stream>>>(gz, dzrow, g->B, g->K, g->M, g->coeff * g->S / g->K);
-    TG_LAUNCH(err, "span grad");
+    LAUNCH_TRY(err, "span grad");
     return 0;
 }
 
@@ -215,8 +215,8 @@ int tg_mem_carry(tgpu *g, float *mem, const float *x, int C, char *err)
 {
     const size_t total = (size_t)g->B * g->S * g->H;
     carry_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(g->mem_tmp, mem, x, total, g->S, g->M, g->H, C);
-    TG_LAUNCH(err, "memory carry");
-    TG_TRY(cudaMemcpyAsync(mem, g->mem_tmp, total * sizeof(float), cudaMemcpyDeviceToDevice, g->stream), err,
+    LAUNCH_TRY(err, "memory carry");
+    CU_TRY(cudaMemcpyAsync(mem, g->mem_tmp, total * sizeof(float), cudaMemcpyDeviceToDevice, g->stream), err,
            "memory carry copy");
     return 0;
 }

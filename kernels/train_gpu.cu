@@ -28,7 +28,7 @@ static int dev_alloc(tgpu *g, void *pp, size_t bytes, char *err)
                        cudaGetErrorString(e));
     g->allocs[g->n_allocs++] = *p;
     g->bytes += bytes;
-    TG_TRY(cudaMemsetAsync(*p, 0, bytes ? bytes : 16, g->stream), err, "cudaMemset");
+    CU_TRY(cudaMemsetAsync(*p, 0, bytes ? bytes : 16, g->stream), err, "cudaMemset");
     return 0;
 }
 
@@ -43,7 +43,7 @@ int tgpu_available(char *err)
 
 int tgpu_set_tf32(tgpu *g, int on, char *err)
 {
-    TG_BLAS(cublasSetMathMode(g->blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), err, "math mode");
+    BLAS_TRY(cublasSetMathMode(g->blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), err, "math mode");
     return 0;
 }
 
@@ -254,14 +254,14 @@ int tgpu_download_memory(tgpu *g, double *mem, char *err) { return down(g, mem, 
 
 int tgpu_reset_memory(tgpu *g, char *err)
 {
-    TG_TRY(cudaMemsetAsync(g->mem, 0, sizeof(float) * mem_n(g), g->stream), err, "memory reset");
+    CU_TRY(cudaMemsetAsync(g->mem, 0, sizeof(float) * mem_n(g), g->stream), err, "memory reset");
     return 0;
 }
 
 int tgpu_stash_memory(tgpu *g, int restore, char *err)
 {
     float *dst = restore ? g->mem : g->mem_keep, *src = restore ? g->mem_keep : g->mem;
-    TG_TRY(cudaMemcpyAsync(dst, src, sizeof(float) * mem_n(g), cudaMemcpyDeviceToDevice, g->stream), err,
+    CU_TRY(cudaMemcpyAsync(dst, src, sizeof(float) * mem_n(g), cudaMemcpyDeviceToDevice, g->stream), err,
            "memory stash");
     return 0;
 }
@@ -282,7 +282,7 @@ static int upload_tokens(tgpu *g, const int32_t *x, const int32_t *y, char *err)
     for (int n = 0; n < N; n++) idx[off[x[n]]++] = n;
     for (int v = V; v > 0; v--) off[v] = off[v - 1];
     off[0] = 0;
-    TG_TRY(cudaMemcpyAsync(g->d_tok, g->h_tok, sizeof(int32_t) * (3 * N + V + 1), cudaMemcpyHostToDevice, g->stream),
+    CU_TRY(cudaMemcpyAsync(g->d_tok, g->h_tok, sizeof(int32_t) * (3 * N + V + 1), cudaMemcpyHostToDevice, g->stream),
            err, "token upload");
     return 0;
 }
@@ -362,7 +362,7 @@ static int layer_backward(tgpu *g, int l, char *err)
     const size_t NH = sizeof(float) * N * H, hf = (size_t)M * SM;
     /* X' = LN2(X1 + FF(X1)) */
     if (tg_ln_back(g, g->dY, gg + ly->ln2_w, gg + ly->ln2_b, g->dX, xh2, r2, w + ly->ln2_w, N, H, err)) return -1;
-    TG_TRY(cudaMemcpyAsync(g->dX1, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
+    CU_TRY(cudaMemcpyAsync(g->dX1, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
     if (tg_gemm(g, 1, 0, H, I, N, 1, g->dY, H, ff, I, 1, gg + ly->fc2_w, I, err) ||
         tg_colsum(g, gg + ly->fc2_b, g->dY, NULL, N, H, err) ||
         tg_gemm(g, 0, 0, N, I, H, 1, g->dY, H, w + ly->fc2_w, I, 0, g->dFF, I, err) ||
@@ -373,7 +373,7 @@ static int layer_backward(tgpu *g, int l, char *err)
         /* X1 = LN1(X + att Wo^T) */
         tg_ln_back(g, g->dY, gg + ly->ln1_w, gg + ly->ln1_b, g->dX1, xh1, r1, w + ly->ln1_w, N, H, err))
         return -1;
-    TG_TRY(cudaMemcpyAsync(g->dX, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
+    CU_TRY(cudaMemcpyAsync(g->dX, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
     if (tg_gemm(g, 1, 0, H, H, N, 1, g->dY, H, att, H, 1, gg + ly->wo, H, err) ||
         tg_gemm(g, 0, 0, N, H, H, 1, g->dY, H, w + ly->wo, H, 0, g->dAtt, H, err) ||
         /* attention: dV = w^T dO, dw = dO V^T, then the band's backward */
@@ -455,9 +455,9 @@ int tgpu_step(tgpu *g, trainer *t, double lr, char *err)
     for (int l = 0; l < g->L; l++)
         for (int h0 = 0; h0 < g->K; h0 += 64) {
             const int k = g->K - h0 < 64 ? g->K - h0 : 64;
-            TG_TRY(cudaMemcpyAsync(z, g->w + g->zoff[l] + h0, sizeof(float) * k, cudaMemcpyDeviceToHost, g->stream),
+            CU_TRY(cudaMemcpyAsync(z, g->w + g->zoff[l] + h0, sizeof(float) * k, cudaMemcpyDeviceToHost, g->stream),
                    err, "z download");
-            TG_TRY(cudaStreamSynchronize(g->stream), err, "optimizer step");
+            CU_TRY(cudaStreamSynchronize(g->stream), err, "optimizer step");
             for (int h = 0; h < k; h++) t->w[g->zoff[l] + h0 + h] = z[h];
         }
     return 0;

@@ -1,7 +1,8 @@
 /*
  * train_internal.cuh - what the CUDA trainer's files share: the device
  * trainer (parameter arenas, memories, the activations a backward needs, the
- * backward's scratch), error checks, block reductions, and the launchers of
+ * backward's scratch; error checks from check.cuh and block reductions from
+ * reduce.cuh, as the inference core's), and the launchers of
  * train_ops.cu (matrix products, embedding, LayerNorm, ReLU, loss, column
  * sums, optimizer) and train_attn.cu (the span-masked attention and the
  * memory). train_gpu.cu plans the buffers and runs a step.
@@ -30,17 +31,8 @@ extern "C" {
 }
 #include "train_gpu.h"
 
-#define TG_TRY(call, err, what)                                                                        \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) return err_set(err, "%s: %s", what, cudaGetErrorString(e_));            \
-    } while (0)
-#define TG_BLAS(call, err, what)                                                                       \
-    do {                                                                                               \
-        cublasStatus_t s_ = (call);                                                                    \
-        if (s_ != CUBLAS_STATUS_SUCCESS) return err_set(err, "%s: cuBLAS status %d", what, (int)s_);   \
-    } while (0)
-#define TG_LAUNCH(err, what) TG_TRY(cudaGetLastError(), err, what)
+#include "check.cuh"    /* CU_TRY, BLAS_TRY, LAUNCH_TRY */
+#include "reduce.cuh"   /* warp_sum, block_sum, block_max */
 
 /* Column sums are done in TG_COL_CHUNKS slices of rows, then the slices
  * summed in order: no atomics, the same bits every run. */
@@ -103,38 +95,6 @@ struct tgpu {
     int n_allocs;
 };
 
-/* ---- block reductions (every thread calls; every thread gets the result) ---- */
-
-template <typename T> __device__ __forceinline__ T tg_warp_sum(T v)
-{
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* SCRATCH: 32 values of T in shared memory */
-template <typename T> __device__ T tg_block_sum(T v, T *scratch)
-{
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = tg_warp_sum(v);
-    __syncthreads();
-    if (lane == 0) scratch[w] = v;
-    __syncthreads();
-    T t = 0;
-    for (int i = 0; i < nw; i++) t += scratch[i];
-    return t;
-}
-
-__device__ __forceinline__ float tg_block_max(float v, float *scratch)
-{
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    __syncthreads();
-    if (lane == 0) scratch[w] = v;
-    __syncthreads();
-    float t = -INFINITY;
-    for (int i = 0; i < nw; i++) t = fmaxf(t, scratch[i]);
-    return t;
-}
 
 static inline unsigned tg_blocks(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 

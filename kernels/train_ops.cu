@@ -27,7 +27,7 @@ int tg_gemm(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const flo
             int ldb, float beta, float *C, int ldc, char *err)
 {
     if (m <= 0 || n <= 0) return 0;
-    TG_BLAS(cublasSgemm(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
+    BLAS_TRY(cublasSgemm(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
                         ldb, A, lda, &beta, C, ldc),
             err, "sgemm");
     return 0;
@@ -38,7 +38,7 @@ int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, c
                     long long sc, int count, char *err)
 {
     if (m <= 0 || n <= 0 || count <= 0) return 0;
-    TG_BLAS(cublasSgemmStridedBatched(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
+    BLAS_TRY(cublasSgemmStridedBatched(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
                                       k, &alpha, B, ldb, sb, A, lda, sa, &beta, C, ldc, sc, count),
             err, "sgemm batched");
     return 0;
@@ -54,7 +54,7 @@ __global__ static void embed_kernel(float *x, const float *emb, const int32_t *t
 int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, char *err)
 {
     embed_kernel<<<tg_blocks((size_t)n * d, 256), 256, 0, g->stream>>>(x, emb, tok, n, d);
-    TG_LAUNCH(err, "embed");
+    LAUNCH_TRY(err, "embed");
     return 0;
 }
 
@@ -75,7 +75,7 @@ int tg_embed_back(tgpu *g, float *gemb, const float *dx, const int32_t *off, con
                   char *err)
 {
     embed_back_kernel<<<V, d >= 256 ? 256 : 64, 0, g->stream>>>(gemb, dx, off, idx, d);
-    TG_LAUNCH(err, "embed_back");
+    LAUNCH_TRY(err, "embed_back");
     return 0;
 }
 
@@ -93,13 +93,13 @@ __global__ static void ln_fwd_kernel(float *y, float *xhat, float *rstd, const f
         yr[j] = u;
         s += u;
     }
-    const double mean = tg_block_sum(s, scratch) / d;
+    const double mean = block_sum(s, scratch) / d;
     double v = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         const double c = yr[j] - mean;
         v += c * c;
     }
-    const double inv = 1.0 / sqrt(tg_block_sum(v, scratch) / d + 1e-5);
+    const double inv = 1.0 / sqrt(block_sum(v, scratch) / d + 1e-5);
     if (threadIdx.x == 0) rstd[r] = (float)inv;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         const float h = (float)((yr[j] - mean) * inv);
@@ -114,7 +114,7 @@ int tg_ln_fwd(tgpu *g, float *y, float *xhat, float *rstd, const float *a, const
               const float *w, const float *b, int n, int d, char *err)
 {
     ln_fwd_kernel<<<n, ln_threads(d), 0, g->stream>>>(y, xhat, rstd, a, bias, res, w, b, d);
-    TG_LAUNCH(err, "layernorm");
+    LAUNCH_TRY(err, "layernorm");
     return 0;
 }
 
@@ -131,8 +131,8 @@ __global__ static void ln_back_kernel(float *dx, const float *dy, const float *x
         mg += gj;
         mgh += gj * hr[j];
     }
-    mg = tg_block_sum(mg, scratch) / d;
-    mgh = tg_block_sum(mgh, scratch) / d;
+    mg = block_sum(mg, scratch) / d;
+    mgh = block_sum(mgh, scratch) / d;
     const double rs = rstd[r];
     for (int j = threadIdx.x; j < d; j += blockDim.x)
         dr[j] = (float)(rs * ((double)gr[j] * w[j] - mg - hr[j] * mgh));
@@ -142,7 +142,7 @@ int tg_ln_back(tgpu *g, float *dx, float *gw, float *gb, const float *dy, const 
                const float *w, int n, int d, char *err)
 {
     ln_back_kernel<<<n, ln_threads(d), 0, g->stream>>>(dx, dy, xhat, rstd, w, d);
-    TG_LAUNCH(err, "layernorm back");
+    LAUNCH_TRY(err, "layernorm back");
     if (tg_colsum(g, gw, dy, xhat, n, d, err) || tg_colsum(g, gb, dy, NULL, n, d, err)) return -1;
     return 0;
 }
@@ -181,9 +181,9 @@ int tg_colsum(tgpu *g, float *out, const float *a, const float *b, int rows, int
     const int chunks = rows < TG_COL_CHUNKS ? (rows > 0 ? rows : 1) : TG_COL_CHUNKS, per = (rows + chunks - 1) / chunks;
     colsum_part_kernel<<<dim3(tg_blocks(cols, 32), chunks), dim3(32, 8), 0, g->stream>>>(g->colpart, a, b, rows,
                                                                                           cols, per);
-    TG_LAUNCH(err, "colsum");
+    LAUNCH_TRY(err, "colsum");
     colsum_fold_kernel<<<tg_blocks(cols, 128), 128, 0, g->stream>>>(out, g->colpart, chunks, cols);
-    TG_LAUNCH(err, "colsum fold");
+    LAUNCH_TRY(err, "colsum fold");
     return 0;
 }
 
@@ -199,7 +199,7 @@ int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, char *err)
 {
     const size_t total = (size_t)n * d;
     bias_relu_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(y, bias, total, d);
-    TG_LAUNCH(err, "bias_relu");
+    LAUNCH_TRY(err, "bias_relu");
     return 0;
 }
 
@@ -212,7 +212,7 @@ __global__ static void relu_back_kernel(float *dy, const float *y, size_t n)
 int tg_relu_back(tgpu *g, float *dy, const float *y, size_t n, char *err)
 {
     relu_back_kernel<<<tg_blocks(n, 256), 256, 0, g->stream>>>(dy, y, n);
-    TG_LAUNCH(err, "relu_back");
+    LAUNCH_TRY(err, "relu_back");
     return 0;
 }
 
@@ -228,10 +228,10 @@ __global__ static void xent_kernel(float *x, float *nll, const float *bias, cons
         row[j] = v;
         mx = fmaxf(mx, v);
     }
-    mx = tg_block_max(mx, fs);
+    mx = block_max(mx, fs);
     double s = 0;
     for (int j = threadIdx.x; j < V; j += blockDim.x) s += exp((double)row[j] - mx);
-    const double lse = mx + log(tg_block_sum(s, ds));
+    const double lse = mx + log(block_sum(s, ds));
     __syncthreads();   /* every thread has read row[] before it changes */
     for (int j = threadIdx.x; j < V; j += blockDim.x) row[j] = (float)(row[j] - lse);
     __syncthreads();
@@ -241,7 +241,7 @@ __global__ static void xent_kernel(float *x, float *nll, const float *bias, cons
 int tg_xent(tgpu *g, float *logits, float *nll, const float *bias, const int32_t *y, int n, int V, char *err)
 {
     xent_kernel<<<n, V >= 256 ? 256 : 64, 0, g->stream>>>(logits, nll, bias, y, V);
-    TG_LAUNCH(err, "log_softmax");
+    LAUNCH_TRY(err, "log_softmax");
     return 0;
 }
 
@@ -255,7 +255,7 @@ __global__ static void xent_back_kernel(float *x, const int32_t *y, int V, float
 int tg_xent_back(tgpu *g, float *logp, const int32_t *y, int n, int V, float scale, char *err)
 {
     xent_back_kernel<<<n, V >= 256 ? 256 : 64, 0, g->stream>>>(logp, y, V, scale);
-    TG_LAUNCH(err, "log_softmax back");
+    LAUNCH_TRY(err, "log_softmax back");
     return 0;
 }
 
@@ -264,14 +264,14 @@ __global__ static void sum_kernel(double *out, const float *x, int n)
     __shared__ double sc[32];
     double s = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
-    s = tg_block_sum(s, sc);
+    s = block_sum(s, sc);
     if (threadIdx.x == 0) *out = s;
 }
 
 int tg_sum(tgpu *g, double *out, const float *x, int n, char *err)
 {
     sum_kernel<<<1, 1024, 0, g->stream>>>(out, x, n);
-    TG_LAUNCH(err, "sum");
+    LAUNCH_TRY(err, "sum");
     return 0;
 }
 
@@ -291,7 +291,7 @@ int tg_f2d(tgpu *g, double *dst, const float *src, size_t n, char *err)
 {
     if (!n) return 0;
     f2d_kernel<<<tg_blocks(n, 256), 256, 0, g->stream>>>(dst, src, n);
-    TG_LAUNCH(err, "f2d");
+    LAUNCH_TRY(err, "f2d");
     return 0;
 }
 
@@ -299,7 +299,7 @@ int tg_d2f(tgpu *g, float *dst, const double *src, size_t n, char *err)
 {
     if (!n) return 0;
     d2f_kernel<<<tg_blocks(n, 256), 256, 0, g->stream>>>(dst, src, n);
-    TG_LAUNCH(err, "d2f");
+    LAUNCH_TRY(err, "d2f");
     return 0;
 }
 
@@ -312,7 +312,7 @@ __global__ static void opt_squares_kernel(double *part, const float *grad, const
     const int n = ck_len[blockIdx.x];
     double s = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += (double)gp[i] * gp[i];
-    s = tg_block_sum(s, sc);
+    s = block_sum(s, sc);
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
@@ -368,14 +368,14 @@ int tg_optim(tgpu *g, double lr, long step, char *err)
 {
     const int adam = g->optim == OPT_ADAM;
     opt_squares_kernel<<<g->n_chunk, 256, 0, g->stream>>>(g->ck_part, g->g, g->ck_off, g->ck_len);
-    TG_LAUNCH(err, "optimizer norms");
+    LAUNCH_TRY(err, "optimizer norms");
     opt_factor_kernel<<<tg_blocks(g->n_tp, 64), 64, 0, g->stream>>>(g->tp_scale, g->ck_part, g->tp_first, g->tp_nck,
                                                                       g->n_tp, adam, g->grad_clip);
-    TG_LAUNCH(err, "optimizer factors");
+    LAUNCH_TRY(err, "optimizer factors");
     const double bc1 = 1.0 - pow(g->beta1, (double)step), bc2 = 1.0 - pow(g->beta2, (double)step);
     opt_update_kernel<<<g->n_chunk, 256, 0, g->stream>>>(g->w, g->g, g->m1, g->m2, g->ck_off, g->ck_len, g->ck_t,
                                                          g->tp_kind, g->tp_scale, adam, lr, g->beta1, g->beta2,
                                                          g->adam_eps, bc1, bc2);
-    TG_LAUNCH(err, "optimizer update");
+    LAUNCH_TRY(err, "optimizer update");
     return 0;
 }
