@@ -31,33 +31,17 @@
 #define DEC_WARPS 4
 #define DEC_CHUNK_MIN 128    /* distances a split takes at least: one round of each warp */
 
-/* D values of a key row from 16-byte loads */
-template <int D> static __device__ __forceinline__ float row_dot(const float *q, const float *k)
+/* q . k over a key row of D values, read with 16-byte loads */
+template <int D, typename RT> static __device__ __forceinline__ float row_dot(const float *q, const RT *k)
 {
+    constexpr int VEC = 16 / sizeof(RT);
     float a = 0.0f;
 #pragma unroll
-    for (int c = 0; c < D; c += 4) {
-        const float4 v = __ldg((const float4 *)(k + c));
-        a = fmaf(q[c], v.x, a);
-        a = fmaf(q[c + 1], v.y, a);
-        a = fmaf(q[c + 2], v.z, a);
-        a = fmaf(q[c + 3], v.w, a);
-    }
-    return a;
-}
-template <int D> static __device__ __forceinline__ float row_dot(const float *q, const bf16 *k)
-{
-    float a = 0.0f;
+    for (int c = 0; c < D; c += VEC) {
+        float v[VEC];
+        unpack16(k + c, v);
 #pragma unroll
-    for (int c = 0; c < D; c += 8) {
-        const uint4 v = __ldg((const uint4 *)(k + c));
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[u]);
-            a = fmaf(q[c + 2 * u], f.x, a);
-            a = fmaf(q[c + 2 * u + 1], f.y, a);
-        }
+        for (int u = 0; u < VEC; u++) a = fmaf(q[c + u], v[u], a);
     }
     return a;
 }

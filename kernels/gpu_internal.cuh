@@ -26,6 +26,23 @@ static __device__ __forceinline__ float ldf(const bf16 *p) { return __bfloat162f
 static __device__ __forceinline__ void stf(float *p, float v) { *p = v; }
 static __device__ __forceinline__ void stf(bf16 *p, float v) { *p = __float2bfloat16(v); }
 
+/* One 16-byte load of T as floats (P 16-byte aligned): 4 floats or 8 bf16. */
+static __device__ __forceinline__ void unpack16(const float *p, float *o)
+{
+    const float4 v = __ldg((const float4 *)p);
+    o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+}
+static __device__ __forceinline__ void unpack16(const bf16 *p, float *o)
+{
+    const uint4 v = __ldg((const uint4 *)p);
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+        o[2 * k] = f.x, o[2 * k + 1] = f.y;
+    }
+}
+
 /* The attention kernels' lanes over a head's dims, in either storage type.
  * Scores: of each 64 dims, lane L takes two, c0 = cb + pd0 and c1 = cb +
  * pd1: L and L + 32 in float (as core sums), 2L and 2L + 1 in bf16 (one

@@ -28,23 +28,6 @@
 #define GEMV_MAX_ROWS 8
 #define GEMV_WARPS 8
 
-/* 16 bytes of T as floats: 4 floats or 8 bf16 */
-static __device__ __forceinline__ void unpack16(const float *p, float *o)
-{
-    const float4 v = __ldg((const float4 *)p);
-    o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
-}
-static __device__ __forceinline__ void unpack16(const bf16 *p, float *o)
-{
-    const uint4 v = __ldg((const uint4 *)p);
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        o[2 * k] = f.x, o[2 * k + 1] = f.y;
-    }
-}
-
 template <typename T, typename OT, int NR>
 __global__ static void __launch_bounds__(32 * GEMV_WARPS)
     gemv_kernel(OT *y, const T *x, const T *W, const float *bias, int in, int out)
