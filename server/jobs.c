@@ -23,6 +23,7 @@
  */
 #define _GNU_SOURCE
 #include "jobs.h"
+#include "st.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -822,10 +823,29 @@ static void register_model(job_t *j)
              j->model_error[0] ? j->model_error : "");
 }
 
+/* The step of J's state sidecar, the step a resume starts from (-1: none).
+ * The trainer writes it, then the checkpoint, then the log's "checkpoint"
+ * line: a process killed between them leaves files newer than its log. */
+static long state_step(const job_t *j)
+{
+    char path[PATH_MAX], err[512];
+    job_path(j, "model.safetensors.state", path, sizeof path);
+    if (access(path, F_OK) != 0) return -1;
+    st_file *f = st_open(path, err);
+    const char *v = f ? st_meta(f, "step") : NULL;
+    char *end = NULL;
+    long step = v ? strtol(v, &end, 10) : -1;
+    if (!v || end == v || *end || step < 0) step = -1;
+    st_close(f);
+    return step;
+}
+
 /* The process of J ended (CODE, SIG: job_exited's): the outcome. */
 static void job_finish(job_t *j, int code, int sig)
 {
     read_log(j);
+    long on_disk = state_step(j);
+    if (on_disk > j->ckpt_step) j->ckpt_step = on_disk;
     j->exit_code = code;
     j->finished = time(NULL);
     j->t_finished = wall_s();
