@@ -96,7 +96,8 @@ static const char main_usage[] =
     "  spans      what a model learned: spans per head, PAR block choices (JSON or SVG)\n"
     "  models     list, get, load, load-url, delete models\n"
     "  sessions   list, create, get, delete, export, import sessions\n"
-    "  jobs       submit, list, get, follow, cancel, resume training jobs; upload texts\n"
+    "  jobs       submit, list, get, follow, cancel, resume, delete training jobs;\n"
+    "             upload texts\n"
     "  version    print the version\n"
     "\n"
     "`spanctl COMMAND --help` describes each. --url and --api-key may also follow\n"
@@ -174,6 +175,7 @@ static const char jobs_usage[] =
     "       spanctl jobs events ID [--follow]       (the progress lines, JSON, one a line)\n"
     "       spanctl jobs cancel ID\n"
     "       spanctl jobs resume ID\n"
+    "       spanctl jobs delete ID                   (a finished job and its directory)\n"
     "       spanctl jobs upload FILE [--name NAME]  (prints the file's id)\n"
     "\n"
     "Training jobs on the jobs listener: the URL is --url, else $SPANSERVE_JOBS_URL,\n"
@@ -1120,6 +1122,8 @@ static int cmd_jobs(ctl_t *c, int argc, char **argv)
     if (n != 1) return want_args(jobs_usage, action, n, 1, 1);
     if (strcmp(action, "get") == 0) return call_print(c, "GET", make_url(c, "/v1/jobs", a[0], NULL, NULL), NULL, NULL, NULL);
     if (strcmp(action, "events") == 0) return job_events(c, a[0], follow);
+    if (strcmp(action, "delete") == 0)
+        return call_print(c, "DELETE", make_url(c, "/v1/jobs", a[0], NULL, NULL), NULL, "deleted", "deleted ");
     if (strcmp(action, "cancel") == 0 || strcmp(action, "resume") == 0) {
         resp_t r = {0};
         int rc = http_call(c, "POST", make_url(c, "/v1/jobs", a[0], action, NULL), NULL, NULL, 0, &r);

@@ -65,6 +65,7 @@ static const route_t job_routes[] = {
     {"POST", "/v1/jobs", route_jobs_post, 0, 1, 0},
     {"GET", "/v1/jobs", route_jobs_list, 0, 0, 0},
     {"GET", "/v1/jobs/*", route_jobs_get, 0, 0, 0},
+    {"DELETE", "/v1/jobs/*", route_jobs_delete, 0, 0, 0},
     {"GET", "/v1/jobs/*/events", route_jobs_events, 0, 0, 0},
     {"POST", "/v1/jobs/*/cancel", route_jobs_cancel, 0, 0, 0},
     {"POST", "/v1/jobs/*/resume", route_jobs_resume, 0, 0, 0},

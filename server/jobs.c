@@ -599,6 +599,35 @@ void jobs_wake_watchers(job_t *j)
         }
 }
 
+void jobs_watch(job_t *j, job_watcher *w)
+{
+    w->next = j->watchers;
+    j->watchers = w;
+}
+
+void jobs_unwatch(job_t *j, job_watcher *w)
+{
+    job_watcher **p = &j->watchers;
+    while (*p && *p != w) p = &(*p)->next;
+    if (*p) *p = w->next;
+    if (j->removed && !j->watchers) job_free(j);
+}
+
+/* Wakes the streams that have waited --sse-keepalive seconds: each sends a
+ * comment line, so that proxies and clients see the connection alive while
+ * a job waits in the queue or a long step runs. */
+static void keepalive_watchers(void)
+{
+    double now = now_s(), every = srv.cfg.sse_keepalive;
+    if (every <= 0) return;
+    for (job_t *j = jobs; j; j = j->next)
+        for (job_watcher *w = j->watchers; w; w = w->next)
+            if (w->waiting && now - w->since >= every) {
+                w->waiting = 0;
+                MHD_resume_connection(w->conn);
+            }
+}
+
 /* ------------------------------------------------------------ the log */
 
 /* One progress line into the job's summary. */
@@ -946,6 +975,112 @@ int jobs_resume(job_t *j, char *err, int *status)
     return 0;
 }
 
+/* Removes directory DIR of plain files (job directories hold nothing else);
+ * links are removed, never followed. */
+static int remove_flat_dir(const char *dir, char *err)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? 0 : (snprintf(err, 512, "cannot open %s: %s", dir, strerror(errno)), -1);
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        close(fd);
+        return snprintf(err, 512, "cannot read %s: %s", dir, strerror(errno)), -1;
+    }
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && unlinkat(fd, e->d_name, 0) != 0 && errno != ENOENT) {
+            snprintf(err, 512, "cannot remove %s/%s: %s", dir, e->d_name, strerror(errno));
+            rc = -1;
+        }
+    closedir(d);
+    if (rc == 0 && rmdir(dir) != 0 && errno != ENOENT) {
+        snprintf(err, 512, "cannot remove %s: %s", dir, strerror(errno));
+        rc = -1;
+    }
+    return rc;
+}
+
+/* A job directory is renamed to ID~deleting (a name no job can have) before
+ * its files go, so that a crash midway leaves no half a job; start removes
+ * what such a crash left. */
+#define TRASH_SUFFIX "~deleting"
+
+static void remove_trash(void)
+{
+    DIR *d = opendir(jobs_dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t n = strlen(e->d_name), t = strlen(TRASH_SUFFIX);
+        if (n <= t || strcmp(e->d_name + n - t, TRASH_SUFFIX) != 0) continue;
+        char path[PATH_MAX], err[512];
+        snprintf(path, sizeof path, "%s/%s", jobs_dir, e->d_name);
+        if (remove_flat_dir(path, err)) log_line("jobs: %s", err);
+    }
+    if (d) closedir(d);
+}
+
+/* Whether a model is loaded from J's directory (J succeeded without
+ * --model-dir and deployed its checkpoint). */
+static int serves_from_job(const job_t *j)
+{
+    if (j->status != JOB_SUCCEEDED || !j->model_path[0]) return 0;
+    char dir[PATH_MAX];
+    job_path(j, "", dir, sizeof dir);
+    if (strncmp(j->model_path, dir, strlen(dir)) != 0) return 0;
+    pthread_mutex_lock(&srv.lock);
+    smodel_t *sm = models_find(j->model_name);
+    int served = sm && sm->path && strcmp(sm->path, j->model_path) == 0;
+    pthread_mutex_unlock(&srv.lock);
+    return served;
+}
+
+int jobs_delete(job_t *j, char *err, int *status)
+{
+    *status = 409;
+    if (!job_is_terminal(j))
+        return snprintf(err, 512, "job '%s' is %s: cancel it first", j->id, job_status_name(j->status)), -1;
+    if (serves_from_job(j))
+        return snprintf(err, 512, "model '%s' is served from job '%s''s directory: delete the model first "
+                        "(DELETE /v1/models/%s on the inference listener)", j->model_name, j->id, j->model_name), -1;
+    char dir[PATH_MAX], trash[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/%s", jobs_dir, j->id);
+    snprintf(trash, sizeof trash, "%s/%s" TRASH_SUFFIX, jobs_dir, j->id);
+    *status = 500;
+    if (rename(dir, trash) != 0 && errno != ENOENT)
+        return snprintf(err, 512, "cannot remove %s: %s", dir, strerror(errno)), -1;
+    char e2[512];
+    if (remove_flat_dir(trash, e2)) log_line("job %s: %s (left for the next start)", j->id, e2);
+    job_t **p = &jobs;
+    while (*p && *p != j) p = &(*p)->next;
+    if (*p) *p = j->next;
+    log_line("job %s: deleted%s", j->id, j->hook == HOOK_PENDING ? " (its webhook not delivered)" : "");
+    if (j->watchers) {   /* their streams end, the last one frees it */
+        j->removed = 1;
+        jobs_wake_watchers(j);
+    } else {
+        job_free(j);
+    }
+    return 0;
+}
+
+/* --job-retention: finished jobs past it are deleted (not one whose webhook
+ * is still due, or whose model is served from its directory). */
+static void prune_jobs(void)
+{
+    if (srv.cfg.job_retention <= 0) return;
+    time_t now = time(NULL);
+    for (job_t *j = jobs, *next; j; j = next) {
+        next = j->next;
+        if (!job_is_terminal(j) || !j->finished || difftime(now, j->finished) < srv.cfg.job_retention ||
+            j->hook == HOOK_PENDING || serves_from_job(j))
+            continue;
+        char err[512];
+        int st;
+        if (jobs_delete(j, err, &st) == 0) log_line("jobs: a job finished more than %.0f s ago deleted (--job-retention)",
+                                                    srv.cfg.job_retention);
+        else log_line("jobs: --job-retention: %s", err);
+    }
+}
+
 /* ------------------------------------------------------------ the runner */
 
 static void *runner_main(void *arg)
@@ -988,6 +1123,8 @@ static void *runner_main(void *arg)
             job_save(j);
             jobs_wake_watchers(j);
         }
+        keepalive_watchers();
+        prune_jobs();
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += (long)(RUNNER_TICK_S * 1e9);
@@ -1228,6 +1365,7 @@ int jobs_start(char *err)
         srv.cfg.max_jobs = g > 0 ? g : 1;
     }
     pthread_mutex_lock(&jobs_lock);
+    remove_trash();
     DIR *d = opendir(jobs_dir);
     int n = 0;
     for (struct dirent *e; d && (e = readdir(d));) {

@@ -28,6 +28,7 @@ typedef enum { HOOK_NONE, HOOK_PENDING, HOOK_DELIVERED, HOOK_FAILED } hook_state
 typedef struct job_watcher {
     struct MHD_Connection *conn;
     int waiting;                 /* suspended until the job changes */
+    double since;                /* when it was suspended (monotonic): a keep-alive is due */
     struct job_watcher *next;
 } job_watcher;
 
@@ -74,6 +75,7 @@ typedef struct job {
     double hook_next;            /* monotonic time of the next attempt */
     char hook_error[256];
     job_watcher *watchers;
+    int removed;                 /* deleted while streams followed it: freed with the last */
     struct job *next;
 } job_t;
 
@@ -95,6 +97,9 @@ job_t *jobs_submit(json_t *req, const char *data, const char *file_id, int *exis
 json_t *job_json(const job_t *j);
 int jobs_cancel(job_t *j, char *err, int *status);
 int jobs_resume(job_t *j, char *err, int *status);
+/* Deletes a finished job and its directory (a queued or running one, or one
+ * whose model is served from that directory, is 409). J is gone after. */
+int jobs_delete(job_t *j, char *err, int *status);
 /* Whether a queued or running job reads file ID. */
 int jobs_file_in_use(const char *file_id);
 /* The directories (absolute). */
@@ -105,6 +110,10 @@ int job_is_terminal(const job_t *j);
 const char *job_status_name(job_status s);
 /* Wakes every SSE connection of J. */
 void jobs_wake_watchers(job_t *j);
+/* Adds W (its conn set) to J's SSE connections; jobs_unwatch takes it off,
+ * and frees J when it was deleted meanwhile and W was its last. */
+void jobs_watch(job_t *j, job_watcher *w);
+void jobs_unwatch(job_t *j, job_watcher *w);
 /* Whether the server is stopping the jobs (streams end). */
 int jobs_stopping(void);
 

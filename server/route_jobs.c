@@ -446,6 +446,20 @@ enum MHD_Result route_jobs_resume(request_t *r)
     return reply_json(r, 200, o);
 }
 
+enum MHD_Result route_jobs_delete(request_t *r)
+{
+    char err[512], id[NAME_MAX_LEN + 1];
+    int status = 404;
+    pthread_mutex_lock(&jobs_lock);
+    job_t *j = jobs_find(r->seg[2]);
+    if (j) snprintf(id, sizeof id, "%s", j->id);
+    int rc = j ? jobs_delete(j, err, &status) : -1;
+    pthread_mutex_unlock(&jobs_lock);
+    if (!j) return reply_error(r, 404, "no job '%.64s'", r->seg[2]);
+    if (rc) return reply_error(r, status, "%s", err);
+    return reply_json(r, 200, json_pack("{s:s}", "deleted", id));
+}
+
 /* A query argument that must be an integer in [LO, HI]; -1 (replied) when bad. */
 static int query_long(request_t *r, const char *key, long lo, long hi, long dflt, long *out)
 {
@@ -523,6 +537,7 @@ typedef struct {
     char *out;                   /* formatted events not yet handed out */
     size_t out_len, out_pos;
     int phase;                   /* 0: the job's first object to send; 1: following; 2: done */
+    double sent;                 /* when bytes last went out (monotonic) */
 } stream_t;
 
 static int stream_line(void *ctx, const char *line, size_t n)
@@ -576,10 +591,16 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
         s->out_pos += (size_t)n;
     } else if (s->phase == 2 || jobs_stopping()) {
         n = MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (srv.cfg.sse_keepalive > 0 && now_s() - s->sent >= srv.cfg.sse_keepalive) {
+        static const char ping[] = ": keep-alive\n\n";   /* a comment: EventSource clients ignore it */
+        n = (ssize_t)(sizeof ping - 1 < max ? sizeof ping - 1 : max);
+        memcpy(buf, ping, (size_t)n);
     } else {
         s->w.waiting = 1;
+        s->w.since = now_s();
         MHD_suspend_connection(s->w.conn);
     }
+    if (n > 0) s->sent = now_s();
     pthread_mutex_unlock(&jobs_lock);
     return n;
 }
@@ -588,9 +609,7 @@ static void stream_free(void *cls)
 {
     stream_t *s = cls;
     pthread_mutex_lock(&jobs_lock);
-    job_watcher **p = &s->job->watchers;
-    while (*p && *p != &s->w) p = &(*p)->next;
-    if (*p) *p = s->w.next;
+    jobs_unwatch(s->job, &s->w);
     pthread_mutex_unlock(&jobs_lock);
     free(s->out);
     free(s);
@@ -650,9 +669,9 @@ enum MHD_Result route_jobs_events(request_t *r)
     s->job = j;
     s->after = after;
     s->w.conn = r->conn;
+    s->sent = now_s();
     job_path(j, "train.log", s->log, sizeof s->log);
-    s->w.next = j->watchers;
-    j->watchers = &s->w;
+    jobs_watch(j, &s->w);
     pthread_mutex_unlock(&jobs_lock);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_reader, s, stream_free);
     if (!resp) {

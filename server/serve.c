@@ -200,7 +200,13 @@ static const char serve_usage[] =
     "                          the CPU)\n"
     "  --max-upload BYTES      a training text uploaded or fetched by URL (default 1G)\n"
     "  --cancel-grace S        seconds from SIGTERM to SIGKILL when a job is cancelled\n"
-    "                          (default 10)\n";
+    "                          (default 10)\n"
+    "  --job-retention S       finished jobs older than this are deleted with their\n"
+    "                          directories (default 0: kept until DELETE /v1/jobs/ID)\n"
+    "  --sse-keepalive S       a comment line on a quiet event stream this often\n"
+    "                          (default 15; 0: none)\n"
+    "\n"
+    "Durations (S) are seconds, or a number with a suffix s, m, h or d.\n";
 
 static int parse_size(const char *s, size_t *out)
 {
@@ -223,6 +229,21 @@ static int parse_num(const char *s, double lo, double hi, double *out)
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Seconds, or a number with a suffix s, m, h or d; in [LO, HI] seconds. */
+static int parse_duration(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s) return -1;
+    static const struct { char c; double mul; } units[] = {{'s', 1}, {'m', 60}, {'h', 3600}, {'d', 86400}};
+    for (size_t i = 0; *end && i < sizeof units / sizeof *units; i++)
+        if (*end == units[i].c && !end[1]) v *= units[i].mul, end++;
+    if (*end || !(v >= lo && v <= hi)) return -1;
     *out = v;
     return 0;
 }
@@ -292,7 +313,8 @@ int cmd_serve(int argc, char **argv)
         {"precision", 1, 0, 'P'},
         {"jobs-listen", 1, 0, 'J'},   {"admin-key", 1, 0, 'A'},    {"admin-key-file", 1, 0, 'F'},
         {"data-dir", 1, 0, 'x'},      {"max-jobs", 1, 0, 'j'},     {"max-upload", 1, 0, 'u'},
-        {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},
+        {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},     {"job-retention", 1, 0, 'R'},
+        {"sse-keepalive", 1, 0, 'E'},
         {0, 0, 0, 0}};
     config_t *c = &srv.cfg;
     c->listen_addr = "127.0.0.1:8080";
@@ -310,6 +332,7 @@ int cmd_serve(int argc, char **argv)
     c->bf16 = 1;
     c->max_upload = 1ull << 30;
     c->cancel_grace = 10;
+    c->sse_keepalive = 15;
     const char *models[64], *device = "auto";
     int n_models = 0, ch;
     double d;
@@ -345,7 +368,13 @@ int cmd_serve(int argc, char **argv)
             if (parse_size(optarg, &c->max_upload) || c->max_upload < 1) return usage("--max-upload takes a byte count");
             break;
         case 'g':
-            if (parse_num(optarg, 0, 86400, &c->cancel_grace)) return usage("--cancel-grace takes 0 to 86400 seconds");
+            if (parse_duration(optarg, 0, 86400, &c->cancel_grace)) return usage("--cancel-grace takes 0 to 86400 seconds");
+            break;
+        case 'R':
+            if (parse_duration(optarg, 0, 1e10, &c->job_retention)) return usage("--job-retention takes a duration (0: keep)");
+            break;
+        case 'E':
+            if (parse_duration(optarg, 0, 3600, &c->sse_keepalive)) return usage("--sse-keepalive takes 0 to 3600 seconds");
             break;
         case 'C':
             if (access(optarg, R_OK) != 0)
@@ -375,10 +404,10 @@ int cmd_serve(int argc, char **argv)
             if (parse_size(optarg, &c->max_download)) return usage("--max-download takes a byte count");
             break;
         case 'T':
-            if (parse_num(optarg, 0, 1e7, &c->request_timeout)) return usage("--request-timeout takes seconds");
+            if (parse_duration(optarg, 0, 1e7, &c->request_timeout)) return usage("--request-timeout takes seconds");
             break;
         case 'r':
-            if (parse_num(optarg, 0, 1e7, &c->drain_timeout)) return usage("--drain-timeout takes seconds");
+            if (parse_duration(optarg, 0, 1e7, &c->drain_timeout)) return usage("--drain-timeout takes seconds");
             break;
         case 'M':
             if (strcmp(optarg, "exact") == 0) c->mem_mode = MEM_EXACT;

@@ -55,6 +55,8 @@ typedef struct {
     int max_jobs;                /* --max-jobs: training processes at once */
     size_t max_upload;           /* --max-upload: bytes of a training text uploaded or fetched */
     double cancel_grace;         /* --cancel-grace: seconds between SIGTERM and SIGKILL on cancel */
+    double job_retention;        /* --job-retention: seconds a finished job is kept (0: until deleted) */
+    double sse_keepalive;        /* --sse-keepalive: seconds between comments on a quiet job stream (0: none) */
 } config_t;
 
 /* ------------------------------------------------------------ models */
@@ -306,6 +308,7 @@ enum MHD_Result route_jobs_list(request_t *r);
 enum MHD_Result route_jobs_get(request_t *r);
 enum MHD_Result route_jobs_events(request_t *r);
 enum MHD_Result route_jobs_cancel(request_t *r);
+enum MHD_Result route_jobs_delete(request_t *r);
 enum MHD_Result route_jobs_resume(request_t *r);
 enum MHD_Result route_jobs_svg(request_t *r);
 /* Opens the file an upload's body is written to (upload_fd, upload_tmp);

@@ -34,6 +34,12 @@ expect 2 "$bin" generate --model "$A" --top-p 1.5; contains "$tmp/err" "top-p"
 expect 2 "$bin" generate --model "$A" --max-tokens -3
 expect 2 "$bin" generate --model "$A" --temperature abc
 expect 2 "$bin" spans --model "$A" --memory sideways
+# serve's durations: seconds or a suffix s, m, h, d; anything else refused before it starts
+expect 2 "$bin" serve --job-retention 5x; contains "$tmp/err" "--job-retention takes a duration"
+expect 2 "$bin" serve --job-retention -1; contains "$tmp/err" "--job-retention"
+expect 2 "$bin" serve --sse-keepalive 2h; contains "$tmp/err" "--sse-keepalive takes 0 to 3600 seconds"
+expect 2 "$bin" serve --cancel-grace 2d; contains "$tmp/err" "--cancel-grace takes 0 to 86400 seconds"
+expect 2 "$bin" serve --request-timeout 1ms; contains "$tmp/err" "--request-timeout"
 
 # score: JSON fields consistent, the plain text form, both families
 for m in "$A" "$P"; do

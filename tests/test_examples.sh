@@ -638,6 +638,9 @@ contains "$tmp/out" "nb_heads"
 expect 22 sh $ex/jobs-get.sh nope; check_error "jobs-get.sh nope" 404 not_found
 for _ in $(seq 300); do sh $ex/jobs-get.sh ex-long 2>/dev/null | grep -q '"status":"cancelled"' && break; sleep 0.1; done
 expect 0 sh $ex/files-delete.sh "$fid"; contains "$tmp/out" "\"deleted\":\"$fid\""
+expect 22 sh $ex/jobs-delete.sh ex-nope; check_error "jobs-delete.sh of an unknown job" 404 not_found
+expect 0 sh $ex/jobs-delete.sh ex-long; contains "$tmp/out" '"deleted":"ex-long"'
+expect 22 sh $ex/jobs-get.sh ex-long; check_error "jobs-get.sh of a deleted job" 404 not_found
 expect 0 "$ctl" jobs list; contains "$tmp/out" "^ex-1  *succeeded  *adaptive-span  *200/200"
 unset SPANSERVE_ADMIN_KEY SPANSERVE_JOBS_URL
 stop_servers

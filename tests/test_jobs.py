@@ -173,8 +173,9 @@ class HttpsFiles:
 
 
 class Server:
-    def __init__(self, tmp, max_jobs=1):
+    def __init__(self, tmp, max_jobs=1, model_dir=True, extra=()):
         self.tmp = tmp
+        self.model_dir, self.extra = model_dir, list(extra)
         self.state, self.models, self.data = (os.path.join(tmp, d) for d in ("state", "models", "data"))
         for d in (self.state, self.models, self.data):
             os.makedirs(d, exist_ok=True)
@@ -193,9 +194,10 @@ class Server:
             env["SPANSERVE_ADMIN_KEY"] = ENV_ADMIN   # a second admin key, from the environment
             self.proc = subprocess.Popen(
                 [BIN, "serve", "--listen", f"127.0.0.1:{self.port}", "--jobs-listen", f"127.0.0.1:{self.jport}",
-                 "--admin-key", ADMIN, "--api-key", APIKEY, "--state-dir", self.state, "--model-dir", self.models,
-                 "--data-dir", self.data, "--max-jobs", str(self.max_jobs), "--max-upload", "300000",
-                 "--cancel-grace", "2", "--model", f"aspan={A_PATH}"] + (["--ca-file", self.ca_file] if self.ca_file else []),
+                 "--admin-key", ADMIN, "--api-key", APIKEY, "--state-dir", self.state, "--data-dir", self.data,
+                 "--max-jobs", str(self.max_jobs), "--max-upload", "300000", "--cancel-grace", "2",
+                 "--model", f"aspan={A_PATH}"] + (["--model-dir", self.models] if self.model_dir else [])
+                + (["--ca-file", self.ca_file] if self.ca_file else []) + self.extra,
                 stdin=subprocess.DEVNULL, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
             if wait_for(lambda: self.proc.poll() is not None or call(self.jport, "GET", "/healthz", timeout=2).status == 200
                         and call(self.port, "GET", "/readyz", timeout=2).status == 200, 60):
@@ -670,6 +672,109 @@ def t_killed(S):
     S.wait_status("killed-1", ("cancelled",), 20)
 
 
+def t_delete(S):
+    """DELETE /v1/jobs/ID: a finished job and its directory; never a queued
+    or running one; the model it put in --model-dir stays."""
+    r = S.j("POST", "/v1/jobs", {"id": "del-1", "family": "adaptive-span", "file": FILES["text"], "name": "del-model",
+                                  "config": dict(TINY_ASPAN, steps=40)})
+    check("del-1 submitted", r.status == 201, f"{r}")
+    j = S.wait_status("del-1", ("succeeded", "failed", "cancelled"), 90) or {}
+    check("del-1 succeeded", j.get("status") == "succeeded", f"{j}")
+    d = os.path.join(S.state, "jobs", "del-1")
+    check("its directory", os.path.isdir(d), d)
+    r = S.j("DELETE", "/v1/jobs/del-1")
+    check("DELETE a finished job: 200", r.status == 200 and r.json == {"deleted": "del-1"}, f"{r}")
+    conforms("delete job", r, "Deleted")
+    check("its directory is gone, nothing left beside it", not os.path.exists(d)
+          and not [n for n in os.listdir(os.path.join(S.state, "jobs")) if "~" in n], f"{os.listdir(os.path.join(S.state, 'jobs'))}")
+    expect_error("GET a deleted job", S.j("GET", "/v1/jobs/del-1"), 404, "no job")
+    expect_error("its events", S.j("GET", "/v1/jobs/del-1/events"), 404, "no job")
+    expect_error("DELETE again", S.j("DELETE", "/v1/jobs/del-1"), 404, "no job")
+    check("not listed", "del-1" not in [x["id"] for x in S.j("GET", "/v1/jobs").json["jobs"]])
+    check("the model it put in --model-dir stays", os.path.exists(os.path.join(S.models, "del-model.safetensors")))
+    expect_error("DELETE without the admin key", S.j("DELETE", "/v1/jobs/aspan-1", key=None), 401, "")
+    expect_error("DELETE with the inference key", S.j("DELETE", "/v1/jobs/aspan-1", key=APIKEY), 401, "")
+    expect_error("DELETE a bad id", S.j("DELETE", "/v1/jobs/..%2f..%2fetc"), 404, "")
+    # the id is free again
+    r = S.j("POST", "/v1/jobs", {"id": "del-1", "family": "adaptive-span", "file": FILES["text"], "config": long_config()})
+    check("the id can be used again", r.status == 201, f"{r}")
+    wait_for(lambda: S.job("del-1").get("status") == "running", 30)
+    # a stream that follows it: ends when the job is deleted
+    live = {}
+    follower = threading.Thread(target=lambda: live.update(zip(("r", "evs"), follow_sse(S, "del-1", timeout=60))))
+    follower.start()
+    expect_error("DELETE a running job: 409", S.j("DELETE", "/v1/jobs/del-1"), 409, "cancel it first")
+    S.j("POST", "/v1/jobs/del-1/cancel")
+    S.wait_status("del-1", ("cancelled",), 20)
+    r = S.j("DELETE", "/v1/jobs/del-1")
+    check("cancel, then DELETE: 200", r.status == 200, f"{r}")
+    follower.join(60)
+    names = [e for e, _ in live.get("evs", [])]
+    check("the stream that followed it ended with the job", names[:1] == ["job"] and names[-1:] == ["job"]
+          and json.loads(live["evs"][-1][1])["status"] == "cancelled", f"{names}")
+    p = subprocess.run([CTL, "--url", f"http://127.0.0.1:{S.jport}", "--api-key", ADMIN, "jobs", "delete", "queued-1"],
+                       capture_output=True, text=True, timeout=30)
+    check("spanctl jobs delete", p.returncode == 0 and "deleted queued-1" in p.stdout, f"{p.returncode} {p.stdout} {p.stderr}")
+    p = subprocess.run([CTL, "--url", f"http://127.0.0.1:{S.jport}", "--api-key", ADMIN, "jobs", "delete", "queued-1"],
+                       capture_output=True, text=True, timeout=30)
+    check("spanctl jobs delete of an unknown job: 1", p.returncode == 1 and "no job" in p.stderr, f"{p.stderr}")
+
+
+def t_retention(tmp):
+    """No --model-dir (a deployed model is served from its job's directory),
+    --job-retention 3 s, --sse-keepalive 0.5 s."""
+    global CURRENT
+    CURRENT = "retention"
+    S = Server(tmp, model_dir=False, extra=["--job-retention", "3s", "--sse-keepalive", "0.5"])
+    err = S.start()
+    if not check("server", err is None, f"{err}"):
+        return S
+    fid = upload(S, TEXT).json["id"]
+    S.j("POST", "/v1/jobs", {"id": "served", "family": "adaptive-span", "file": fid, "name": "served-model", "deploy": True,
+                             "config": dict(TINY_ASPAN, steps=40)})
+    j = S.wait_status("served", ("succeeded", "failed", "cancelled"), 90) or {}
+    check("deployed from its own directory", j.get("status") == "succeeded" and j.get("model", {}).get("deployed")
+          and j["model"]["path"].startswith(os.path.realpath(S.state)), f"{j}")
+    # keep-alive comments on a quiet stream: a job waiting behind a long one
+    S.j("POST", "/v1/jobs", {"id": "long", "family": "adaptive-span", "file": fid, "config": long_config()})
+    S.j("POST", "/v1/jobs", {"id": "waiting", "family": "adaptive-span", "file": fid, "config": long_config()})
+    wait_for(lambda: S.job("long").get("status") == "running", 30)
+    import socket
+    sock = socket.create_connection(("127.0.0.1", S.jport), timeout=10)
+    sock.sendall(f"GET /v1/jobs/waiting/events?stream=true HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\n\r\n".encode())
+    got, t0 = b"", time.time()
+    while time.time() - t0 < 2.4:
+        sock.settimeout(max(0.05, 2.4 - (time.time() - t0)))
+        try:
+            b = sock.recv(65536)
+        except socket.timeout:
+            break
+        if not b:
+            break
+        got += b
+    sock.close()
+    n = got.count(b": keep-alive")
+    check("a quiet stream: a keep-alive comment every --sse-keepalive", 2 <= n <= 7 and b"event: job" in got, f"{n} {got[-300:]!r}")
+    check("the job still waits", S.job("waiting").get("status") == "queued", f"{S.job('waiting')}")
+    S.j("POST", "/v1/jobs/waiting/cancel")
+    S.j("POST", "/v1/jobs/long/cancel")
+    S.wait_status("long", ("cancelled",), 20)
+    # --job-retention: the finished jobs go, save the one whose model is served from its directory
+    gone = wait_for(lambda: S.j("GET", "/v1/jobs/waiting").status == 404 and S.j("GET", "/v1/jobs/long").status == 404, 15)
+    check("--job-retention: finished jobs deleted", gone and not os.path.exists(os.path.join(S.state, "jobs", "long")),
+          f"{[x['id'] for x in S.j('GET', '/v1/jobs').json['jobs']]}")
+    check("... but not the one whose model is served from its directory", S.job("served").get("status") == "succeeded")
+    expect_error("DELETE a job whose model is served from its directory: 409",
+                 S.j("DELETE", "/v1/jobs/served"), 409, "DELETE /v1/models/served-model")
+    check("the model still generates", S.api("POST", "/v1/generate", {"model": "served-model", "prompt": "ROMEO:",
+                                                                        "max_tokens": 5}).status == 200)
+    r = S.api("DELETE", "/v1/models/served-model")
+    check("the model deleted", r.status == 200, f"{r}")
+    gone = wait_for(lambda: S.j("GET", "/v1/jobs/served").status == 404, 15)
+    check("then --job-retention takes the job", gone and not os.path.exists(os.path.join(S.state, "jobs", "served")))
+    return S
+
+
 def t_restart(tmp, hook):
     """--max-jobs 2: R runs to its end across the restart, D dies while the server is down, Q waits queued."""
     global CURRENT
@@ -817,9 +922,14 @@ def main():
             run("https", t_https, S, web)
             run("killed", t_killed, S)
             run("spanctl", t_spanctl, S)
+            run("delete", t_delete, S)
         CURRENT = "main server"
         rc = S.stop()
         check("exit 0 on SIGTERM", rc == 0, f"{rc}: {S.tail()}")
+        servers.append(t_retention(os.path.join(tmp, "retention")))
+        CURRENT = "retention server"
+        rc = servers[-1].stop()
+        check("exit 0 on SIGTERM", rc == 0, f"{rc}")
         servers.append(t_restart(os.path.join(tmp, "restart"), hook))
         CURRENT = "restart server"
         rc = servers[-1].stop()
@@ -832,7 +942,7 @@ def main():
             if s and s.proc and s.proc.poll() is None:
                 s.proc.kill()
         # training processes left by a failed check
-        for d in (os.path.join(tmp, "main", "state", "jobs"), os.path.join(tmp, "restart", "state", "jobs")):
+        for d in (os.path.join(tmp, x, "state", "jobs") for x in ("main", "retention", "restart")):
             for jid in os.listdir(d) if os.path.isdir(d) else []:
                 try:
                     pid = json.load(open(os.path.join(d, jid, "job.json"))).get("pid", 0)
