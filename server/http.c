@@ -256,6 +256,24 @@ void http_wait(request_t *r, task_t *t)
     MHD_suspend_connection(r->conn);
 }
 
+int http_wait_thread(request_t *r, void *(*fn)(void *), void *ctx)
+{
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    r->resume_ctx = ctx;
+    MHD_suspend_connection(r->conn);
+    int rc = pthread_create(&th, &at, fn, ctx);
+    pthread_attr_destroy(&at);
+    if (rc != 0) {
+        MHD_resume_connection(r->conn);
+        r->resume_ctx = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 /* SSE: the scheduler appends to t->sse; this hands it out, and suspends the
  * connection while there is nothing new (sched.c resumes it). */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)

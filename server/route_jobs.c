@@ -316,24 +316,14 @@ static enum MHD_Result start_fetch(request_t *r, json_t *req)
     random_id(".fetch-", f->err, sizeof f->err);
     snprintf(f->tmp, sizeof f->tmp, "%s/%s", jobs_files_dir(), f->err);
     f->err[0] = 0;
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    r->resume_ctx = f;
-    MHD_suspend_connection(r->conn);   /* under the lock: before the thread can resume it */
-    if (pthread_create(&th, &at, fetch_main, f) != 0) {
-        MHD_resume_connection(r->conn);
+    if (http_wait_thread(r, fetch_main, f)) {
         pthread_mutex_unlock(&jobs_lock);
-        pthread_attr_destroy(&at);
-        r->resume_ctx = NULL;
         json_decref(f->req);
         free(f);
         return reply_error(r, 503, "cannot start the fetch");
     }
     fetches++;
     pthread_mutex_unlock(&jobs_lock);
-    pthread_attr_destroy(&at);
     return MHD_YES;
 }
 

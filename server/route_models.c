@@ -143,17 +143,8 @@ static enum MHD_Result start_download(request_t *r, const char *name, const char
         snprintf(err, 512, "%s", srv.draining ? "the server is shutting down" : "two downloads are running already; retry later");
         return MHD_NO;
     }
-    pthread_t th;
-    pthread_attr_t at;
-    pthread_attr_init(&at);
-    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    r->resume_ctx = d;
-    MHD_suspend_connection(r->conn);   /* under the lock: before the thread can resume it */
-    if (pthread_create(&th, &at, download_main, d) != 0) {
-        MHD_resume_connection(r->conn);
+    if (http_wait_thread(r, download_main, d)) {
         pthread_mutex_unlock(&srv.lock);
-        pthread_attr_destroy(&at);
-        r->resume_ctx = NULL;
         free(d->url);
         free(d);
         *status = 503;
@@ -162,7 +153,6 @@ static enum MHD_Result start_download(request_t *r, const char *name, const char
     }
     srv.downloads++;
     pthread_mutex_unlock(&srv.lock);
-    pthread_attr_destroy(&at);
     return MHD_YES;
 }
 

@@ -267,6 +267,12 @@ json_t *body_json(request_t *r);
 const char *query_arg(request_t *r, const char *key);
 /* Suspends the connection until the task's scheduler step resumes it. */
 void http_wait(request_t *r, task_t *t);
+/* Suspends R's connection and runs FN(CTX) on a detached thread of its own
+ * (R's resume_ctx is CTX): work that may take long, a download, holds no
+ * HTTP thread. The caller holds the lock under which FN will resume the
+ * connection (setting on_resume), so it is suspended before it can be
+ * resumed. -1 when no thread could start: the connection is as it was. */
+int http_wait_thread(request_t *r, void *(*fn)(void *), void *ctx);
 /* A streaming response fed from T's event buffer; takes over a reference
  * to T that the caller holds for it (dropped when the stream is freed). */
 enum MHD_Result reply_stream(request_t *r, task_t *t);
