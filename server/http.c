@@ -606,12 +606,13 @@ void http_jobs_stop(void)
     srv.jobs_daemon = NULL;
 }
 
-int sse_format(char **buf, size_t *len, const char *name, const char *data)
+int sse_format(char **buf, size_t *len, const char *name, const char *data, long id)
 {
-    size_t need = *len + strlen(name) + strlen(data) + 20;
+    size_t need = *len + strlen(name) + strlen(data) + 48;
     char *b = realloc(*buf, need);
     if (!b) return -1;
     *buf = b;
+    if (id >= 0) *len += (size_t)sprintf(b + *len, "id: %ld\n", id);
     *len += (size_t)sprintf(b + *len, "event: %s\ndata: %s\n\n", name, data);
     return 0;
 }

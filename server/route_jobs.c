@@ -539,7 +539,7 @@ static int stream_line(void *ctx, const char *line, size_t n)
     event_name(e, name, sizeof name);
     char *d = e ? json_dumps(e, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17)) : NULL;
     json_decref(e);
-    if (d) sse_format(&s->out, &s->out_len, name, d);
+    if (d) sse_format(&s->out, &s->out_len, name, d, s->line);   /* its id: the lines sent, Last-Event-ID's after */
     free(d);
     return s->out_len > (1 << 16);   /* enough for one turn */
 }
@@ -549,7 +549,7 @@ static void stream_job_event(stream_t *s)
     json_t *o = job_json(s->job);
     char *d = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(o);
-    if (d) sse_format(&s->out, &s->out_len, "job", d);
+    if (d) sse_format(&s->out, &s->out_len, "job", d, -1);
     free(d);
 }
 
@@ -627,6 +627,15 @@ enum MHD_Result route_jobs_events(request_t *r)
     if (bad) return reply_error(r, 400, "stream must be true or false");
     if (query_long(r, "after", 0, LONG_MAX, 0, &after) || query_long(r, "limit", 1, EVENTS_MAX, EVENTS_DEFAULT, &limit))
         return MHD_YES;
+    /* an EventSource that reconnects names the last line it had */
+    const char *last = stream ? MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Last-Event-ID") : NULL;
+    if (last && !query_arg(r, "after")) {
+        char *end;
+        errno = 0;
+        long x = strtol(last, &end, 10);
+        if (errno || end == last || *end || x < 0) return reply_error(r, 400, "Last-Event-ID must be a line count (an id this stream sent)");
+        after = x;
+    }
     pthread_mutex_lock(&jobs_lock);
     job_t *j = jobs_find(r->seg[2]);
     if (!j) {

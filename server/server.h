@@ -254,9 +254,9 @@ void http_stop(void);
 /* The jobs listener (--jobs-listen): its own routes and admin keys. */
 int http_jobs_start(void);
 void http_jobs_stop(void);
-/* "event: NAME\ndata: DATA\n\n" appended to *BUF (malloc'd, *LEN bytes);
- * -1 when out of memory. */
-int sse_format(char **buf, size_t *len, const char *name, const char *data);
+/* "event: NAME\ndata: DATA\n\n" appended to *BUF (malloc'd, *LEN bytes),
+ * after "id: ID\n" when ID >= 0; -1 when out of memory. */
+int sse_format(char **buf, size_t *len, const char *name, const char *data, long id);
 enum MHD_Result reply_json(request_t *r, int status, json_t *body);            /* steals body */
 enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The error type of an HTTP status, as in every error body. */

@@ -605,10 +605,10 @@ contains "$tmp/out" '"id":"ex-1"'
 expect 0 sh $ex/jobs-events-stream.sh ex-1
 check "jobs-events-stream.sh follows the job to its end: $(tail -c 300 "$tmp/out")" "$tmp/out" <<'PY'
 import json, sys
-evs = [b for b in open(sys.argv[1]).read().split("\n\n") if b.strip()]
-names = [b.split("\n")[0].removeprefix("event: ") for b in evs]
+evs = [[l for l in b.split("\n") if not l.startswith("id: ")] for b in open(sys.argv[1]).read().split("\n\n") if b.strip()]
+names = [b[0].removeprefix("event: ") for b in evs]
 assert names[0] == "job" and names[1] == "start" and names[-2] == "done" and names[-1] == "job", names
-assert json.loads(evs[-1].split("\n")[1].removeprefix("data: "))["status"] == "succeeded"
+assert json.loads(evs[-1][1].removeprefix("data: "))["status"] == "succeeded"
 PY
 expect 0 sh $ex/jobs-get.sh ex-1
 check "jobs-get.sh: succeeded and deployed: $(head -c 300 "$tmp/out")" "$tmp/out" <<'PY'

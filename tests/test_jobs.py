@@ -396,6 +396,19 @@ def t_train_aspan(S, hook):
     expect_error("stream not a bool", S.j("GET", "/v1/jobs/aspan-1/events?stream=maybe"), 400, "stream")
     r = S.j("GET", "/v1/jobs/aspan-1/events", headers={"Accept": "text/event-stream"})
     check("Accept: text/event-stream streams", r.headers.get("content-type", "").startswith("text/event-stream"), f"{r.headers}")
+    # each line's event carries its id (lines sent so far); a reconnecting EventSource's Last-Event-ID resumes after it
+    blocks = [b for b in r.body.decode().split("\n\n") if b.strip()]
+    ids = [b.split("\n")[0][4:] for b in blocks if b.startswith("id: ")]
+    check("sse ids: 1, 2, ... on the line events, none on the job events", ids == [str(i) for i in range(1, len(lines) + 1)]
+          and blocks[0].startswith("event: job") and blocks[-1].startswith("event: job"), f"{ids[:5]} {blocks[:1]}")
+    r = S.j("GET", "/v1/jobs/aspan-1/events?stream=true", headers={"Last-Event-ID": str(len(lines) - 2)})
+    evs3 = sse_events(r.body)
+    check("Last-Event-ID: the lines after it", [json.loads(d) for e, d in evs3[1:-1]] == lines[-2:]
+          and [e for e, _ in evs3][:1] == ["job"], f"{[e for e, _ in evs3]}")
+    r = S.j("GET", "/v1/jobs/aspan-1/events?stream=true&after=1", headers={"Last-Event-ID": str(len(lines) - 2)})
+    check("after= wins over Last-Event-ID", len(sse_events(r.body)) == len(lines) - 1 + 2, f"{len(sse_events(r.body))}")
+    expect_error("Last-Event-ID not a line count", S.j("GET", "/v1/jobs/aspan-1/events?stream=true",
+                                                       headers={"Last-Event-ID": "abc"}), 400, "Last-Event-ID")
     # the job object
     r = S.j("GET", "/v1/jobs/aspan-1")
     conforms("get", r, "Job")
