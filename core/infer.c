@@ -243,12 +243,16 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
             const float *rows = lp + (size_t)b * k * V;
             for (size_t i = 0; i < k; i++) {
                 float l = rows[i * V + sj->toks[first + done + i]];
+                if (!isfinite(l) && rc == 0)
+                    rc = err_set(err, "the model gave a log-probability that is not finite at token %zu (of score "
+                                 "stream %d): its weights or this stream's memory overflow", first + done + i, j);
                 sj->out->nll_sum -= l;
                 if (sj->per_token) sj->per_token[done + i] = l;
             }
             sj->out->tokens += (long)k;
             b++;
         }
+        if (rc) break;
         for (int j = 0; j < ng; j++, b++) prefill_accept(gens[j], (int)k, lp + (size_t)b * k * V);
     }
     if (rc == 0) {
@@ -270,6 +274,8 @@ int gen_sample(gen_state *g)
     gen_result *r = &g->res;
     const model_t *m = g->m;
     if (r->finish != FINISH_LENGTH || r->n_tokens >= g->p.max_tokens) return 0;
+    for (int i = 0; i < m->V; i++)
+        if (!isfinite(g->cur[i])) return -1;   /* nothing to draw from */
     int32_t x = sample_token(g->cur, m->V, &g->p.sp, &g->rng, g->scratch);
     int t = r->n_tokens++;
     r->tokens[t] = x;
@@ -345,7 +351,9 @@ int infer_generate(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *prompt
     int rc = left < 0 ? -1 : 0;
     const char *piece;
     size_t len;
-    while (rc == 0 && gen_sample(&g)) {
+    int more;
+    while (rc == 0 && (more = gen_sample(&g)) != 0) {
+        if (more < 0) { rc = err_set(err, "the model gave a log-probability that is not finite"); break; }
         gen_take_text(&g, &piece, &len);
         if (emit && len && emit(ctx, piece, len)) { g.res.finish = FINISH_CANCELLED; break; }
         if (model_forward(m, &s, 1, &g.next, 1, g.block, ws, err)) { rc = -1; break; }

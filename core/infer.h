@@ -24,7 +24,8 @@ typedef struct {
 /* Scores TOKS[0..n) after the stream S: the first token is predicted from
  * the pending token (a stream without one starts predicting at toks[1]).
  * Feeds blocks of the model's block length. PER_TOKEN, if not NULL, gets the
- * logprob of each prediction (room for n floats). Adds to *OUT. */
+ * logprob of each prediction (room for n floats). Adds to *OUT. A
+ * prediction that is not finite is an error. */
 int infer_score(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *toks, size_t n, score_t *out,
                 float *per_token, char *err);
 
@@ -129,7 +130,7 @@ long gen_prefill(gen_state *g, fwd_ws *ws, char *err);
 size_t gen_prefill_left(const gen_state *g);
 /* Samples the next token from the current logprobs. Returns 1 when it must
  * be fed (g->next) before the next sample, 0 when the generation finished
- * (length or stop). */
+ * (length or stop), -1 when the logprobs are not all finite (nothing drawn). */
 int gen_sample(gen_state *g);
 /* The logprobs after feeding g->next. */
 void gen_accept(gen_state *g, const float *logprobs);

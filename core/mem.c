@@ -5,6 +5,7 @@
 #include "err.h"
 #include "model.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +133,8 @@ int mem_copy(mem_t *dst, const mem_t *src)
  */
 #define MEM_MAGIC "SPSMEM1"
 #define MEM_HDR 40
+#define MEM_MAX_ABS 1e8
+#define MEM_MAX_POS (INT64_C(1) << 53)   /* tokens: far past any stream, far from overflow */
 
 size_t mem_serial_size(const mem_t *s)
 {
@@ -180,7 +183,8 @@ int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err)
     if (nl != (uint32_t)m->n_layers || nf != s->n_floats || len != mem_serial_size(s))
         return err_set(err, "the state's size does not match the model (%zu bytes, expected %zu)", len,
                        mem_serial_size(s));
-    if (pos < 0 || pend < -1 || pend >= m->V) return err_set(err, "the state's position or pending token is invalid");
+    if (pos < 0 || pos > MEM_MAX_POS || pend < -1 || pend >= m->V)
+        return err_set(err, "the state's position or pending token is invalid");
     for (uint32_t l = 0; l < nl; l++) {
         int32_t k;
         memcpy(&k, p + MEM_HDR + 4 * l, 4);
@@ -188,12 +192,22 @@ int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err)
         int64_t want = m->fam == FAM_PAR && m->layers[l].kind == BLK_ATTN ? (pos < m->mem_len ? pos : m->mem_len) : 0;
         if (k != want) return err_set(err, "the state's memory length of layer %u is invalid", l);
     }
+    /* what a model writes is finite and far inside this bound; past it (a
+     * made-up state) the forward could overflow to infinities and NaNs */
+    const unsigned char *vals = p + MEM_HDR + 4 * nl;
+    for (size_t i = 0; i < s->n_floats; i++) {
+        float v;
+        memcpy(&v, vals + 4 * i, 4);
+        if (!(fabsf(v) <= MEM_MAX_ABS))
+            return err_set(err, "the state's value %zu is %g: a memory holds finite values within +-%g", i, (double)v,
+                           MEM_MAX_ABS);
+    }
     for (uint32_t l = 0; l < nl; l++) {
         int32_t k;
         memcpy(&k, p + MEM_HDR + 4 * l, 4);
         s->len[l] = k;
     }
-    memcpy(s->buf, p + MEM_HDR + 4 * nl, s->n_floats * sizeof(float));
+    memcpy(s->buf, vals, s->n_floats * sizeof(float));
     s->pos = pos;
     s->pending = pend;
     if (s->dev && m->backend->push(m->backend->ctx, s, err)) return -1;

@@ -141,7 +141,7 @@ enum MHD_Result reply_json(request_t *r, int status, json_t *body)
 {
     char *s = json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(body);
-    if (!s) return reply_bytes(r, 500, "application/json", "{}", 2);
+    if (!s) return reply_error(r, 500, "the answer could not be encoded as JSON (out of memory, or a number that is not finite)");
     enum MHD_Result rc = reply_bytes(r, status, "application/json", s, strlen(s));
     free(s);
     return rc;

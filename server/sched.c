@@ -291,6 +291,13 @@ static void decode_batch(task_t **batch, int B)
     for (int i = 0; i < B; i++) {
         task_t *t = batch[i];
         int more = gen_sample(&t->g);
+        if (more < 0) {
+            pthread_mutex_lock(&srv.lock);
+            fail(t, 500, "the model gave a log-probability that is not finite: its weights or this session's memory "
+                         "overflow (reset or delete the session)");
+            pthread_mutex_unlock(&srv.lock);
+            continue;
+        }
         const char *piece;
         size_t len;
         gen_take_text(&t->g, &piece, &len);

@@ -669,6 +669,24 @@ def model_dir(S):
                  S.call("POST", "/v1/models", {"name": "bad", "path": "bad.safetensors"}), 400, r"header")
     r = S.call("GET", "/v1/models/x4")
     check("a refused model is not listed", r.status == 404, f"{r}")
+    # finite weights whose products overflow: an error that says so, never a made-up answer or a broken body
+    with open(A_PATH, "rb") as f:
+        raw = bytearray(f.read())
+    n = struct.unpack_from("<Q", raw, 0)[0]
+    t = json.loads(raw[8:8 + n])["out_emb.weight"]
+    lo, hi = t["data_offsets"]
+    for i in range(8 + n + lo, 8 + n + hi, 4):
+        struct.pack_into("<f", raw, i, 3e38 if (i // 4) % 2 else -3e38)
+    with open(os.path.join(md, "overflow.safetensors"), "wb") as f:
+        f.write(raw)
+    r = S.call("POST", "/v1/models", {"name": "overflow", "path": "overflow.safetensors"})
+    check("a model of huge finite weights loads", r.status == 201, f"{r}")
+    expect_error(S, "scoring where the model overflows: 500, saying so", score(S, T2000[:100], model="overflow"), 500,
+                 "not finite")
+    expect_error(S, "generating where the model overflows: 500, saying so",
+                 gen(S, model="overflow", prompt="First", max_tokens=5, seed=1), 500, "not finite")
+    check("alive after the overflowing model", S.healthy(), "healthz")
+    S.call("DELETE", "/v1/models/overflow")
     # https to a loopback port where nothing listens: an error status, not a crash
     dead = free_port()
     r = S.call("POST", "/v1/models", {"name": "dl", "url": f"https://127.0.0.1:{dead}/m.safetensors"}, timeout=60)
@@ -1385,6 +1403,19 @@ def session_state(S):
     for label, body in (("garbage", b"this is not a state file" * 10), ("empty", b""), ("truncated", state[:len(state) // 2]),
                         ("one byte short", state[:-1]), ("one byte long", state + b"\0")):
         expect_error(S, f"import {label}", S.call("PUT", "/v1/sessions/e3/state", body, ctype="application/octet-stream"), 400)
+    # a state's values: finite and within +-1e8 (a made-up one could overflow the forward); its position bounded
+    nl = struct.unpack_from("<I", state, 28)[0]
+    first = 40 + 4 * nl
+    for label, val, msg in (("a NaN", float("nan"), "nan"), ("an infinity", float("inf"), "inf"),
+                            ("a value of -1e30", -1e30, "1e\\+08")):
+        bad = bytearray(state)
+        struct.pack_into("<f", bad, first + 4 * 123, val)
+        expect_error(S, f"import a state holding {label}", S.call("PUT", "/v1/sessions/e3/state", bytes(bad),
+                     ctype="application/octet-stream"), 400, r"value 123 is .*" + msg)
+    bad = bytearray(state)
+    struct.pack_into("<q", bad, 16, 2 ** 62)
+    expect_error(S, "import a state at position 2^62", S.call("PUT", "/v1/sessions/e3/state", bytes(bad),
+                 ctype="application/octet-stream"), 400, "position")
     l3b = next_logprob(S, "e3", "y")
     l1b = next_logprob(S, "e1", "y")
     check("a refused import left the memory alone", l3b is not None and l1b is not None and abs(l3b - l1b) <= 1e-6, f"{l3b} {l1b}")
