@@ -3,7 +3,8 @@
 #   make            bin/spanserve (CPU; the CUDA core too when nvcc is found), bin/spanctl
 #   make test       every test; ends with "N passed, N failed"
 #   make asan       the tests under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make fuzz       the safetensors header parser under libFuzzer (FUZZ_SECONDS)
+#   make fuzz       libFuzzer on the checkpoint, session-state and config parsers
+#                   (FUZZ_SECONDS each)
 #   make run        builds and serves the default model on 127.0.0.1:8080
 #   make load       64 sessions generating for 30 s: tokens/s, latency
 #   make test-gpu   the CUDA forward against the fixtures and the CPU (skips without a GPU)
@@ -108,14 +109,33 @@ asan: deps
 	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    $(if $(CU_OBJ),NVCC=) test
 
+# libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each, under ASan + UBSan:
+# the safetensors header, whole model files, session states (PUT
+# /v1/sessions/ID/state) and the trainer's config. The core is compiled
+# with coverage for them (clang), once, in $(BUILD)/fuzz.
 FUZZ_SECONDS ?= 60
-fuzz: deps
-	@mkdir -p $(BUILD)/fuzz
-	clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Icore $$(pkg-config --cflags jansson) \
-	    tests/fuzz/fuzz_st.c core/st.c $$(pkg-config --libs jansson) -o $(BUILD)/fuzz/fuzz_st
-	@mkdir -p $(BUILD)/fuzz/corpus
-	cp tests/fuzz/corpus/* $(BUILD)/fuzz/corpus/
-	$(BUILD)/fuzz/fuzz_st -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus
+FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_FLAGS  = -std=c11 -g -O1 $(FUZZ_SAN) -Icore $(PKG_CFLAGS)
+FUZZ_OBJ   := $(CORE_SRC:core/%.c=$(BUILD)/fuzz/obj/%.o)
+FUZZ_LIBS   = $(PKG_LIBS) -lm -lpthread
+$(FUZZ_OBJ): $(BUILD)/fuzz/obj/%.o: core/%.c $(wildcard core/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)
+	clang $(FUZZ_FLAGS) -fsanitize=fuzzer $< $(FUZZ_OBJ) $(FUZZ_LIBS) -o $@
+$(BUILD)/fuzz/state_seeds: tests/fuzz/fuzz_state_seeds.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)
+	clang $(FUZZ_FLAGS) $< $(FUZZ_OBJ) $(FUZZ_LIBS) -o $@
+
+fuzz: deps $(BUILD)/fuzz/fuzz_st $(BUILD)/fuzz/fuzz_model $(BUILD)/fuzz/fuzz_state $(BUILD)/fuzz/fuzz_config $(BUILD)/fuzz/state_seeds
+	@rm -rf $(BUILD)/fuzz/corpus && mkdir -p $(BUILD)/fuzz/corpus/st $(BUILD)/fuzz/corpus/model $(BUILD)/fuzz/corpus/state $(BUILD)/fuzz/corpus/config
+	cp tests/fuzz/corpus/* $(BUILD)/fuzz/corpus/st/
+	for f in tests/fuzz/models/*.safetensors; do for b in 0 1; do printf "\\$$b" | cat - $$f > $(BUILD)/fuzz/corpus/model/$$b-$$(basename $$f); done; done
+	$(BUILD)/fuzz/state_seeds $(BUILD)/fuzz/corpus/state
+	cp tests/fuzz/configs/*.json $(BUILD)/fuzz/corpus/config/
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_st -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/st
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_model -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/model
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_state -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/state
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=tests/fuzz/config.dict $(BUILD)/fuzz/corpus/config
 
 # Serves the default model (an adaptive-span model of tiny Shakespeare) on
 # 127.0.0.1:8080; PORT=, MODEL= and ARGS= override.

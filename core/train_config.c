@@ -239,7 +239,11 @@ char *train_cfg_json(const train_cfg *c)
         const char *at = (const char *)c + k->off;
         json_t *v;
         switch (k->type) {
-        case K_PATH: case K_DEVICE: v = json_string(at); break;
+        case K_PATH:
+            if (!*at) continue;   /* an unset path (log: standard output) is absent, as in a config */
+            v = json_string(at);
+            break;
+        case K_DEVICE: v = json_string(at); break;
         case K_OPTIM: v = json_string(*(const train_optim *)at == OPT_ADAM ? "adam" : "adagrad"); break;
         case K_BOOL: v = json_boolean(*(const int *)at); break;
         case K_INT: v = json_integer(*(const int *)at); break;

@@ -232,6 +232,30 @@ static void check_serialize(const char *name)
     buf[8] ^= 1;
     CHECK(mem_deserialize(b, buf, sz, err) != 0 && strstr(err, "another model"), "fingerprint: %s", err);
     buf[8] ^= 1;
+    /* a state's values: finite, within +-1e8; at the bound (every value, in
+     * turn +1e8 and -1e8) the model still predicts finite log-probabilities */
+    const size_t at = sz - a->n_floats * sizeof(float);
+    float v = NAN;
+    memcpy(buf + at + 4 * 17, &v, 4);
+    CHECK(mem_deserialize(b, buf, sz, err) != 0 && strstr(err, "value 17 is nan"), "NaN: %s", err);
+    v = 1.5e8f;
+    memcpy(buf + at + 4 * 17, &v, 4);
+    CHECK(mem_deserialize(b, buf, sz, err) != 0 && strstr(err, "finite values within"), "1.5e8: %s", err);
+    for (size_t i = 0; i < a->n_floats; i++) {
+        v = i % 2 ? -1e8f : 1e8f;
+        memcpy(buf + at + 4 * i, &v, 4);
+    }
+    CHECK(mem_deserialize(b, buf, sz, err) == 0, "at the bound: %s", err);
+    float *lp = malloc((size_t)m->V * 4 * sizeof *lp);
+    int32_t four[4] = {t[0], t[1], t[2], t[3]};
+    CHECK(lp && model_forward(m, &b, 1, four, 4, lp, ws, err) == 0, "%s", err);
+    int finite = 1;
+    for (int i = 0; lp && i < m->V * 4; i++) finite &= isfinite(lp[i]) != 0;
+    CHECK(finite, "%s: a state at the bound gives non-finite log-probabilities", name);
+    free(lp);
+    int64_t far = INT64_C(1) << 60;
+    memcpy(buf + 16, &far, 8);
+    CHECK(mem_deserialize(b, buf, sz, err) != 0 && strstr(err, "position"), "position 2^60: %s", err);
     model_t *other = load(strcmp(name, "par-small") ? "par-small" : "aspan-small", MEM_EXACT);
     if (other) {
         mem_t *c = mem_new(other);

@@ -1,0 +1,42 @@
+/*
+ * fuzz_models.h - the tiny models the fuzz targets run (tests/fuzz/models,
+ * or $FUZZ_MODELS): fuzz_model(k) is adaptive-span with exact memory, with
+ * span memory, or PAR, by k % 3. Loaded once; a model that does not load
+ * stops the fuzzer (the seeds would mean nothing).
+ */
+#ifndef SPANSERVE_FUZZ_MODELS_H
+#define SPANSERVE_FUZZ_MODELS_H
+
+#include "err.h"
+#include "model.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REQUIRE(c) do { if (!(c)) abort(); } while (0)
+
+static model_t *fuzz_models[3];
+
+static void fuzz_models_load(void)
+{
+    if (fuzz_models[0]) return;
+    const char *dir = getenv("FUZZ_MODELS");
+    if (!dir) dir = "tests/fuzz/models";
+    static const char *files[3] = {"tiny-aspan", "tiny-aspan", "tiny-par"};
+    for (int i = 0; i < 3; i++) {
+        char path[1024], err[ERR_LEN];
+        snprintf(path, sizeof path, "%s/%s.safetensors", dir, files[i]);
+        fuzz_models[i] = model_load_mode(path, i == 1 ? MEM_SPAN : MEM_EXACT, err);
+        if (!fuzz_models[i]) {
+            fprintf(stderr, "fuzz: %s\n", err);
+            exit(2);
+        }
+    }
+}
+
+static const model_t *fuzz_model(unsigned k) { return fuzz_models[k % 3]; }
+
+#endif
