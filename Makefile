@@ -111,7 +111,7 @@ asan: deps
 
 # libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each, under ASan + UBSan:
 # the safetensors header, whole model files, session states (PUT
-# /v1/sessions/ID/state) and the trainer's config. The core is compiled
+# /v1/sessions/ID/state), the trainer's config and text -> tokens. The core is compiled
 # with coverage for them (clang), once, in $(BUILD)/fuzz.
 FUZZ_SECONDS ?= 60
 FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=all
@@ -126,16 +126,19 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)
 $(BUILD)/fuzz/state_seeds: tests/fuzz/fuzz_state_seeds.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)
 	clang $(FUZZ_FLAGS) $< $(FUZZ_OBJ) $(FUZZ_LIBS) -o $@
 
-fuzz: deps $(BUILD)/fuzz/fuzz_st $(BUILD)/fuzz/fuzz_model $(BUILD)/fuzz/fuzz_state $(BUILD)/fuzz/fuzz_config $(BUILD)/fuzz/state_seeds
-	@rm -rf $(BUILD)/fuzz/corpus && mkdir -p $(BUILD)/fuzz/corpus/st $(BUILD)/fuzz/corpus/model $(BUILD)/fuzz/corpus/state $(BUILD)/fuzz/corpus/config
+FUZZ_TARGETS := st model state config vocab
+fuzz: deps $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%) $(BUILD)/fuzz/state_seeds
+	@rm -rf $(BUILD)/fuzz/corpus && mkdir -p $(FUZZ_TARGETS:%=$(BUILD)/fuzz/corpus/%)
 	cp tests/fuzz/corpus/* $(BUILD)/fuzz/corpus/st/
 	for f in tests/fuzz/models/*.safetensors; do for b in 0 1; do printf "\\$$b" | cat - $$f > $(BUILD)/fuzz/corpus/model/$$b-$$(basename $$f); done; done
 	$(BUILD)/fuzz/state_seeds $(BUILD)/fuzz/corpus/state
 	cp tests/fuzz/configs/*.json $(BUILD)/fuzz/corpus/config/
+	for f in tests/fuzz/models/*.safetensors; do python3 tests/fuzz/vocab_seed.py $$f $(BUILD)/fuzz/corpus/vocab; done
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_st -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/st
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_model -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/model
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_state -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/state
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=tests/fuzz/config.dict $(BUILD)/fuzz/corpus/config
+	$(BUILD)/fuzz/fuzz_vocab -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/corpus/vocab
 
 # Serves the default model (an adaptive-span model of tiny Shakespeare) on
 # 127.0.0.1:8080; PORT=, MODEL= and ARGS= override.

@@ -1,0 +1,17 @@
+"""vocab_seed.py MODEL DIR - fuzz_vocab's seeds from a checkpoint: its
+vocabulary's JSON (selector byte 1) and texts in it (selector 0 and 2)."""
+import json
+import os
+import struct
+import sys
+
+path, out = sys.argv[1], sys.argv[2]
+with open(path, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    vocab = json.loads(json.loads(f.read(n))["__metadata__"]["vocab"])
+name = os.path.basename(path).split(".")[0]
+text = "".join(vocab[i % len(vocab)] for i in range(0, 7 * len(vocab), 7)).encode()
+seeds = {"json": b"\x01" + json.dumps(vocab).encode(), "text0": b"\x00" + text, "text2": b"\x04" + text + "é€😀".encode()}
+for k, b in seeds.items():
+    with open(os.path.join(out, f"{name}-{k}"), "wb") as f:
+        f.write(b)
