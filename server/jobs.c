@@ -1066,18 +1066,24 @@ int jobs_delete(job_t *j, char *err, int *status)
  * is still due, or whose model is served from its directory). */
 static void prune_jobs(void)
 {
-    if (srv.cfg.job_retention <= 0) return;
+    static double next;
+    if (srv.cfg.job_retention <= 0 || now_s() < next) return;
+    next = now_s() + 1;   /* once a second is plenty */
     time_t now = time(NULL);
-    for (job_t *j = jobs, *next; j; j = next) {
-        next = j->next;
+    for (job_t *j = jobs, *nx; j; j = nx) {
+        nx = j->next;
         if (!job_is_terminal(j) || !j->finished || difftime(now, j->finished) < srv.cfg.job_retention ||
-            j->hook == HOOK_PENDING || serves_from_job(j))
+            j->hook == HOOK_PENDING || j->prune_failed || serves_from_job(j))
             continue;
-        char err[512];
+        char err[512], id[NAME_MAX_LEN + 1];
         int st;
-        if (jobs_delete(j, err, &st) == 0) log_line("jobs: a job finished more than %.0f s ago deleted (--job-retention)",
-                                                    srv.cfg.job_retention);
-        else log_line("jobs: --job-retention: %s", err);
+        snprintf(id, sizeof id, "%s", j->id);
+        if (jobs_delete(j, err, &st) == 0) {
+            log_line("job %s: finished more than %.0f s ago: deleted (--job-retention)", id, srv.cfg.job_retention);
+        } else {
+            j->prune_failed = 1;   /* said once; DELETE /v1/jobs/ID or a restart tries again */
+            log_line("job %s: --job-retention: %s", id, err);
+        }
     }
 }
 

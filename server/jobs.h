@@ -76,6 +76,7 @@ typedef struct job {
     char hook_error[256];
     job_watcher *watchers;
     int removed;                 /* deleted while streams followed it: freed with the last */
+    int prune_failed;            /* --job-retention could not delete it (logged once) */
     struct job *next;
 } job_t;
 
