@@ -44,6 +44,8 @@ static pthread_cond_t jobs_wake = PTHREAD_COND_INITIALIZER;
 static job_t *jobs;              /* in order of submission */
 static uint64_t jobs_seq;
 static int stopping, started;
+/* since this start, for /metrics: runs that ended by outcome, webhooks */
+static unsigned long runs_ended[JOB_CANCELLED + 1], hooks_delivered, hooks_failed;
 static pthread_t runner_thread, hook_thread;
 static char jobs_dir[PATH_MAX], files_dir[PATH_MAX];
 static char default_device[16] = "cpu";
@@ -898,6 +900,7 @@ static void job_finish(job_t *j, int code, int sig)
                                                   "watching)%s%s", *last ? ": " : "", last);
     }
     j->cancelling = 0;
+    runs_ended[j->status]++;
     if (j->webhook) {
         j->hook = HOOK_PENDING;
         j->hook_attempts = 0;
@@ -1231,12 +1234,16 @@ static void *hook_main(void *arg)
         if (!j || j->hook != HOOK_PENDING) continue;   /* resumed meanwhile */
         if (rc == 0) {
             j->hook = HOOK_DELIVERED;
+            hooks_delivered++;
             j->hook_error[0] = 0;
             log_line("job %s: webhook delivered (attempt %d)", j->id, j->hook_attempts);
         } else {
             snprintf(j->hook_error, sizeof j->hook_error, "%s", err);
             if (j->hook_attempts >= HOOK_ATTEMPTS || stopping) {
-                if (!stopping) j->hook = HOOK_FAILED;
+                if (!stopping) {
+                    j->hook = HOOK_FAILED;
+                    hooks_failed++;
+                }
                 log_line("job %s: webhook %s after %d attempts: %s", j->id, stopping ? "left for the next start" : "failed",
                          j->hook_attempts, err);
             } else {
@@ -1402,6 +1409,29 @@ void jobs_stop(void)
     pthread_mutex_unlock(&jobs_lock);
     pthread_join(runner_thread, NULL);
     pthread_join(hook_thread, NULL);
+}
+
+void jobs_metrics(FILE *f)
+{
+    pthread_mutex_lock(&jobs_lock);
+    if (!started) {
+        pthread_mutex_unlock(&jobs_lock);
+        return;
+    }
+    int by[JOB_CANCELLED + 1] = {0};
+    for (job_t *j = jobs; j; j = j->next) by[j->status]++;
+    fprintf(f, "# HELP spanserve_jobs Training jobs by status.\n# TYPE spanserve_jobs gauge\n");
+    for (int i = 0; i <= JOB_CANCELLED; i++)
+        fprintf(f, "spanserve_jobs{status=\"%s\"} %d\n", job_status_name((job_status)i), by[i]);
+    fprintf(f, "# HELP spanserve_job_runs_ended_total Training processes that ended, by the job's outcome.\n"
+               "# TYPE spanserve_job_runs_ended_total counter\n");
+    for (int i = JOB_SUCCEEDED; i <= JOB_CANCELLED; i++)
+        fprintf(f, "spanserve_job_runs_ended_total{outcome=\"%s\"} %lu\n", job_status_name((job_status)i), runs_ended[i]);
+    fprintf(f, "# HELP spanserve_job_webhooks_total Webhook deliveries: delivered, or given up after every retry.\n"
+               "# TYPE spanserve_job_webhooks_total counter\n"
+               "spanserve_job_webhooks_total{result=\"delivered\"} %lu\nspanserve_job_webhooks_total{result=\"failed\"} %lu\n",
+            hooks_delivered, hooks_failed);
+    pthread_mutex_unlock(&jobs_lock);
 }
 
 /* Frees the list, once the jobs listener has stopped. */

@@ -120,6 +120,9 @@ int jobs_stopping(void);
 
 /* Texts being fetched by URL (route_jobs.c). */
 int jobs_fetching(void);
+/* The jobs' lines of /metrics (nothing when the jobs listener is off);
+ * takes jobs_lock, so the caller holds no lock. */
+void jobs_metrics(FILE *f);
 /* Frees the jobs once the jobs listener has stopped (jobs_stop first). */
 void jobs_free(void);
 

@@ -5,6 +5,7 @@
  */
 #define _GNU_SOURCE
 #include "server.h"
+#include "jobs.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,6 +112,7 @@ char *metrics_render(void)
                "spanserve_sessions{state=\"live\"} %d\nspanserve_sessions{state=\"disk\"} %d\n", live, disk);
     fprintf(f, "# HELP spanserve_session_memory_bytes Memory held by live sessions.\n# TYPE spanserve_session_memory_bytes gauge\n"
                "spanserve_session_memory_bytes %zu\n", bytes);
+    jobs_metrics(f);
     fclose(f);
     return buf;
 }

@@ -733,6 +733,25 @@ def t_delete(S):
     check("spanctl jobs delete of an unknown job: 1", p.returncode == 1 and "no job" in p.stderr, f"{p.stderr}")
 
 
+def t_metrics(S):
+    """The jobs' lines of /metrics on the main listener."""
+    r = S.api("GET", "/metrics")
+    text = r.body.decode()
+    m = dict((k, float(v)) for k, v in re.findall(r"^(spanserve_job[a-z_]*\{[^}]*\}) ([0-9.e+]+)$", text, re.M))
+    jobs = S.j("GET", "/v1/jobs").json["jobs"]
+    by = {st: sum(1 for j in jobs if j["status"] == st) for st in ("queued", "running", "succeeded", "failed", "cancelled")}
+    check("spanserve_jobs{status} counts the jobs", all(m.get(f'spanserve_jobs{{status="{st}"}}') == n for st, n in by.items()),
+          f"{by} {m}")
+    check("runs ended: succeeded, failed (the killed one), cancelled",
+          m.get('spanserve_job_runs_ended_total{outcome="succeeded"}', 0) >= 4
+          and m.get('spanserve_job_runs_ended_total{outcome="failed"}', 0) >= 1
+          and m.get('spanserve_job_runs_ended_total{outcome="cancelled"}', 0) >= 3, f"{m}")
+    check("webhooks delivered after a retry, none given up", m.get('spanserve_job_webhooks_total{result="delivered"}', 0) >= 2
+          and m.get('spanserve_job_webhooks_total{result="failed"}') == 0, f"{m}")
+    check("metrics: HELP and TYPE for each", all(f"# TYPE {n} " in text for n in ("spanserve_jobs", "spanserve_job_runs_ended_total",
+                                                                                    "spanserve_job_webhooks_total")))
+
+
 def t_retention(tmp):
     """No --model-dir (a deployed model is served from its job's directory),
     --job-retention 3 s, --sse-keepalive 0.5 s."""
@@ -936,6 +955,7 @@ def main():
             run("killed", t_killed, S)
             run("spanctl", t_spanctl, S)
             run("delete", t_delete, S)
+            run("metrics", t_metrics, S)
         CURRENT = "main server"
         rc = S.stop()
         check("exit 0 on SIGTERM", rc == 0, f"{rc}: {S.tail()}")
