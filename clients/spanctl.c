@@ -97,7 +97,7 @@ static const char main_usage[] =
     "  models     list, get, load, load-url, delete models\n"
     "  sessions   list, create, get, delete, export, import sessions\n"
     "  jobs       submit, list, get, follow, cancel, resume, delete training jobs;\n"
-    "             upload texts\n"
+    "             upload texts, download checkpoints\n"
     "  version    print the version\n"
     "\n"
     "`spanctl COMMAND --help` describes each. --url and --api-key may also follow\n"
@@ -176,6 +176,7 @@ static const char jobs_usage[] =
     "       spanctl jobs cancel ID\n"
     "       spanctl jobs resume ID\n"
     "       spanctl jobs delete ID                   (a finished job and its directory)\n"
+    "       spanctl jobs download ID [FILE]         (its last checkpoint; default stdout)\n"
     "       spanctl jobs upload FILE [--name NAME]  (prints the file's id)\n"
     "\n"
     "Training jobs on the jobs listener: the URL is --url, else $SPANSERVE_JOBS_URL,\n"
@@ -817,10 +818,11 @@ static int cmd_models(ctl_t *c, int argc, char **argv)
 
 /* ------------------------------------------------------------------ sessions */
 
-static int export_state(ctl_t *c, const char *id, const char *path)
+/* GET URL into the file PATH ("-": stdout); WHAT names it in the message. */
+static int download_to(ctl_t *c, char *url, const char *path, const char *what)
 {
     resp_t r = {0};
-    int rc = http_call(c, "GET", make_url(c, "/v1/sessions", id, "state", NULL), NULL, NULL, 0, &r);
+    int rc = http_call(c, "GET", url, NULL, NULL, 0, &r);
     if (rc == 0) {
         FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "wb");
         if (!f || fwrite(r.body.data ? r.body.data : "", 1, r.body.len, f) != r.body.len ||
@@ -828,11 +830,18 @@ static int export_state(ctl_t *c, const char *id, const char *path)
             fprintf(stderr, "%s: %s: %s\n", prog, path, strerror(errno));
             rc = 1;
         } else if (f != stdout) {
-            fprintf(stderr, "%s: wrote %zu bytes of session %s to %s\n", prog, r.body.len, id, path);
+            fprintf(stderr, "%s: wrote %zu bytes of %s to %s\n", prog, r.body.len, what, path);
         }
     }
     buf_free(&r.body);
     return rc;
+}
+
+static int export_state(ctl_t *c, const char *id, const char *path)
+{
+    char what[128];
+    snprintf(what, sizeof what, "session %.64s", id);
+    return download_to(c, make_url(c, "/v1/sessions", id, "state", NULL), path, what);
 }
 
 static int import_state(ctl_t *c, const char *id, const char *path, const char *model)
@@ -1119,11 +1128,17 @@ static int cmd_jobs(ctl_t *c, int argc, char **argv)
         if (rc == 0) puts(fid);
         return rc;
     }
-    if (n != 1) return want_args(jobs_usage, action, n, 1, 1);
+    if (strcmp(action, "download") == 0 ? n < 1 || n > 2 : n != 1)
+        return want_args(jobs_usage, action, n, 1, strcmp(action, "download") == 0 ? 2 : 1);
     if (strcmp(action, "get") == 0) return call_print(c, "GET", make_url(c, "/v1/jobs", a[0], NULL, NULL), NULL, NULL, NULL);
     if (strcmp(action, "events") == 0) return job_events(c, a[0], follow);
     if (strcmp(action, "delete") == 0)
         return call_print(c, "DELETE", make_url(c, "/v1/jobs", a[0], NULL, NULL), NULL, "deleted", "deleted ");
+    if (strcmp(action, "download") == 0) {
+        char what[128];
+        snprintf(what, sizeof what, "job %.64s's checkpoint", a[0]);
+        return download_to(c, make_url(c, "/v1/jobs", a[0], "checkpoint", NULL), n == 2 ? a[1] : "-", what);
+    }
     if (strcmp(action, "cancel") == 0 || strcmp(action, "resume") == 0) {
         resp_t r = {0};
         int rc = http_call(c, "POST", make_url(c, "/v1/jobs", a[0], action, NULL), NULL, NULL, 0, &r);

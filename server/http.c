@@ -70,6 +70,7 @@ static const route_t job_routes[] = {
     {"POST", "/v1/jobs/*/cancel", route_jobs_cancel, 0, 0, 0},
     {"POST", "/v1/jobs/*/resume", route_jobs_resume, 0, 0, 0},
     {"GET", "/v1/jobs/*/spans.svg", route_jobs_svg, 0, 0, 0},
+    {"GET", "/v1/jobs/*/checkpoint", route_jobs_checkpoint, 0, 0, 0},
 };
 
 typedef struct listener {
@@ -133,6 +134,25 @@ enum MHD_Result reply_bytes(request_t *r, int status, const char *type, const vo
     enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
     MHD_destroy_response(resp);
     r->status = status;
+    r->responded = 1;
+    return rc;
+}
+
+enum MHD_Result reply_file(request_t *r, int fd, size_t len, const char *type, const char *filename)
+{
+    struct MHD_Response *resp = MHD_create_response_from_fd64(len, fd);
+    if (!resp) {
+        close(fd);
+        return reply_error(r, 503, "out of memory");
+    }
+    char disp[300];
+    snprintf(disp, sizeof disp, "attachment; filename=\"%s\"", filename);
+    MHD_add_response_header(resp, "Content-Type", type);
+    MHD_add_response_header(resp, "Content-Disposition", disp);
+    add_common_headers(resp);
+    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
+    MHD_destroy_response(resp);
+    r->status = 200;
     r->responded = 1;
     return rc;
 }

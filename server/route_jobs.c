@@ -450,6 +450,28 @@ enum MHD_Result route_jobs_delete(request_t *r)
     return reply_json(r, 200, json_pack("{s:s}", "deleted", id));
 }
 
+/* The job's last checkpoint, as the trainer wrote it (a file renamed into
+ * place: the one opened here is whole even while a newer one is written). */
+enum MHD_Result route_jobs_checkpoint(request_t *r)
+{
+    char path[PATH_MAX], name[NAME_MAX_LEN + 32];
+    pthread_mutex_lock(&jobs_lock);
+    job_t *j = jobs_find(r->seg[2]);
+    if (j) {
+        job_path(j, "model.safetensors", path, sizeof path);
+        snprintf(name, sizeof name, "%s.safetensors", j->id);
+    }
+    int fd = j ? open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+    pthread_mutex_unlock(&jobs_lock);
+    if (!j) return reply_error(r, 404, "no job '%.64s'", r->seg[2]);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0) close(fd);
+        return reply_error(r, 404, "job '%.64s' has no checkpoint yet", r->seg[2]);
+    }
+    return reply_file(r, fd, (size_t)st.st_size, "application/octet-stream", name);
+}
+
 /* A query argument that must be an integer in [LO, HI]; -1 (replied) when bad. */
 static int query_long(request_t *r, const char *key, long lo, long hi, long dflt, long *out)
 {

@@ -262,6 +262,9 @@ enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...) __at
 /* The error type of an HTTP status, as in every error body. */
 const char *error_type(int status);
 enum MHD_Result reply_bytes(request_t *r, int status, const char *type, const void *data, size_t len);
+/* 200 with LEN bytes of the open file FD (taken: closed when sent) as an
+ * attachment named FILENAME. */
+enum MHD_Result reply_file(request_t *r, int fd, size_t len, const char *type, const char *filename);
 /* The request body as a JSON object; on failure replies (400/415) and returns NULL. */
 json_t *body_json(request_t *r);
 const char *query_arg(request_t *r, const char *key);
@@ -315,6 +318,7 @@ enum MHD_Result route_jobs_get(request_t *r);
 enum MHD_Result route_jobs_events(request_t *r);
 enum MHD_Result route_jobs_cancel(request_t *r);
 enum MHD_Result route_jobs_delete(request_t *r);
+enum MHD_Result route_jobs_checkpoint(request_t *r);
 enum MHD_Result route_jobs_resume(request_t *r);
 enum MHD_Result route_jobs_svg(request_t *r);
 /* Opens the file an upload's body is written to (upload_fd, upload_tmp);

@@ -625,6 +625,10 @@ assert r["events"][-1]["event"] == "done" and r["next"] == 10 + len(r["events"])
 PY
 expect 0 sh $ex/jobs-list.sh succeeded; contains "$tmp/out" '"ex-1"'
 expect 0 sh $ex/jobs-spans-svg.sh ex-1; contains "$tmp/out" "<svg"; contains "$tmp/out" "polyline"
+expect 0 sh $ex/jobs-checkpoint.sh ex-1
+cmp -s "$tmp/out" "$tmp/models3/ex-model.safetensors" && ok || bad "jobs-checkpoint.sh: not the job's model file"
+expect 0 "$ctl" jobs download ex-1 "$tmp/ex-1.safetensors"
+cmp -s "$tmp/ex-1.safetensors" "$tmp/models3/ex-model.safetensors" && ok || bad "spanctl jobs download: not the job's model file"
 expect 0 sh $ex/jobs-submit.sh adaptive-span "$fid" '{"hidden_size": 16, "inner_hidden_size": 32, "nb_heads": 2, "nb_layers": 1, "attn_span": 32, "block_size": 16, "batch_size": 4, "steps": 1000000, "log_every": 50, "checkpoint_every": 100}' ex-long
 expect 22 sh $ex/files-delete.sh "$fid"; check_error "files-delete.sh of a text in use" 409 conflict
 for _ in $(seq 300); do sh $ex/jobs-get.sh ex-long 2>/dev/null | grep -q '"checkpoint"' && break; sleep 0.1; done
@@ -641,6 +645,7 @@ expect 0 sh $ex/files-delete.sh "$fid"; contains "$tmp/out" "\"deleted\":\"$fid\
 expect 22 sh $ex/jobs-delete.sh ex-nope; check_error "jobs-delete.sh of an unknown job" 404 not_found
 expect 0 sh $ex/jobs-delete.sh ex-long; contains "$tmp/out" '"deleted":"ex-long"'
 expect 22 sh $ex/jobs-get.sh ex-long; check_error "jobs-get.sh of a deleted job" 404 not_found
+expect 22 sh $ex/jobs-checkpoint.sh ex-long; check_error "jobs-checkpoint.sh of a deleted job" 404 not_found
 expect 0 "$ctl" jobs list; contains "$tmp/out" "^ex-1  *succeeded  *adaptive-span  *200/200"
 unset SPANSERVE_ADMIN_KEY SPANSERVE_JOBS_URL
 stop_servers

@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -733,6 +734,42 @@ def t_delete(S):
     check("spanctl jobs delete of an unknown job: 1", p.returncode == 1 and "no job" in p.stderr, f"{p.stderr}")
 
 
+def t_checkpoint(S):
+    """GET /v1/jobs/ID/checkpoint: the last checkpoint, whole, as an attachment."""
+    r = S.j("GET", "/v1/jobs/aspan-1/checkpoint")
+    with open(os.path.join(S.models, "tiny-aspan.safetensors"), "rb") as f:
+        want = f.read()
+    check("checkpoint: 200, the bytes of the model it became", r.status == 200 and r.body == want, f"{r.status} {len(r.body)}")
+    check("checkpoint: octet-stream, an attachment named after the job",
+          r.headers.get("content-type") == "application/octet-stream"
+          and 'filename="aspan-1.safetensors"' in r.headers.get("content-disposition", ""), f"{r.headers}")
+    # it loads on the inference listener and scores as the deployed model
+    with open(os.path.join(S.models, "downloaded.safetensors"), "wb") as f:
+        f.write(r.body)
+    r = S.api("POST", "/v1/models", {"name": "downloaded", "path": "downloaded.safetensors"})
+    check("the downloaded checkpoint loads", r.status == 201, f"{r}")
+    a = S.api("POST", "/v1/score", {"model": "downloaded", "text": TEXT[:300]}).json or {}
+    b = S.api("POST", "/v1/score", {"model": "tiny-aspan", "text": TEXT[:300]}).json or {}
+    check("and scores as the deployed model", a.get("bpc") is not None and a.get("bpc") == b.get("bpc"), f"{a} {b}")
+    S.api("DELETE", "/v1/models/downloaded")
+    expect_error("checkpoint of a job that has none", S.j("GET", "/v1/jobs/queued-1/checkpoint"), 404, "no checkpoint yet")
+    expect_error("checkpoint of no job", S.j("GET", "/v1/jobs/nope/checkpoint"), 404, "no job")
+    expect_error("checkpoint without the admin key", S.j("GET", "/v1/jobs/aspan-1/checkpoint", key=None), 401, "")
+    # while a job trains: a whole file, every time
+    r = S.j("POST", "/v1/jobs", {"id": "ck-live", "family": "adaptive-span", "file": FILES["text"],
+                                 "config": dict(long_config(), checkpoint_every=5)})
+    wait_checkpoint(S, "ck-live")
+    sizes = set()
+    for _ in range(20):
+        r = S.j("GET", "/v1/jobs/ck-live/checkpoint")
+        n = struct.unpack("<Q", r.body[:8])[0] if len(r.body) >= 8 else -1
+        ok = r.status == 200 and 0 < n < len(r.body) and json.loads(r.body[8:8 + n]).get("__metadata__")
+        sizes.add(len(r.body) if ok else -1)
+    check("downloads during training: whole checkpoints", -1 not in sizes and len(sizes) == 1, f"{sizes}")
+    S.j("POST", "/v1/jobs/ck-live/cancel")
+    S.wait_status("ck-live", ("cancelled",), 20)
+
+
 def t_metrics(S):
     """The jobs' lines of /metrics on the main listener."""
     r = S.api("GET", "/metrics")
@@ -954,6 +991,7 @@ def main():
             run("https", t_https, S, web)
             run("killed", t_killed, S)
             run("spanctl", t_spanctl, S)
+            run("checkpoint", t_checkpoint, S)
             run("delete", t_delete, S)
             run("metrics", t_metrics, S)
         CURRENT = "main server"
