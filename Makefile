@@ -45,6 +45,8 @@ CTL_LIBS   = $(shell pkg-config --libs $(CTL_PKGS) 2>/dev/null)
 # needs CUDA.
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CU_SRC   := $(wildcard kernels/*.cu)
+# the host compiler's warnings and nvcc's own (device code), all errors
+NVCC_WARN := -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
 ifneq ($(and $(NVCC),$(CU_SRC)),)
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS   += -DSPANSERVE_CUDA
@@ -72,7 +74,7 @@ $(OPENAPI_C:.c=.o): %.o: %.c
 
 $(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -arch=sm_90 -Icore -c $< -o $@
+	$(NVCC) -O3 -arch=sm_90 -Icore $(NVCC_WARN) -c $< -o $@
 
 $(BUILD)/libcore.a: $(CORE_OBJ) $(CU_OBJ)
 	@rm -f $@

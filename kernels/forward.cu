@@ -44,7 +44,7 @@ static void mark(gpu_model *g, int op)
 }
 
 /* Runs CALL (a launcher returning 0 or -1), then marks it as operation OP. */
-#define OP(op, call) ((call) ? -1 : (mark(g, op), 0))
+#define OP(op, call) ((call) != 0 || (mark(g, op), 0))   /* true when it failed */
 
 /* y = x W^T in the model's precision: float32 (x, W) or bfloat16 (xb, Wb). */
 static int linear(gpu_model *g, float *y, const float *x, const bf16 *xb, const float *W, const bf16 *Wb, int n, int in,
