@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #define SPANCTL_VERSION "0.1.0"
 #define DEFAULT_URL "http://127.0.0.1:8080"
@@ -185,7 +187,9 @@ static const char jobs_usage[] =
     "included unless --family is given; --text uploads FILE first, --url-text has\n"
     "the server fetch an https URL. --follow\n"
     "streams the lines as they come and ends with the job: status 0 when it\n"
-    "succeeded, 1 otherwise (its status and error on standard error).\n";
+    "succeeded, 1 otherwise (its status and error on standard error); a stream\n"
+    "that breaks (a server restart) is followed again after its last line, for\n"
+    "up to 60 s without a line.\n";
 
 static int usage_error(const char *usage, const char *fmt, ...)
 {
@@ -210,6 +214,7 @@ struct sse {
     json_t *done;  /* the data of the `done` event */
     json_t *error; /* the data of an `error` event */
     int n_events;
+    long long last_id; /* the last `id:` field (a job stream's lines so far) */
 };
 
 typedef struct {
@@ -261,6 +266,12 @@ static int sse_line(sse_t *s, char *line, size_t n)
     } else if (klen == 4 && memcmp(line, "data", 4) == 0) {
         if (s->data.len && buf_append(&s->data, "\n", 1)) return -1;
         if (buf_append(&s->data, v, vlen)) return -1;
+    } else if (klen == 2 && memcmp(line, "id", 2) == 0) {
+        char num[24];
+        size_t k = vlen < sizeof num - 1 ? vlen : sizeof num - 1;
+        memcpy(num, v, k);
+        num[k] = 0;
+        s->last_id = strtoll(num, NULL, 10);
     }
     return 0;
 }
@@ -981,14 +992,42 @@ static int on_job_event(sse_t *s, const char *event, const char *data)
     return 0;
 }
 
+#define FOLLOW_PATIENCE 60
+
 static int job_events(ctl_t *c, const char *id, int follow)
 {
     resp_t r = {0};
     if (follow) {
+        /* A stream that breaks (the server restarting, the network) is
+         * followed again after its last line, until the job has ended or
+         * FOLLOW_PATIENCE seconds pass without a line. */
         sse_t s = {.on_event = on_job_event};
-        r.sse = &s;
-        int rc = http_call(c, "GET", make_url(c, "/v1/jobs", id, "events", "?stream=true"), NULL, NULL, 0, &r);
-        if (rc == 0 && !s.done) { fprintf(stderr, "%s: the stream ended without the job\n", prog); rc = 1; }
+        int rc = 1, delay = 1;
+        time_t give_up = time(NULL) + FOLLOW_PATIENCE;
+        for (;;) {
+            char q[64];
+            snprintf(q, sizeof q, "?stream=true&after=%lld", s.last_id);
+            resp_t rr = {.sse = &s};
+            int seen = s.n_events;
+            rc = http_call(c, "GET", make_url(c, "/v1/jobs", id, "events", q), NULL, NULL, 0, &rr);
+            buf_free(&rr.body);
+            s.line.len = s.data.len = 0;   /* a broken event is read again whole */
+            s.event[0] = 0;
+            const char *st = json_string_value(json_object_get(s.done, "status"));
+            int ended = st && (strcmp(st, "succeeded") == 0 || strcmp(st, "failed") == 0 || strcmp(st, "cancelled") == 0);
+            if (rc == 0 && ended) break;
+            if (rc && rr.status > 0 && rr.status < 500) break;   /* the server's answer: no job, no key */
+            if (s.n_events > seen + 1) give_up = time(NULL) + FOLLOW_PATIENCE, delay = 1;
+            if (time(NULL) >= give_up) {
+                fprintf(stderr, "%s: job %s's stream: no line for %d s; giving up\n", prog, id, FOLLOW_PATIENCE);
+                rc = 1;
+                break;
+            }
+            fprintf(stderr, "%s: job %s's stream broke; following it again after line %lld in %d s\n", prog, id,
+                    s.last_id, delay);
+            sleep((unsigned)delay);
+            delay = delay < 8 ? 2 * delay : 10;
+        }
         if (rc == 0) {
             const char *st = json_string_value(json_object_get(s.done, "status"));
             const char *err = json_string_value(json_object_get(s.done, "error"));
@@ -996,7 +1035,6 @@ static int job_events(ctl_t *c, const char *id, int follow)
             rc = st && strcmp(st, "succeeded") == 0 ? 0 : 1;
         }
         sse_free(&s);
-        buf_free(&r.body);
         return rc;
     }
     long long after = 0;

@@ -185,9 +185,10 @@ class Server:
         self.logs = []
         self.ca_file = None
 
-    def start(self):
-        for _ in range(3):
-            self.port, self.jport = free_port(), free_port()
+    def start(self, same_ports=False):
+        for attempt in range(3):
+            if not (same_ports and attempt == 0):
+                self.port, self.jport = free_port(), free_port()
             log = os.path.join(self.tmp, f"server.{len(self.logs)}.log")
             self.logs.append(log)
             env = dict(os.environ)
@@ -864,13 +865,19 @@ def t_restart(tmp, hook):
     jd = wait_checkpoint(S, "D") or {}
     check("R and D running, Q queued", jr.get("status") == "running" and jd.get("status") == "running"
           and S.job("Q").get("status") == "queued", f"{jr.get('status')} {jd.get('status')} {S.job('Q')}")
+    # spanctl follows R's events across the restart (the server comes back on the same ports)
+    follower = subprocess.Popen([CTL, "--url", f"http://127.0.0.1:{S.jport}", "--api-key", ADMIN, "jobs", "events", "R",
+                                 "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: os.path.exists(os.path.join(S.state, "jobs", "R", "train.log")), 10)
+    time.sleep(0.5)
     rc = S.stop()
     check("the server exits 0 on SIGTERM with jobs running", rc == 0, f"{rc}: {S.tail()}")
     check("its training processes go on", alive(jd.get("pid", 0)) and (alive(jr.get("pid", 0)) or any(
         e["event"] == "done" for e in map(json.loads, open(os.path.join(S.state, "jobs", "R", "train.log"))))))
     os.kill(jd["pid"], signal.SIGKILL)
     wait_for(lambda: not alive(jd["pid"]), 5)
-    err = S.start()
+    time.sleep(1.5)   # the follower finds nobody there, and tries again
+    err = S.start(same_ports=True)
     if not check("server again", err is None, f"{err}"):
         return S
     j = S.job("R")
@@ -881,6 +888,15 @@ def t_restart(tmp, hook):
     check("R deployed on the new server", S.api("GET", "/v1/models/after-restart").status == 200)
     got = wait_for(lambda: hook.bodies("/hook/R"), 15)
     check("R's webhook", got and got[0]["status"] == "succeeded", f"{got}")
+    try:
+        out, errs = follower.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+        out, errs = follower.communicate()
+    lines = [json.loads(l) for l in out.splitlines() if l.strip()]
+    check("spanctl jobs events --follow across the restart: every line once, to the end, exit 0",
+          follower.returncode == 0 and lines == log_events(S, "R") and "following it again" in errs
+          and "succeeded" in errs, f"{follower.returncode} {len(lines)} lines vs {len(log_events(S, 'R'))}: {errs[-400:]}")
     j = S.job("D")
     check("D died while the server was down: failed", j.get("status") == "failed" and "ended without finishing" in j.get("error", ""), f"{j}")
     j = S.wait_status("Q", ("succeeded", "failed"), 60) or {}
