@@ -333,9 +333,14 @@ enum MHD_Result reply_stream(request_t *r, task_t *t)
         pthread_mutex_unlock(&srv.lock);
         return MHD_NO;
     }
+    return reply_event_stream(r, resp);
+}
+
+enum MHD_Result reply_event_stream(request_t *r, struct MHD_Response *resp)
+{
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-store");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");   /* nginx: pass each event on at once */
     enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
     MHD_destroy_response(resp);
     r->status = 200;

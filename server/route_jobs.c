@@ -699,14 +699,7 @@ enum MHD_Result route_jobs_events(request_t *r)
         stream_free(s);
         return reply_error(r, 503, "out of memory");
     }
-    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-    MHD_add_response_header(resp, "Cache-Control", "no-store");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    enum MHD_Result rc = MHD_queue_response(r->conn, 200, resp);
-    MHD_destroy_response(resp);
-    r->status = 200;
-    r->responded = 1;
-    return rc;
+    return reply_event_stream(r, resp);
 }
 
 /* ------------------------------------------------------------ the picture */

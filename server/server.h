@@ -279,6 +279,9 @@ int http_wait_thread(request_t *r, void *(*fn)(void *), void *ctx);
 /* A streaming response fed from T's event buffer; takes over a reference
  * to T that the caller holds for it (dropped when the stream is freed). */
 enum MHD_Result reply_stream(request_t *r, task_t *t);
+/* Queues RESP (a callback response, destroyed here) as a 200
+ * text/event-stream that proxies pass on unbuffered. */
+enum MHD_Result reply_event_stream(request_t *r, struct MHD_Response *resp);
 
 /* Field readers: on a bad value they write a message to ERR and return -1. */
 int field_int(json_t *o, const char *k, long long lo, long long hi, long long dflt, long long *out, char *err);
