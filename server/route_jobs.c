@@ -408,13 +408,14 @@ enum MHD_Result route_jobs_get(request_t *r)
     return reply_json(r, 200, o);
 }
 
-enum MHD_Result route_jobs_cancel(request_t *r)
+/* ACT (jobs_cancel, jobs_resume) on the job of the path; 200 and the job. */
+static enum MHD_Result job_action(request_t *r, int (*act)(job_t *, char *, int *))
 {
     char err[512];
     int status = 404;
     pthread_mutex_lock(&jobs_lock);
     job_t *j = jobs_find(r->seg[2]);
-    int rc = j ? jobs_cancel(j, err, &status) : -1;
+    int rc = j ? act(j, err, &status) : -1;
     json_t *o = j && rc == 0 ? job_json(j) : NULL;
     pthread_mutex_unlock(&jobs_lock);
     if (!j) return reply_error(r, 404, "no job '%.64s'", r->seg[2]);
@@ -422,32 +423,20 @@ enum MHD_Result route_jobs_cancel(request_t *r)
     return reply_json(r, 200, o);
 }
 
-enum MHD_Result route_jobs_resume(request_t *r)
-{
-    char err[512];
-    int status = 404;
-    pthread_mutex_lock(&jobs_lock);
-    job_t *j = jobs_find(r->seg[2]);
-    int rc = j ? jobs_resume(j, err, &status) : -1;
-    json_t *o = j && rc == 0 ? job_json(j) : NULL;
-    pthread_mutex_unlock(&jobs_lock);
-    if (!j) return reply_error(r, 404, "no job '%.64s'", r->seg[2]);
-    if (rc) return reply_error(r, status, "%s", err);
-    return reply_json(r, 200, o);
-}
+enum MHD_Result route_jobs_cancel(request_t *r) { return job_action(r, jobs_cancel); }
+enum MHD_Result route_jobs_resume(request_t *r) { return job_action(r, jobs_resume); }
 
 enum MHD_Result route_jobs_delete(request_t *r)
 {
-    char err[512], id[NAME_MAX_LEN + 1];
+    char err[512];
     int status = 404;
     pthread_mutex_lock(&jobs_lock);
     job_t *j = jobs_find(r->seg[2]);
-    if (j) snprintf(id, sizeof id, "%s", j->id);
     int rc = j ? jobs_delete(j, err, &status) : -1;
     pthread_mutex_unlock(&jobs_lock);
     if (!j) return reply_error(r, 404, "no job '%.64s'", r->seg[2]);
     if (rc) return reply_error(r, status, "%s", err);
-    return reply_json(r, 200, json_pack("{s:s}", "deleted", id));
+    return reply_json(r, 200, json_pack("{s:s}", "deleted", r->seg[2]));   /* the id, as jobs_find matched it */
 }
 
 /* The job's last checkpoint, as the trainer wrote it (a file renamed into
