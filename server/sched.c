@@ -375,9 +375,13 @@ static void *sched_main(void *arg)
             for (task_t *t = srv.active; t && B < SCHED_MAX_BATCH; t = t->next)
                 if (t->sm == sm && is_decoding(t)) batch[B++] = t;
             if (!B) continue;
+            /* held through the step: a task it fails frees the model for
+             * DELETE /v1/models before this loop goes on to sm->next */
+            sm->tasks++;
             pthread_mutex_unlock(&srv.lock);
             decode_batch(batch, B);
             pthread_mutex_lock(&srv.lock);
+            sm->tasks--;
         }
         for (task_t *t = srv.active, *nx; t; t = nx) {
             nx = t->next;
