@@ -1016,7 +1016,7 @@ static int job_events(ctl_t *c, const char *id, int follow)
             const char *st = json_string_value(json_object_get(s.done, "status"));
             int ended = st && (strcmp(st, "succeeded") == 0 || strcmp(st, "failed") == 0 || strcmp(st, "cancelled") == 0);
             if (rc == 0 && ended) break;
-            if (rc && rr.status > 0 && rr.status < 500) break;   /* the server's answer: no job, no key */
+            if (rc && rr.status >= 400 && rr.status < 500) break;   /* the server's answer: no job, no key */
             if (s.n_events > seen + 1) give_up = time(NULL) + FOLLOW_PATIENCE, delay = 1;
             if (time(NULL) >= give_up) {
                 fprintf(stderr, "%s: job %s's stream: no line for %d s; giving up\n", prog, id, FOLLOW_PATIENCE);
