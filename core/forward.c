@@ -33,6 +33,9 @@ int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
     if (B <= 0 || M <= 0) return err_set(err, "empty batch (%d streams x %d tokens)", B, M);
     for (int b = 0; b < B; b++)
         if (!mems[b] || mems[b]->m != m) return err_set(err, "stream %d's memory belongs to another model", b);
+        else if (mems[b]->pos > MEM_MAX_POS - M)
+            return err_set(err, "stream %d is at position %lld: a stream holds at most %lld positions", b,
+                           (long long)mems[b]->pos, (long long)MEM_MAX_POS);
     for (long i = 0; i < (long)B * M; i++)
         if (tokens[i] < 0 || tokens[i] >= m->V)
             return err_set(err, "token id %d at %ld is outside the vocabulary [0, %d)", tokens[i], i, m->V);

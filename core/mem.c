@@ -134,7 +134,11 @@ int mem_copy(mem_t *dst, const mem_t *src)
 #define MEM_MAGIC "SPSMEM1"
 #define MEM_HDR 40
 #define MEM_MAX_ABS 1e8
-#define MEM_MAX_POS (INT64_C(1) << 53)   /* tokens: far past any stream, far from overflow */
+
+int64_t mem_room(const mem_t *s)
+{
+    return MEM_MAX_POS - s->pos - (s->pending >= 0);
+}
 
 size_t mem_serial_size(const mem_t *s)
 {
@@ -180,11 +184,18 @@ int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err)
     if (fp != m->fingerprint)
         return err_set(err, "the state belongs to another model (fingerprint %016llx, this model %016llx)",
                        (unsigned long long)fp, (unsigned long long)m->fingerprint);
-    if (nl != (uint32_t)m->n_layers || nf != s->n_floats || len != mem_serial_size(s))
-        return err_set(err, "the state's size does not match the model (%zu bytes, expected %zu)", len,
-                       mem_serial_size(s));
-    if (pos < 0 || pos > MEM_MAX_POS || pend < -1 || pend >= m->V)
-        return err_set(err, "the state's position or pending token is invalid");
+    if (nl != (uint32_t)m->n_layers)
+        return err_set(err, "the state has %u layers, the model %d", nl, m->n_layers);
+    if (nf != s->n_floats)
+        return err_set(err, "the state holds %llu floats, a memory of this model %zu (another --memory mode?)",
+                       (unsigned long long)nf, s->n_floats);
+    if (len != mem_serial_size(s))
+        return err_set(err, "the state is %zu bytes, %s than the %zu its header describes", len,
+                       len < mem_serial_size(s) ? "shorter" : "longer", mem_serial_size(s));
+    if (pos < 0 || pos > MEM_MAX_POS - (pend >= 0) || pend < -1 || pend >= m->V)
+        return err_set(err, "the state's position (%lld, with %s pending token) or pending token (%d) is invalid: "
+                       "a stream holds at most %lld positions and tokens are in [0, %d)", (long long)pos,
+                       pend >= 0 ? "a" : "no", pend, (long long)MEM_MAX_POS, m->V);
     for (uint32_t l = 0; l < nl; l++) {
         int32_t k;
         memcpy(&k, p + MEM_HDR + 4 * l, 4);

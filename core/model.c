@@ -389,15 +389,22 @@ void par_sinusoid(float *row, int D, double t)
     }
 }
 
-/* Rows of r_net(sinusoid) kept per attention block; longer blocks compute
- * the rest on the fly. */
+/* Rows of r_net(sinusoid) kept per attention block, and the bytes of all
+ * blocks' tables together: a cache, so a shape that would make it large
+ * (wide heads over a long memory) gets a shorter one instead of an
+ * allocation the file's size never hinted at; steps longer than the table
+ * compute r_net on the fly. */
 #define RK_TABLE_MAX 8192
+#define RK_TABLE_BYTES (256LL << 20)
 
 static int par_derive(model_t *m, char *err)
 {
     if (m->tie_weight) m->out_w = m->emb;
-    int D = m->d_model, A = m->n_head * m->d_head;
+    int D = m->d_model, A = m->n_head * m->d_head, n_attn = 0;
+    for (int b = 0; b < m->n_layers; b++) n_attn += m->layers[b].kind == BLK_ATTN;
     long long want_rows = (long long)m->mem_len + m->block_len;
+    long long fit = n_attn ? RK_TABLE_BYTES / ((long long)n_attn * A * (long long)sizeof(float)) : RK_TABLE_MAX;
+    if (fit < want_rows) want_rows = fit > 1 ? fit : 1;
     int T = (int)(want_rows < RK_TABLE_MAX ? want_rows : RK_TABLE_MAX);
     float *pos = malloc((size_t)T * D * sizeof *pos);
     if (!pos) return err_set(err, "out of memory");

@@ -144,7 +144,14 @@ typedef struct mem {
     void *dev;             /* the backend's copy of buf (authoritative while set), or NULL */
 } mem_t;
 
+/* Positions a stream may consume: far past any text, far from int64
+ * overflow. One bound for feeding, import, export and the state directory,
+ * so that a state the server wrote it can always read back. */
+#define MEM_MAX_POS (INT64_C(1) << 53)
+
 mem_t *mem_new(const model_t *m);
+/* Tokens stream S may still be given (its pending token counts as given). */
+int64_t mem_room(const mem_t *s);
 void mem_free(mem_t *s);
 void mem_reset(mem_t *s);
 int mem_copy(mem_t *dst, const mem_t *src);

@@ -49,6 +49,38 @@ json_t *report_spans(const model_t *m)
     return r;
 }
 
+void model_cost_of(const model_t *m, model_cost *c)
+{
+    const double L = m->block_len, V = m->V, D = m->d_model, I = m->d_inner, dh = m->d_head;
+    double tok = 2 * V * D, step = 0;   /* the output layer; work once a step, whatever its length */
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_t *y = &m->layers[l];
+        if (m->fam == FAM_ASPAN) {
+            /* q, k, v, o; the feed-forward; per head q.k over the key rows, q.key_pe over as many, and the
+             * values of its reach */
+            tok += 8 * D * D + 4 * D * I;
+            for (int h = 0; h < m->n_head; h++) tok += 2 * dh * (2.0 * y->krows[h] + y->reach[h]);
+        } else if (y->kind == BLK_ATTN) {
+            /* qkv and o; content, position and value products over mem_len + L keys; a step longer
+             * than the table of r_net (par_derive) computes r_net of all its distances */
+            const double A = (double)m->n_head * dh, klen = (double)m->mem_len + L;
+            tok += 8 * D * A + 6 * A * klen;
+            if (m->mem_len + 1 > y->rk_len) step += 2 * D * A * klen;
+        } else if (y->kind == BLK_FFN) {
+            tok += 4 * D * I;
+        }
+    }
+    c->session_bytes = mem_bytes(m);
+    c->token_flops = tok + step;
+    c->block_flops = tok * L + step;
+}
+
+json_t *report_cost(const model_cost *c)
+{
+    return json_pack("{s:I, s:f, s:f}", "session_bytes", (json_int_t)c->session_bytes, "flops_per_token",
+                     c->token_flops, "flops_per_block", c->block_flops);
+}
+
 json_t *report_model(const model_t *m)
 {
     json_t *cfg = json_loads(m->config_json, 0, NULL);

@@ -20,4 +20,20 @@ json_t *report_model(const model_t *m);
 /* {"bytes_per_stream", "reference_bytes_per_stream", "full_span_bytes_per_stream", "mode"} */
 json_t *report_memory(const model_t *m);
 
+/* What serving a model costs, for the limits a server sets on the models it
+ * loads (a well-formed checkpoint may still be absurd: a small model with a
+ * memory of a million positions). FLOPs count the multiply-adds of the
+ * matrix products and the attention (2 per multiply-add) at a full memory;
+ * norms and activations are left out: an estimate of the step's work, not a
+ * prediction of its time. */
+typedef struct {
+    size_t session_bytes;   /* a stream's memory on the host (mem_bytes) */
+    double token_flops;     /* one token of one stream (a decode step) */
+    double block_flops;     /* one block of block_len tokens of one stream */
+} model_cost;
+
+void model_cost_of(const model_t *m, model_cost *c);
+/* {"session_bytes", "flops_per_token", "flops_per_block"} */
+json_t *report_cost(const model_cost *c);
+
 #endif

@@ -377,9 +377,10 @@ int st_writer_save(st_writer *w, const char *path, char *err)
     if (!hdr) return err_set(err, "%s: out of memory", path);
     /* Pad the header with spaces so the data starts 8-byte aligned. */
     size_t hl = strlen(hdr), padded = (hl + 7) / 8 * 8;
-    char *tmp = malloc(strlen(path) + 16);
+    size_t tcap = strlen(path) + 32;
+    char *tmp = malloc(tcap);
     if (!tmp) { free(hdr); return err_set(err, "%s: out of memory", path); }
-    sprintf(tmp, "%s.tmp.%d", path, (int)getpid());
+    snprintf(tmp, tcap, "%s.tmp.%d", path, (int)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         err_set(err, "%s: cannot create: %s", tmp, strerror(errno));

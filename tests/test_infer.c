@@ -225,7 +225,50 @@ static void check_serialize(const char *name)
     CHECK(infer_score(m, b, ws, t + n - 1, 1, &y, NULL, err) == 0, "%s", err);
     CHECK(x.tokens == 1 && y.tokens == 1 && x.nll_sum == y.nll_sum, "after import: %.9g vs %.9g", x.nll_sum, y.nll_sum);
     /* damaged or foreign states are refused with a message */
-    CHECK(mem_deserialize(b, buf, sz - 1, err) != 0 && strstr(err, "size"), "truncated: %s", err);
+    /* the message says what is wrong, not "N bytes, expected N" */
+    CHECK(mem_deserialize(b, buf, sz - 1, err) != 0 && strstr(err, "shorter than the"), "truncated: %s", err);
+    unsigned char *longer = calloc(1, sz + 1);
+    memcpy(longer, buf, sz);
+    CHECK(mem_deserialize(b, longer, sz + 1, err) != 0 && strstr(err, "longer than the"), "longer: %s", err);
+    free(longer);
+    uint64_t nf_bad = a->n_floats + 1;
+    memcpy(buf + 32, &nf_bad, 8);
+    CHECK(mem_deserialize(b, buf, sz, err) != 0 && strstr(err, "floats"), "float count: %s", err);
+    memcpy(buf + 32, &a->n_floats, 8);
+    uint32_t nl_bad = (uint32_t)m->n_layers + 1;
+    memcpy(buf + 28, &nl_bad, 4);
+    CHECK(mem_deserialize(b, buf, sz, err) != 0 && strstr(err, "layers"), "layer count: %s", err);
+    nl_bad--;
+    memcpy(buf + 28, &nl_bad, 4);
+    /* one bound on positions for import, feeding and export: a stream imported at the last position it may
+     * hold takes its pending token, refuses one more, and what it exports imports again */
+    {
+        mem_t *c = mem_new(m);
+        int64_t last = MEM_MAX_POS - 1;
+        unsigned char *edge = malloc(sz);
+        memcpy(edge, buf, sz);
+        memcpy(edge + 16, &last, 8);
+        int ok = m->fam == FAM_ASPAN && c && mem_deserialize(c, edge, sz, err) == 0;
+        if (m->fam == FAM_ASPAN) {   /* par's rows per layer follow the position: set by the model's own feeding */
+            CHECK(ok && c->pending >= 0 && mem_room(c) == 0, "import at 2^53 - 1: %s room %lld", err,
+                  ok ? (long long)mem_room(c) : -1LL);
+            float *row = malloc((size_t)m->V * sizeof *row);
+            int32_t p = c->pending;
+            CHECK(ok && model_forward(m, &c, 1, &p, 1, row, ws, err) == 0 && c->pos == MEM_MAX_POS, "feed: %s", err);
+            c->pending = -1;
+            CHECK(ok && model_forward(m, &c, 1, &p, 1, row, ws, err) != 0 && strstr(err, "at most"),
+                  "past the bound: %s", err);
+            CHECK(ok && mem_serialize(c, edge, sz) == 0 && mem_deserialize(b, edge, sz, err) == 0,
+                  "export at the bound imports again: %s", err);
+            free(row);
+        }
+        memcpy(edge + 16, &(int64_t){MEM_MAX_POS}, 8);
+        int32_t pend = 0;
+        memcpy(edge + 24, &pend, 4);
+        CHECK(mem_deserialize(c, edge, sz, err) != 0 && strstr(err, "at most"), "2^53 with a pending token: %s", err);
+        free(edge);
+        mem_free(c);
+    }
     buf[0] ^= 1;
     CHECK(mem_deserialize(b, buf, sz, err) != 0 && strstr(err, "magic"), "bad magic: %s", err);
     buf[0] ^= 1;
