@@ -180,19 +180,19 @@ const char *error_type(int status)
     case 422: return "unprocessable";
     case 429: return "rate_limited";
     case 503: return "unavailable";
+    case 507: return "insufficient_storage";
     default: return "internal";
     }
 }
 
-enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...)
+/* The error body {"error": {"code", "type", "message"}} of FMT: bounded
+ * (the message is cut to 600 bytes) and valid JSON whatever the client sent
+ * (it quotes what clients sent: kept valid UTF-8, a '?' for each stray
+ * byte, and escaped by jansson). NULL when out of memory. */
+static char *error_body(int status, const char *fmt, va_list ap)
 {
     char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    /* messages quote what clients sent, cut to a length: keep them valid
-     * UTF-8 (JSON strings must be), a '?' for each stray byte */
     for (size_t i = 0, n = strlen(msg); i < n;) {
         uint32_t cp;
         int k = utf8_decode((const unsigned char *)msg + i, n - i, &cp);
@@ -200,7 +200,49 @@ enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...)
         else i += (size_t)k;
     }
     json_t *e = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", status, "type", error_type(status), "message", msg);
-    return reply_json(r, status, e);
+    char *s = e ? json_dumps(e, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(e);
+    return s;
+}
+
+enum MHD_Result reply_error(request_t *r, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = error_body(status, fmt, ap);
+    va_end(ap);
+    if (!s) return MHD_NO;
+    enum MHD_Result rc = reply_bytes(r, status, "application/json", s, strlen(s));
+    free(s);
+    return rc;
+}
+
+/* An error answered before the body was read, or one that leaves the
+ * connection's framing in doubt: sent with "Connection: close", and the
+ * extra header NAME: VALUE when NAME is not NULL. */
+static enum MHD_Result reply_error_close(request_t *r, int status, const char *name, const char *value,
+                                         const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static enum MHD_Result reply_error_close(request_t *r, int status, const char *name, const char *value,
+                                         const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = error_body(status, fmt, ap);
+    va_end(ap);
+    struct MHD_Response *resp = s ? MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!resp) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    add_common_headers(resp);
+    if (name) MHD_add_response_header(resp, name, value);
+    if (status != 405) MHD_add_response_header(resp, "Connection", "close");
+    enum MHD_Result rc = MHD_queue_response(r->conn, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    r->status = status;
+    r->responded = 1;
+    return rc;
 }
 
 /* ------------------------------------------------------------ request data */
@@ -348,6 +390,170 @@ enum MHD_Result reply_event_stream(request_t *r, struct MHD_Response *resp)
     return rc;
 }
 
+/* ------------------------------------------------------------ connections
+ *
+ * Every connection is tracked from accept to close (libmicrohttpd's
+ * connection notifications), so that a client sending its request headers a
+ * byte at a time cannot hold a connection for long: a request's headers
+ * must arrive within --header-timeout seconds of the connection's start, or
+ * of the end of its previous request (which bounds an idle keep-alive
+ * connection the same way). A reaper thread shuts such connections down;
+ * libmicrohttpd then closes them as a client that hung up. Connections per
+ * client address are bounded by libmicrohttpd (--max-connections-per-client),
+ * all of them by --max-connections.
+ */
+
+typedef struct conn_info {
+    int fd;
+    double since;                /* when the request now awaited began to be awaited */
+    int in_request;              /* its headers arrived: a request is being served */
+    int bad_escape;              /* the request's URL or an argument decodes to a NUL byte */
+    struct conn_info *prev, *next;
+} conn_info;
+
+static pthread_mutex_t conn_lock = PTHREAD_MUTEX_INITIALIZER;
+static conn_info *conns;
+static pthread_t reaper_thread;
+static int reaper_running, reaper_stop;
+static unsigned long reaped;     /* connections shut for slow headers, for /metrics */
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx, enum MHD_ConnectionNotificationCode code)
+{
+    (void)cls;
+    pthread_mutex_lock(&conn_lock);
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_info *ci = calloc(1, sizeof *ci);
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci && info) {
+            ci->fd = info->connect_fd;
+            ci->since = now_s();
+            ci->next = conns;
+            if (conns) conns->prev = ci;
+            conns = ci;
+        } else {
+            free(ci);
+            ci = NULL;
+        }
+        *socket_ctx = ci;
+    } else if (*socket_ctx) {   /* closed: called before libmicrohttpd closes the socket */
+        conn_info *ci = *socket_ctx;
+        if (ci->prev) ci->prev->next = ci->next;
+        else conns = ci->next;
+        if (ci->next) ci->next->prev = ci->prev;
+        free(ci);
+        *socket_ctx = NULL;
+    }
+    pthread_mutex_unlock(&conn_lock);
+}
+
+static conn_info *conn_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? info->socket_context : NULL;
+}
+
+static void conn_request_begins(struct MHD_Connection *c)
+{
+    conn_info *ci = conn_of(c);
+    pthread_mutex_lock(&conn_lock);
+    if (ci) ci->in_request = 1;
+    pthread_mutex_unlock(&conn_lock);
+}
+
+static void conn_request_ends(struct MHD_Connection *c)
+{
+    conn_info *ci = conn_of(c);
+    pthread_mutex_lock(&conn_lock);
+    if (ci) {
+        ci->in_request = 0;
+        ci->bad_escape = 0;
+        ci->since = now_s();
+    }
+    pthread_mutex_unlock(&conn_lock);
+}
+
+static void *reaper_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&conn_lock);
+    while (!reaper_stop) {
+        double now = now_s();
+        for (conn_info *ci = conns; ci; ci = ci->next)
+            if (!ci->in_request && ci->fd >= 0 && now - ci->since > srv.cfg.header_timeout) {
+                shutdown(ci->fd, SHUT_RDWR);   /* the socket stays open (and ours) until libmicrohttpd closes it */
+                ci->fd = -1;
+                reaped++;
+            }
+        pthread_mutex_unlock(&conn_lock);
+        usleep(200000);
+        pthread_mutex_lock(&conn_lock);
+    }
+    pthread_mutex_unlock(&conn_lock);
+    return NULL;
+}
+
+unsigned long http_slow_connections_closed(void)
+{
+    pthread_mutex_lock(&conn_lock);
+    unsigned long n = reaped;
+    pthread_mutex_unlock(&conn_lock);
+    return n;
+}
+
+/* libmicrohttpd's decoding of %XX in the URL and its arguments, refusing
+ * %00: a NUL would cut a name short (DELETE /v1/models/a%00b deleting
+ * "a"). The request is flagged, and answered 400 before any route runs. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    size_t n = MHD_http_unescape(s);
+    if (strlen(s) != n) {
+        conn_info *ci = conn_of(c);
+        pthread_mutex_lock(&conn_lock);
+        if (ci) ci->bad_escape = 1;
+        pthread_mutex_unlock(&conn_lock);
+    }
+    return n;
+}
+
+static int conn_bad_escape(struct MHD_Connection *c)
+{
+    conn_info *ci = conn_of(c);
+    pthread_mutex_lock(&conn_lock);
+    int bad = ci && ci->bad_escape;
+    pthread_mutex_unlock(&conn_lock);
+    return bad;
+}
+
+/* Counts the headers named NAME (case-insensitively). */
+typedef struct { const char *name; int n; } hdr_count;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind, (void)value;
+    hdr_count *h = cls;
+    if (key && strcasecmp(key, h->name) == 0) h->n++;
+    return MHD_YES;
+}
+
+static int header_count(struct MHD_Connection *c, const char *name)
+{
+    hdr_count h = {name, 0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_header, &h);
+    return h.n;
+}
+
+/* What is wrong with a request's framing before any route sees it (a
+ * request-smuggling risk behind a proxy that reads it another way), or NULL. */
+static const char *framing_problem(struct MHD_Connection *c)
+{
+    int cl = header_count(c, "Content-Length"), te = header_count(c, "Transfer-Encoding");
+    if (cl > 1) return "the request has more than one Content-Length header";
+    if (cl && te) return "the request has both Content-Length and Transfer-Encoding";
+    if (te > 1) return "the request has more than one Transfer-Encoding header";
+    return NULL;
+}
+
 /* ------------------------------------------------------------ the handler */
 
 static int authorized(const listener_t *l, struct MHD_Connection *c)
@@ -382,14 +588,17 @@ static int is_json_type(struct MHD_Connection *c)
 static const route_t *find_route(request_t *r, char *allow, size_t cap)
 {
     const listener_t *l = r->lsn;
+    /* HEAD is GET without the body (libmicrohttpd leaves the body out) */
+    const char *method = strcmp(r->method, "HEAD") == 0 ? "GET" : r->method;
     *allow = 0;
     for (size_t i = 0; i < l->n_routes; i++) {
         const route_t *rt = &l->routes[i];
         if (!pattern_match(r, rt->pattern)) continue;
-        if (strcmp(rt->method, r->method) == 0) return rt;
-        if (strlen(allow) + strlen(rt->method) + 3 < cap) {
+        if (strcmp(rt->method, method) == 0) return rt;
+        const char *add = strcmp(rt->method, "GET") == 0 ? "GET, HEAD" : rt->method;
+        if (strlen(allow) + strlen(add) + 3 < cap) {
             if (*allow) strcat(allow, ", ");
-            strcat(allow, rt->method);
+            strcat(allow, add);
         }
     }
     return NULL;
@@ -400,26 +609,13 @@ static enum MHD_Result dispatch(request_t *r, const char *url)
     if (split_path(r, url)) return reply_error(r, 404, "no such route");
     char allow[64];
     const route_t *hit = find_route(r, allow, sizeof allow);
-    if (!hit && strcmp(r->method, "HEAD") == 0) return reply_error(r, 405, "HEAD is not supported; use GET");
     if (!hit && *allow) {
         r->route = "other";
-        struct MHD_Response *resp;
-        char msg[200];
-        int k = snprintf(msg, sizeof msg,
-                         "{\"error\":{\"code\":405,\"type\":\"method_not_allowed\",\"message\":\"%s is not allowed here; use %s\"}}",
-                         r->method, allow);
-        resp = MHD_create_response_from_buffer((size_t)k, msg, MHD_RESPMEM_MUST_COPY);
-        MHD_add_response_header(resp, "Content-Type", "application/json");
-        MHD_add_response_header(resp, "Allow", allow);
-        enum MHD_Result rc = MHD_queue_response(r->conn, 405, resp);
-        MHD_destroy_response(resp);
-        r->status = 405;
-        r->responded = 1;
-        return rc;
+        return reply_error_close(r, 405, "Allow", allow, "%.32s is not allowed here; use %s", r->method, allow);
     }
     if (!hit) {
         r->route = "other";
-        return reply_error(r, 404, "no route %s %s", r->method, url);
+        return reply_error(r, 404, "no route %.32s %.200s", r->method, url);
     }
     r->route = hit->pattern;
     if (!hit->open && !authorized(r->lsn, r->conn))
@@ -497,6 +693,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         r->route = "other";
         r->upload_fd = -1;
         *con_cls = r;
+        conn_request_begins(conn);
+        const char *bad = framing_problem(conn);
+        if (bad) return reply_error_close(r, 400, NULL, NULL, "%s", bad);
+        if (conn_bad_escape(conn))
+            return reply_error_close(r, 400, NULL, NULL, "the URL decodes to a NUL byte (%%00), which no name may hold");
         if (strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0) return upload_begin(r, url);
         return MHD_YES;
     }
@@ -541,8 +742,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
     (void)cls;
-    (void)conn;
     request_t *r = *con_cls;
+    conn_request_ends(conn);
     if (!r) return;
     double dt = now_s() - r->t0;
     int status = r->status ? r->status : 499;
@@ -594,11 +795,16 @@ static struct MHD_Daemon *start_daemon(const listener_t *l, const char *a, int p
     } else {
         return NULL;
     }
+    /* a connection idle this long (no byte either way) is closed; one
+     * awaiting a request's headers is closed earlier by the reaper */
     return MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, (void *)l,
                                   MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                                   MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+                                  MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL,
+                                  MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
                                   MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
-                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)1000,
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)srv.cfg.max_connections,
+                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)srv.cfg.max_conn_per_client,
                                   MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
                                   MHD_OPTION_THREAD_POOL_SIZE, threads > 1 ? threads : 0u,
                                   MHD_OPTION_END);
@@ -608,13 +814,23 @@ int http_start(void)
 {
     const char *a = srv.cfg.listen_addr;
     srv.daemon = start_daemon(&api_listener, a, srv.cfg.port, (unsigned)srv.cfg.http_threads);
-    return srv.daemon ? 0 : -1;
+    if (!srv.daemon) return -1;
+    reaper_stop = 0;
+    if (!reaper_running && pthread_create(&reaper_thread, NULL, reaper_main, NULL) == 0) reaper_running = 1;
+    return reaper_running ? 0 : -1;
 }
 
 void http_stop(void)
 {
     if (srv.daemon) MHD_stop_daemon(srv.daemon);
     srv.daemon = NULL;
+    if (reaper_running) {
+        pthread_mutex_lock(&conn_lock);
+        reaper_stop = 1;
+        pthread_mutex_unlock(&conn_lock);
+        pthread_join(reaper_thread, NULL);
+        reaper_running = 0;
+    }
 }
 
 /* The jobs listener: two threads are plenty for an admin API whose work

@@ -340,7 +340,7 @@ static int cmd_generate(int argc, char **argv)
     } else if (n == 0) {
         fprintf(stderr, "%s: the prompt is empty\n", prog);
     } else if (s && ws) {
-        gen_params gp = {{(float)temp, (int)top_k, (float)top_p}, (uint64_t)seed, (int)max_tokens, stop, n_stop};
+        gen_params gp = {{temp, (int)top_k, top_p}, (uint64_t)seed, (int)max_tokens, stop, n_stop};
         gen_result res;
         double t0 = clock_s();
         if (infer_generate(m, s, ws, toks, n, &gp, emit_stdout, NULL, &res, err)) {

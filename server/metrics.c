@@ -112,6 +112,10 @@ char *metrics_render(void)
                "spanserve_sessions{state=\"live\"} %d\nspanserve_sessions{state=\"disk\"} %d\n", live, disk);
     fprintf(f, "# HELP spanserve_session_memory_bytes Memory held by live sessions.\n# TYPE spanserve_session_memory_bytes gauge\n"
                "spanserve_session_memory_bytes %zu\n", bytes);
+    fprintf(f, "# HELP spanserve_slow_connections_closed_total Connections closed because a request's headers did "
+               "not arrive within --header-timeout.\n# TYPE spanserve_slow_connections_closed_total counter\n"
+               "spanserve_slow_connections_closed_total %lu\n", http_slow_connections_closed());
+    sess_metrics(f);
     jobs_metrics(f);
     fclose(f);
     return buf;

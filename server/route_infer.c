@@ -28,7 +28,12 @@ static int task_bind(task_t *t, const char *model, const char *session, char *er
         if (model && strcmp(model, s->model->name) != 0)
             return snprintf(err, 512, "session '%s' belongs to model '%s', not '%.64s'", s->id, s->model->name, model), 409;
         if (sess_acquire(s, err, &status)) return status;
+        if (sess_mark(s, err)) {
+            sess_release(s);
+            return 503;
+        }
         t->sess = s;
+        snprintf(t->sess_id, sizeof t->sess_id, "%s", s->id);
         t->sm = s->model;
         t->mem = s->mem;
     } else {
@@ -39,24 +44,31 @@ static int task_bind(task_t *t, const char *model, const char *session, char *er
         if (!t->mem) return snprintf(err, 512, "out of memory"), 503;
     }
     t->sm->tasks++;
+    t->holds_model = 1;
     return 0;
 }
 
-/* Undoes task_bind for a task that never reached the scheduler. */
+/* Undoes task_bind for a task that never reached the scheduler (the model
+ * is let go with the task). */
 static void task_unbind(task_t *t)
 {
     if (t->sess) sess_release(t->sess);
-    if (t->sm && (t->sess || t->mem)) t->sm->tasks--;
 }
 
-/* Text -> tokens under the limits: 422 outside the vocabulary, 413 too long. */
-static int encode(task_t *t, const char *text, char *err)
+/* Text -> tokens under the limits: 422 outside the vocabulary, 413 too long,
+ * 400 past the positions a stream may hold (MEM_MAX_POS: only a state
+ * imported near it gets there), counting the MORE tokens a generation adds. */
+static int encode(task_t *t, const char *text, int more, char *err)
 {
     char e2[ERR_LEN];
     if (vocab_encode(&t->sm->m->vocab, text, strlen(text), &t->toks, &t->n, e2))
         return snprintf(err, 512, "%s", e2), 422;
     if (t->n > (size_t)srv.cfg.max_prompt)
         return snprintf(err, 512, "%zu tokens is over the limit of %d (--max-prompt)", t->n, srv.cfg.max_prompt), 413;
+    if ((int64_t)t->n + more > mem_room(t->mem))
+        return snprintf(err, 512, "the session has seen %lld tokens and may take %lld more: a stream holds at most "
+                        "%lld", (long long)(MEM_MAX_POS - mem_room(t->mem)), (long long)mem_room(t->mem),
+                        (long long)MEM_MAX_POS), 400;
     return 0;
 }
 
@@ -96,9 +108,9 @@ static int parse_sampling(json_t *b, task_t *t, long long dflt_tokens, char *err
     }
     for (int i = 0; i < n_stop; i++)
         if (!t->stop_buf[i]) return snprintf(err, 512, "out of memory"), -1;
-    t->gp.sp.temperature = (float)temp;
+    t->gp.sp.temperature = temp;
     t->gp.sp.top_k = (int)top_k;
-    t->gp.sp.top_p = (float)top_p;
+    t->gp.sp.top_p = top_p;
     t->gp.seed = (uint64_t)seed;
     t->gp.max_tokens = (int)mt;
     t->gp.stop = (const char *const *)t->stop_buf;
@@ -125,7 +137,7 @@ static enum MHD_Result submit(request_t *r, task_t *t)
     if (sched_submit(t, err, &status)) {
         task_unbind(t);
         r->task = NULL;
-        task_release(t);
+        task_release(t);   /* and its model */
         pthread_mutex_unlock(&srv.lock);
         return reply_error(r, status, "%s", err);
     }
@@ -144,9 +156,9 @@ static enum MHD_Result refuse(request_t *r, task_t *t, json_t *b, int status, co
 {
     pthread_mutex_lock(&srv.lock);
     task_unbind(t);
-    pthread_mutex_unlock(&srv.lock);
     t->refs = 1;
-    task_release(t);
+    task_release(t);   /* and its model */
+    pthread_mutex_unlock(&srv.lock);
     json_decref(b);
     return reply_error(r, status, "%s", err);
 }
@@ -194,7 +206,7 @@ static enum MHD_Result generate_common(request_t *r, api_kind api)
     status = task_bind(t, model, session, err);
     pthread_mutex_unlock(&srv.lock);
     if (status) return refuse(r, t, b, status, err);
-    if ((status = encode(t, prompt, err))) return refuse(r, t, b, status, err);
+    if ((status = encode(t, prompt, t->gp.max_tokens, err))) return refuse(r, t, b, status, err);
     if (t->n == 0 && t->mem->pending < 0)
         return refuse(r, t, b, 400, session ? "the prompt is empty and the session has seen no tokens" : "prompt must not be empty");
     char e2[ERR_LEN];
@@ -239,7 +251,7 @@ enum MHD_Result route_score(request_t *r)
     status = task_bind(t, model, session, err);
     pthread_mutex_unlock(&srv.lock);
     if (status) return refuse(r, t, b, status, err);
-    if ((status = encode(t, text, err))) return refuse(r, t, b, status, err);
+    if ((status = encode(t, text, 0, err))) return refuse(r, t, b, status, err);
     if (t->n == 0 || (t->n == 1 && t->mem->pending < 0))
         return refuse(r, t, b, 400, "the text has nothing to predict: it needs 2 characters (or 1 in a session that has seen text)");
     if (t->per_token && !(t->lps = malloc(t->n * sizeof *t->lps))) return refuse(r, t, b, 503, "out of memory");
@@ -274,7 +286,7 @@ static json_t *generate_json(const task_t *t)
     for (int i = 0; i < t->res.n_text_tokens; i++) json_array_append_new(toks, json_integer(t->res.tokens[i]));
     json_t *j = json_pack("{s:s, s:s%, s:o, s:s, s:I}", "model", t->sm->name, "text", t->res.text ? t->res.text : "",
                           t->res.text_len, "tokens", toks, "finish_reason", finish_str(t), "seed", (json_int_t)t->gp.seed);
-    if (t->sess) json_object_set_new(j, "session", json_string(t->sess->id));
+    if (t->sess) json_object_set_new(j, "session", json_string(t->sess_id));
     json_object_set_new(j, "usage", usage(t));
     json_object_set_new(j, "timings", timings(t, t->res.n_tokens));
     return j;
@@ -335,7 +347,7 @@ static json_t *score_json(const task_t *t)
     double nll = t->sc.tokens ? t->sc.nll_sum / (double)t->sc.tokens : 0;
     json_t *j = json_pack("{s:s, s:I, s:f, s:f, s:f}", "model", t->sm->name, "tokens", (json_int_t)t->sc.tokens, "nll",
                           nll, "bpc", nll / log(2.0), "ppl", exp(nll));
-    if (t->sess) json_object_set_new(j, "session", json_string(t->sess->id));
+    if (t->sess) json_object_set_new(j, "session", json_string(t->sess_id));
     if (t->lps) {
         json_t *a = json_array();
         for (long i = 0; i < t->sc.tokens; i++) json_array_append_new(a, json_real(t->lps[i]));

@@ -108,8 +108,11 @@ enum MHD_Result route_sessions_state_put(request_t *r)
         else if (mem_deserialize(tmp, r->body ? r->body : "", r->len, e2)) {
             status = strstr(e2, "another model") ? 409 : 400;
             snprintf(err, sizeof err, "%s", e2);
+        } else if (mem_copy(s->mem, tmp)) {
+            status = 500;
+            snprintf(err, sizeof err, "the state could not be put on the model's device");
         } else {
-            mem_copy(s->mem, tmp);
+            sess_commit_bytes(s, r->body, r->len);
             j = sess_json(s);
         }
         mem_free(tmp);

@@ -34,7 +34,7 @@ static size_t batch_lp_cap;
 
 int sched_busy(void)
 {
-    return srv.queue != NULL || srv.active != NULL;
+    return srv.queue != NULL || srv.active != NULL || srv.committing > 0;
 }
 
 int sched_submit(task_t *t, char *err, int *status)
@@ -63,6 +63,7 @@ int sched_submit(task_t *t, char *err, int *status)
 void task_release(task_t *t)
 {
     if (--t->refs > 0) return;
+    if (t->holds_model) t->sm->tasks--;
     if (t->kind == TASK_GENERATE && t->g.m) {   /* t->res is a view of the state's result */
         gen_result r;
         gen_end(&t->g, &r);
@@ -143,8 +144,28 @@ static int client_gone(const task_t *t)
     return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-/* Takes T off the active list, hands its result to the connection, releases
- * its session and model (srv.lock held). */
+/* Hands T's result to the connection and releases its session (srv.lock
+ * held): the end of finish, once the session's state is written. */
+static void complete(void *ctx)
+{
+    task_t *t = ctx;
+    if (t->sess) sess_release(t->sess);
+    t->done = 1;
+    if (t->t_first > 0) metrics_ttft(t->t_first - t->t_enqueue);
+    metrics_tokens(t->kind == TASK_GENERATE ? t->res.n_tokens : 0, t->kind == TASK_SCORE ? t->sc.tokens : 0);
+    if (t->stream) {
+        route_stream_final(t);   /* the last event: its shape is the route's */
+        wake_reader(t);
+    } else {
+        MHD_resume_connection(t->conn);   /* the route answers from the task */
+    }
+    task_release(t);
+}
+
+/* Takes T off the active list and ends it (srv.lock held). A session a task
+ * changed is written to the state directory before the answer goes out
+ * (sess_commit); one whose request failed or was cancelled goes back to what
+ * it was before the request. */
 static void finish(task_t *t)
 {
     task_t **p = &srv.active;
@@ -159,18 +180,9 @@ static void finish(task_t *t)
         t->res = t->g.res;
         if (t->cancelled) t->res.finish = FINISH_CANCELLED;
     }
-    if (t->sess) sess_release(t->sess);
-    t->sm->tasks--;
-    t->done = 1;
-    if (t->t_first > 0) metrics_ttft(t->t_first - t->t_enqueue);
-    metrics_tokens(t->kind == TASK_GENERATE ? t->res.n_tokens : 0, t->kind == TASK_SCORE ? t->sc.tokens : 0);
-    if (t->stream) {
-        route_stream_final(t);   /* the last event: its shape is the route's */
-        wake_reader(t);
-    } else {
-        MHD_resume_connection(t->conn);   /* the route answers from the task */
-    }
-    task_release(t);
+    if (t->sess && (t->status || t->cancelled)) sess_rollback(t->sess);
+    else if (t->sess && sess_commit(t->sess, complete, t) == 0) return;
+    complete(t);
 }
 
 static void fail(task_t *t, int status, const char *msg)
@@ -191,6 +203,15 @@ static int grow_batch_lp(size_t n)
     batch_lp = p;
     batch_lp_cap = n;
     return 0;
+}
+
+/* Streams of one forward: SCHED_MAX_BATCH, fewer where a stream's step
+ * costs so much (FLOPS) that the batch would pass --max-step-gflop; at least
+ * one. What bounds the time any other model's request waits for a turn. */
+static int batch_cap(double flops)
+{
+    double n = flops > 0 ? srv.cfg.max_step_flops / flops : SCHED_MAX_BATCH;
+    return n < 1 ? 1 : n > SCHED_MAX_BATCH ? SCHED_MAX_BATCH : (int)n;
 }
 
 /* Inputs a task has still to feed before it is done reading: a score task's
@@ -231,11 +252,11 @@ static int reader_batch(task_t **batch, size_t *M)
     if (!head) return 0;
     const model_t *m = head->sm->m;
     const size_t L = (size_t)m->block_len, left = inputs_left(head);
-    const int exact = infer_chunking_exact(m);
+    const int exact = infer_chunking_exact(m), max_b = batch_cap(head->sm->cost.block_flops);
     *M = left < L ? left : L;
     batch[0] = head;
     int B = 1;
-    for (task_t *t = head->next; t && *M > 0 && B < SCHED_MAX_BATCH; t = t->next) {
+    for (task_t *t = head->next; t && *M > 0 && B < max_b; t = t->next) {
         if (t->sm != head->sm || !is_reading(t)) continue;
         size_t l = inputs_left(t);
         if (exact ? l >= *M : (l < L ? l : L) == *M) batch[B++] = t;
@@ -371,8 +392,8 @@ static void *sched_main(void *arg)
         /* 2. one decode step for all generating tasks, per model */
         task_t *batch[SCHED_MAX_BATCH];
         for (smodel_t *sm = srv.models; sm; sm = sm->next) {
-            int B = 0;
-            for (task_t *t = srv.active; t && B < SCHED_MAX_BATCH; t = t->next)
+            int B = 0, max_b = batch_cap(sm->cost.token_flops);
+            for (task_t *t = srv.active; t && B < max_b; t = t->next)
                 if (t->sm == sm && is_decoding(t)) batch[B++] = t;
             if (!B) continue;
             /* held through the step: a task it fails frees the model for

@@ -68,6 +68,20 @@ smodel_t *models_find(const char *name)
 
 /* Loads PATH as NAME. Called with srv.lock held; loading a large file holds
  * it for that long, which only delays other model changes and new tasks. */
+/* Is a model of COST within what the operator allows (--max-session-bytes,
+ * --max-step-gflop)? A well-formed checkpoint may still ask for gigabytes a
+ * session or seconds a step, and one scheduler serves every model. */
+static int model_over_limits(const char *name, const model_cost *c, char *err)
+{
+    if (c->session_bytes > srv.cfg.max_session_bytes)
+        return snprintf(err, 512, "model '%s' is refused: a session of it holds %zu bytes of memory, over "
+                        "--max-session-bytes %zu", name, c->session_bytes, srv.cfg.max_session_bytes), -1;
+    if (c->block_flops > srv.cfg.max_step_flops)
+        return snprintf(err, 512, "model '%s' is refused: one block of one stream costs about %.1f GFLOP, over "
+                        "--max-step-gflop %g", name, c->block_flops * 1e-9, srv.cfg.max_step_flops * 1e-9), -1;
+    return 0;
+}
+
 smodel_t *models_add(const char *name, const char *path, char *err, int *status)
 {
     if (!valid_name(name)) {
@@ -87,6 +101,13 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
         snprintf(err, 512, "%s", e2);
         return NULL;
     }
+    model_cost cost;
+    model_cost_of(m, &cost);
+    if (model_over_limits(name, &cost, err)) {
+        model_free(m);
+        *status = 422;
+        return NULL;
+    }
     if (srv.cfg.cuda && device_attach(m, srv.cfg.bf16, e2)) {
         model_free(m);
         *status = 503;
@@ -104,6 +125,7 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
     }
     snprintf(sm->name, sizeof sm->name, "%s", name);
     sm->m = m;
+    sm->cost = cost;
     smodel_t **p = &srv.models;
     while (*p) p = &(*p)->next;
     *p = sm;
@@ -148,6 +170,7 @@ json_t *models_json(const smodel_t *sm)
     json_object_set_new(j, "name", json_string(sm->name));
     json_object_set_new(j, "device", json_string(device_name(sm->m)));
     json_object_set_new(j, "precision", json_string(device_precision(sm->m)));
+    json_object_set_new(j, "cost", report_cost(&sm->cost));
     if (sm->m->backend) {
         json_t *mem = json_object_get(j, "memory");
         if (mem) json_object_set_new(mem, "device_bytes_per_stream", json_integer((json_int_t)device_session_bytes(sm->m)));
@@ -182,7 +205,23 @@ static const char serve_usage[] =
     "  --request-timeout S     seconds a request may take (default 600)\n"
     "  --drain-timeout S       seconds to finish in-flight work on SIGTERM (default 30)\n"
     "  --memory exact|span     adaptive-span memory (default exact; see README)\n"
+    "  --durability fsync|write|off\n"
+    "                          when sessions reach --state-dir: after every request that\n"
+    "                          changed one, synced (default: a crash of the process or the\n"
+    "                          machine loses at most the requests in flight), written but not\n"
+    "                          synced (survives the process dying, not the machine), or only\n"
+    "                          when spilled and on shutdown (a crash loses what changed)\n"
+    "  --max-session-bytes BYTES\n"
+    "                          a model whose session memory is larger is refused (default 1G)\n"
+    "  --max-step-gflop G      a model whose block of one stream costs more is refused, and\n"
+    "                          a batch of streams is cut to stay under it (default 200)\n"
     "  --http-threads N        HTTP threads (default 2)\n"
+    "  --header-timeout S      seconds a request's headers may take to arrive, counted from\n"
+    "                          the connection's start or its previous request's end (default 10)\n"
+    "  --max-connections N     open connections on each listener (default 1000)\n"
+    "  --max-connections-per-client N\n"
+    "                          open connections from one client address (default 256; 0: no\n"
+    "                          bound; behind a proxy every client has the proxy's address)\n"
     "  --device cpu|cuda|auto  where the models run (default auto: the GPU when there is\n"
     "                          one and this build has the CUDA core, else the CPU)\n"
     "  --precision bf16|fp32   on the GPU: bf16 weights and memory, fp32 sums (default,\n"
@@ -314,7 +353,9 @@ int cmd_serve(int argc, char **argv)
         {"jobs-listen", 1, 0, 'J'},   {"admin-key", 1, 0, 'A'},    {"admin-key-file", 1, 0, 'F'},
         {"data-dir", 1, 0, 'x'},      {"max-jobs", 1, 0, 'j'},     {"max-upload", 1, 0, 'u'},
         {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},     {"job-retention", 1, 0, 'R'},
-        {"sse-keepalive", 1, 0, 'E'},
+        {"sse-keepalive", 1, 0, 'E'}, {"durability", 1, 0, 'Y'},  {"max-session-bytes", 1, 0, 'B'},
+        {"max-step-gflop", 1, 0, 'W'}, {"header-timeout", 1, 0, 'O'}, {"max-connections", 1, 0, 'N'},
+        {"max-connections-per-client", 1, 0, 'I'},
         {0, 0, 0, 0}};
     config_t *c = &srv.cfg;
     c->listen_addr = "127.0.0.1:8080";
@@ -328,7 +369,13 @@ int cmd_serve(int argc, char **argv)
     c->request_timeout = 600;
     c->drain_timeout = 30;
     c->mem_mode = MEM_EXACT;
+    c->durability = DURABLE_FSYNC;
+    c->max_session_bytes = 1ull << 30;
+    c->max_step_flops = 200e9;
     c->http_threads = 2;
+    c->header_timeout = 10;
+    c->max_connections = 1000;
+    c->max_conn_per_client = 256;
     c->bf16 = 1;
     c->max_upload = 1ull << 30;
     c->cancel_grace = 10;
@@ -413,6 +460,31 @@ int cmd_serve(int argc, char **argv)
             if (strcmp(optarg, "exact") == 0) c->mem_mode = MEM_EXACT;
             else if (strcmp(optarg, "span") == 0) c->mem_mode = MEM_SPAN;
             else return usage("--memory takes exact or span");
+            break;
+        case 'Y':
+            if (strcmp(optarg, "fsync") == 0) c->durability = DURABLE_FSYNC;
+            else if (strcmp(optarg, "write") == 0) c->durability = DURABLE_WRITE;
+            else if (strcmp(optarg, "off") == 0) c->durability = DURABLE_OFF;
+            else return usage("--durability takes fsync, write or off");
+            break;
+        case 'B':
+            if (parse_size(optarg, &c->max_session_bytes) || c->max_session_bytes < 1)
+                return usage("--max-session-bytes takes a byte count");
+            break;
+        case 'W':
+            if (parse_num(optarg, 1e-6, 1e9, &d)) return usage("--max-step-gflop takes a number of GFLOP");
+            c->max_step_flops = d * 1e9;
+            break;
+        case 'O':
+            if (parse_duration(optarg, 0.5, 3600, &c->header_timeout)) return usage("--header-timeout takes 0.5 to 3600 seconds");
+            break;
+        case 'N':
+            if (parse_num(optarg, 1, 100000, &d)) return usage("--max-connections takes 1 to 100000");
+            c->max_connections = (int)d;
+            break;
+        case 'I':
+            if (parse_num(optarg, 0, 100000, &d)) return usage("--max-connections-per-client takes 0 to 100000");
+            c->max_conn_per_client = (int)d;
             break;
         case 'h':
             if (parse_num(optarg, 1, 64, &d)) return usage("--http-threads takes 1 to 64");
@@ -503,7 +575,7 @@ int cmd_serve(int argc, char **argv)
     if (restored) log_line("state: %d sessions found in %s", restored, c->state_dir);
     srv.ready = 1;
     pthread_mutex_unlock(&srv.lock);
-    if (sched_start()) {
+    if (sess_writer_start() || sched_start()) {
         fprintf(stderr, "spanserve serve: cannot start the scheduler\n");
         http_stop();
         return 1;
@@ -536,6 +608,7 @@ int cmd_serve(int argc, char **argv)
     }
     jobs_stop();    /* the training processes go on; their event streams end */
     sched_stop();   /* cancels whatever is left, resuming its connections */
+    sess_writer_stop();   /* the last states written; their connections resume */
     for (;;) {      /* downloads abort on draining; their connections resume */
         pthread_mutex_lock(&srv.lock);
         int n = srv.downloads;
@@ -559,9 +632,14 @@ int cmd_serve(int argc, char **argv)
     jobs_free();
     http_stop();
     pthread_mutex_lock(&srv.lock);
-    int rc = sess_save_all();
-    int n = sess_count(0) + sess_count(1);
+    int saved, failed;
+    sess_save_all(&saved, &failed);
+    const char *why = sess_state_error();
+    if (failed)
+        log_line("stopped: %d sessions saved in %s; %d could not be written (%s): what changed in them since "
+                 "their last write is lost", saved, c->state_dir, failed, *why ? why : "error");
+    else
+        log_line("stopped: %d sessions saved in %s", saved, c->state_dir);
     pthread_mutex_unlock(&srv.lock);
-    log_line("stopped: %d sessions saved in %s%s", n, c->state_dir, rc ? " (with errors)" : "");
-    return rc ? 1 : 0;
+    return failed ? 1 : 0;
 }

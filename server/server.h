@@ -16,11 +16,13 @@
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <time.h>
 
 #include "err.h"
 #include "infer.h"
 #include "model.h"
+#include "report.h"
 
 #define NAME_MAX_LEN 64
 
@@ -43,9 +45,15 @@ typedef struct {
     size_t max_download;         /* --max-download: bytes of a checkpoint fetched by URL */
     const char *ca_file;         /* --ca-file: PEM authorities for https downloads and webhooks (NULL: the system's) */
     mem_mode mem_mode;           /* --memory exact|span */
+    int durability;              /* --durability: DURABLE_FSYNC, DURABLE_WRITE or DURABLE_OFF (sessions.c) */
+    size_t max_session_bytes;    /* --max-session-bytes: a model whose session costs more is refused */
+    double max_step_flops;       /* --max-step-gflop (x 1e9): one block of one stream may cost no more */
     int cuda;                    /* --device: models run on the CUDA core */
     int bf16;                    /* --precision bf16 (the default on the GPU), 0 for fp32 */
     int http_threads;            /* --http-threads */
+    double header_timeout;       /* --header-timeout: seconds a request's headers may take to arrive */
+    int max_connections;         /* --max-connections: open connections, each listener */
+    int max_conn_per_client;     /* --max-connections-per-client: from one address (0: no bound) */
     /* training jobs (jobs.c), on a listener of their own */
     const char *jobs_listen;     /* --jobs-listen HOST:PORT (default: none, jobs off) */
     int jobs_port;
@@ -65,18 +73,26 @@ typedef struct smodel {
     char name[NAME_MAX_LEN + 1];
     char *path;
     model_t *m;
-    int tasks;                   /* tasks using it (srv.lock) */
+    model_cost cost;             /* what a session and a step of it cost (report.h) */
+    int tasks;                   /* tasks holding it, from task_bind to task_release (srv.lock):
+                                  * while any does, DELETE /v1/models answers 409 */
     struct smodel *next;
 } smodel_t;
 
 /* ------------------------------------------------------------ sessions */
+
+/* How sessions reach the state directory (--durability; sessions.c). */
+enum { DURABLE_FSYNC, DURABLE_WRITE, DURABLE_OFF };
 
 typedef struct session {
     char id[NAME_MAX_LEN + 1];
     smodel_t *model;
     mem_t *mem;                  /* NULL while spilled to disk */
     time_t created, last_used;
-    int busy;                    /* a task holds it */
+    int busy;                    /* a task (or a route) holds it */
+    int dirty;                   /* the memory is newer than its copy in the state directory */
+    void *mark;                  /* what a failed request rolls back to (sess_mark), NULL: the disk copy */
+    size_t mark_len;
     uint64_t use_seq;            /* order of last use, for the LRU */
     struct session *next;
 } session_t;
@@ -89,8 +105,10 @@ typedef enum { API_NATIVE, API_OPENAI } api_kind;
 typedef struct task {
     task_kind kind;
     api_kind api;
-    smodel_t *sm;
-    session_t *sess;             /* or NULL: mem is the task's own */
+    smodel_t *sm;                /* held (sm->tasks) until the task is released */
+    int holds_model;
+    session_t *sess;             /* or NULL: mem is the task's own; released when the task is done */
+    char sess_id[NAME_MAX_LEN + 1];   /* for the answer, which is built after the session is released */
     mem_t *mem;
     int32_t *toks;               /* text to score, or the prompt */
     size_t n;
@@ -134,6 +152,7 @@ typedef struct {
     session_t *sessions;
     task_t *queue, *active;      /* waiting, and started */
     int queued, running;
+    int committing;              /* tasks done computing, waiting for their session to be written */
     int draining, stopping, ready;
     int downloads;               /* model downloads in flight (their connections are suspended) */
     struct MHD_Daemon *daemon;
@@ -155,17 +174,42 @@ json_t *models_json(const smodel_t *sm);
 
 /* sessions (sessions.c); under srv.lock */
 session_t *sess_find(const char *id);
+/* 507 when the state directory cannot be written (a new session could not
+ * be kept). */
 session_t *sess_create(smodel_t *sm, const char *id, char *err, int *status);
 int sess_acquire(session_t *s, char *err, int *status);   /* loads if spilled; marks busy */
+/* A request on acquired S begins: what S must go back to if it does not
+ * complete (a snapshot where the disk copy is not that). -1 when out of
+ * memory. */
+int sess_mark(session_t *s, char *err);
+/* Back to the mark: the request failed or was cancelled. */
+void sess_rollback(session_t *s);
+/* A request on acquired S completed: S's memory goes to the state directory
+ * (--durability). Returns 0 when the write was queued: DONE(CTX) is called
+ * under srv.lock once it ended (the session still acquired); 1 when there is
+ * nothing to wait for. */
+int sess_commit(session_t *s, void (*done)(void *ctx), void *ctx);
+/* Writes the serialised memory BUF of acquired S now (an import); -1 when
+ * it stays unsaved (a failed write: sess_json says "saved": false). */
+int sess_commit_bytes(session_t *s, const void *buf, size_t n);
 void sess_release(session_t *s);
 int sess_delete(const char *id, char *err, int *status);
 void sess_delete_model(smodel_t *sm);
 json_t *sess_json(const session_t *s);
 json_t *sess_list_json(void);
-int sess_save_all(void);
+/* Writes every session not yet on disk (shutdown); *SAVED and *FAILED count
+ * the sessions whose state is (or is not) in the state directory after it. */
+void sess_save_all(int *saved, int *failed);
 int sess_load_all(smodel_t *only);   /* NULL: every loaded model */
 size_t sess_live_bytes(void);
 int sess_count(int on_disk);
+int sess_count_unsaved(void);
+/* The state writer thread (commits, and writes retried while they fail). */
+int sess_writer_start(void);
+void sess_writer_stop(void);
+/* "" while session states can be written, else why not (srv.lock held). */
+const char *sess_state_error(void);
+void sess_metrics(FILE *f);
 
 /* scheduler (sched.c) */
 int sched_start(void);
@@ -251,6 +295,8 @@ struct request {
 
 int http_start(void);
 void http_stop(void);
+/* Connections closed because their request's headers were too slow. */
+unsigned long http_slow_connections_closed(void);
 /* The jobs listener (--jobs-listen): its own routes and admin keys. */
 int http_jobs_start(void);
 void http_jobs_stop(void);

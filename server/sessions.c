@@ -1,16 +1,42 @@
 /*
  * sessions.c - the session store: each session is one stream's memory on
- * the server, for one model.
+ * the server, for one model, kept in the state directory so that neither a
+ * restart nor a crash loses it.
+ *
+ * On disk, per session:
+ *   STATE/sessions/ID.json   {"id", "model", "created", "last_used"}: the session exists
+ *   STATE/sessions/ID.mem    its memory (mem_serialize; names the model's fingerprint);
+ *                            none yet: the memory of a new stream
+ * each written to ID.*.tmp and renamed over the old one.
+ *
+ * Durability (--durability):
+ *   fsync  (default) a request that changed a session writes its memory
+ *          before its answer is sent (fdatasync, rename, fsync of the
+ *          directory); a new session's .json likewise. A crash of the process
+ *          or of the machine loses at most the requests in flight.
+ *   write  the same without the syncs: survives the process dying (kill -9,
+ *          OOM), not the machine.
+ *   off    memories are written when spilled and on shutdown only: a crash
+ *          loses what changed since.
+ * The writes of completed requests run on a thread of their own (the state
+ * writer), many files a round with one directory sync; the session stays
+ * acquired, and the answer waits, until its write ended.
+ *
+ * A request that does not complete (an error, the client gone, a timeout,
+ * the drain) leaves its session as it was before the request: rolled back
+ * to its disk copy, or to a snapshot taken when the request began where the
+ * disk copy is not that state (durability off, or a session whose last
+ * write failed).
+ *
+ * A write that fails (a full disk) never drops the only copy: the session
+ * stays in memory, marked dirty, past --session-memory if need be; new
+ * sessions are refused with 507 until a write succeeds; the writer retries
+ * the dirty sessions once a second; /metrics and /readyz say so.
  *
  * Live sessions are held in memory up to --session-memory bytes; past it the
- * least recently used idle ones are written to the state directory and
- * freed, and read back on their next use. On shutdown every session is
- * written; on start the state directory is read again, so a restart loses
- * none. On disk, per session:
- *   STATE/sessions/ID.json   {"id", "model", "created", "last_used"}
- *   STATE/sessions/ID.mem    the memory (mem_serialize; names the model's fingerprint)
- * Both written to a temporary name and renamed. Everything here runs under
- * srv.lock.
+ * least recently used idle ones are spilled (written if dirty, then freed)
+ * and read back on their next use. Everything here runs under srv.lock but
+ * the writer's file I/O.
  */
 #define _GNU_SOURCE
 #include "server.h"
@@ -27,12 +53,37 @@
 static unsigned long id_counter;
 static uint64_t use_counter;   /* orders uses exactly, for the LRU: last_used has seconds only */
 
+/* The state of the state directory, for /readyz and /metrics. */
+static char state_err[256];    /* "" while writes succeed */
+static unsigned long writes_ok, writes_failed;
+static double write_seconds_sum;
+static unsigned long write_rounds;
+static int spill_blocked_logged;
+static int retrying;           /* a write failed: the writer retries the dirty sessions */
+
 static void sess_path(char *buf, size_t cap, const char *id, const char *ext)
 {
     snprintf(buf, cap, "%s/sessions/%s.%s", srv.cfg.state_dir, id, ext);
 }
 
-static int write_file(const char *path, const void *data, size_t len)
+/* ------------------------------------------------------------ files */
+
+static int sync_dir(void)
+{
+    if (srv.cfg.durability != DURABLE_FSYNC) return 0;
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s/sessions", srv.cfg.state_dir);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+/* PATH.tmp with LEN bytes of DATA, synced (--durability fsync, or SYNC
+ * forced), renamed to PATH. The directory is not synced here. Returns 0, or
+ * -1 with errno. */
+static int write_file(const char *path, const void *data, size_t len, int sync)
 {
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -43,12 +94,30 @@ static int write_file(const char *path, const void *data, size_t len)
     while (left) {
         ssize_t k = write(fd, p, left);
         if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) { close(fd); unlink(tmp); return -1; }
+        if (k <= 0) {
+            int e = k < 0 ? errno : ENOSPC;
+            close(fd);
+            unlink(tmp);
+            errno = e;
+            return -1;
+        }
         p += k;
         left -= (size_t)k;
     }
-    if (fsync(fd) != 0 || close(fd) != 0) { unlink(tmp); return -1; }
-    return rename(tmp, path);
+    if ((sync && fdatasync(fd) != 0) || close(fd) != 0) {
+        int e = errno;
+        if (sync) close(fd);
+        unlink(tmp);
+        errno = e;
+        return -1;
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        errno = e;
+        return -1;
+    }
+    return 0;
 }
 
 static char *read_file(const char *path, size_t *len)
@@ -71,7 +140,26 @@ static void iso_time(char *buf, size_t cap, time_t t)
     strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-static int write_meta(const session_t *s)
+/* A write's outcome, for the state of the directory (srv.lock held). */
+static void note_write(int ok, const char *what, int err)
+{
+    if (ok) {
+        writes_ok++;
+        if (state_err[0]) log_line("state: writes succeed again in %s", srv.cfg.state_dir);
+        state_err[0] = 0;
+        spill_blocked_logged = 0;
+        return;
+    }
+    writes_failed++;
+    retrying = 1;
+    if (!state_err[0]) {
+        snprintf(state_err, sizeof state_err, "%s", strerror(err));
+        log_line("state: cannot write %s in %s: %s; sessions stay in memory and new ones are refused (507) "
+                 "until a write succeeds", what, srv.cfg.state_dir, state_err);
+    }
+}
+
+static int write_meta(const session_t *s, int sync)
 {
     char path[1100];
     sess_path(path, sizeof path, s->id, "json");
@@ -79,54 +167,80 @@ static int write_meta(const session_t *s)
                           (json_int_t)s->created, "last_used", (json_int_t)s->last_used);
     char *txt = json_dumps(j, JSON_COMPACT);
     json_decref(j);
-    int rc = txt ? write_file(path, txt, strlen(txt)) : -1;
+    if (!txt) return errno = ENOMEM, -1;
+    int rc = write_file(path, txt, strlen(txt), sync);
     free(txt);
     return rc;
 }
 
-/* Writes S's memory and metadata to disk. */
-static int sess_write(const session_t *s)
+/* Serialises S's memory (brought up from the device if it lives there). */
+static void *serialize(const session_t *s, size_t *n)
 {
-    if (!s->mem) return 0;   /* on disk already */
+    *n = mem_serial_size(s->mem);
+    void *buf = malloc(*n);
+    if (buf && mem_serialize(s->mem, buf, *n)) {
+        free(buf);
+        buf = NULL;
+    }
+    return buf;
+}
+
+/* Writes S's memory and metadata now, synced unless durability is write
+ * (srv.lock held: a spill, the shutdown, a retry, an import). */
+static int sess_write(session_t *s)
+{
+    if (!s->mem || !s->dirty) return 0;
     char path[1100];
-    size_t n = mem_serial_size(s->mem);
-    void *buf = malloc(n);
-    if (!buf) return -1;
-    mem_serialize(s->mem, buf, n);
+    size_t n;
+    void *buf = serialize(s, &n);
+    if (!buf) {
+        note_write(0, "a session", ENOMEM);
+        return -1;
+    }
+    int sync = srv.cfg.durability != DURABLE_WRITE;
     sess_path(path, sizeof path, s->id, "mem");
-    int rc = write_file(path, buf, n);
+    int rc = write_file(path, buf, n, sync);
     free(buf);
-    if (rc == 0) rc = write_meta(s);
-    if (rc) log_line("session %s: cannot write to %s: %s", s->id, srv.cfg.state_dir, strerror(errno));
+    if (rc == 0) rc = write_meta(s, sync);
+    if (rc == 0 && sync) rc = sync_dir();
+    note_write(rc == 0, "a session", errno);
+    if (rc == 0) s->dirty = 0;
     return rc;
 }
 
-/* Reads S's memory back from disk. */
-static int sess_read(session_t *s, char *err)
+/* Reads S's memory from its disk copy into MEM: the memory of a new stream
+ * when there is none. */
+static int load_copy(const session_t *s, mem_t *mem, char *err)
 {
     char path[1100];
     size_t n = 0;
     sess_path(path, sizeof path, s->id, "mem");
     char *buf = read_file(path, &n);
-    mem_t *m = mem_new(s->model->m);
-    if (!buf || !m) {
-        free(buf);
-        mem_free(m);
-        return snprintf(err, 512, "session %s: its saved memory cannot be read (%s)", s->id, path), -1;
+    if (!buf) {
+        if (errno == ENOENT) {
+            mem_reset(mem);
+            return 0;
+        }
+        return snprintf(err, 512, "session %s: its saved memory cannot be read (%s)", s->id, strerror(errno)), -1;
     }
     char e2[ERR_LEN];
-    if (mem_deserialize(m, buf, n, e2)) {
-        free(buf);
-        mem_free(m);
-        return snprintf(err, 512, "session %s: its saved memory is unusable: %s", s->id, e2), -1;
-    }
+    int rc = mem_deserialize(mem, buf, n, e2);
     free(buf);
+    if (rc) return snprintf(err, 512, "session %s: its saved memory is unusable: %s", s->id, e2), -1;
+    return 0;
+}
+
+/* Reads S's memory back from disk. */
+static int sess_read(session_t *s, char *err)
+{
+    mem_t *m = mem_new(s->model->m);
+    if (!m) return snprintf(err, 512, "session %s: out of memory", s->id), -1;
+    if (load_copy(s, m, err)) {
+        mem_free(m);
+        return -1;
+    }
     s->mem = m;
-    /* the live memory is the session now: a copy left on disk would bring
-     * it back from this older point after a crash */
-    unlink(path);
-    sess_path(path, sizeof path, s->id, "json");
-    unlink(path);
+    s->dirty = 0;
     return 0;
 }
 
@@ -145,14 +259,34 @@ int sess_count(int on_disk)
     return n;
 }
 
-/* Spills the least recently used idle sessions while over the budget. */
+int sess_count_unsaved(void)
+{
+    int n = 0;
+    for (session_t *s = srv.sessions; s; s = s->next) n += s->dirty;
+    return n;
+}
+
+const char *sess_state_error(void) { return state_err; }
+
+/* Spills the least recently used idle sessions while over the budget: a
+ * dirty one is written first, and kept when that fails. */
 static void enforce_budget(void)
 {
-    while (sess_live_bytes() > srv.cfg.session_memory) {
+    size_t live = sess_live_bytes();
+    uint64_t skip_below = 0;   /* sessions that could not be written this round, by use order */
+    while (live > srv.cfg.session_memory) {
         session_t *lru = NULL;
         for (session_t *s = srv.sessions; s; s = s->next)
-            if (s->mem && !s->busy && (!lru || s->use_seq < lru->use_seq)) lru = s;
-        if (!lru || sess_write(lru)) return;
+            if (s->mem && !s->busy && s->use_seq >= skip_below && (!lru || s->use_seq < lru->use_seq)) lru = s;
+        if (!lru) return;
+        if (sess_write(lru)) {
+            if (!spill_blocked_logged++)
+                log_line("state: sessions cannot be spilled (%s): live session memory %zu bytes is over "
+                         "--session-memory %zu", state_err, live, srv.cfg.session_memory);
+            skip_below = lru->use_seq + 1;
+            continue;
+        }
+        live -= lru->mem->n_floats * sizeof(float);
         mem_free(lru->mem);
         lru->mem = NULL;
     }
@@ -187,6 +321,12 @@ session_t *sess_create(smodel_t *sm, const char *id, char *err, int *status)
         while (sess_find(gen));
         id = gen;
     }
+    if (state_err[0]) {
+        *status = 507;
+        snprintf(err, 512, "the state directory cannot be written (%s): new sessions are refused until it can; "
+                 "the sessions there are kept", state_err);
+        return NULL;
+    }
     session_t *s = calloc(1, sizeof *s);
     if (s) s->mem = mem_new(sm->m);
     if (!s || !s->mem) {
@@ -199,6 +339,22 @@ session_t *sess_create(smodel_t *sm, const char *id, char *err, int *status)
     s->model = sm;
     s->created = s->last_used = time(NULL);
     s->use_seq = ++use_counter;
+    if (srv.cfg.durability != DURABLE_OFF) {   /* it exists once its .json does */
+        int rc = write_meta(s, srv.cfg.durability == DURABLE_FSYNC);
+        if (rc == 0) rc = sync_dir();
+        note_write(rc == 0, "a new session", errno);
+        if (rc) {
+            char path[1100];
+            sess_path(path, sizeof path, s->id, "json");
+            unlink(path);
+            mem_free(s->mem);
+            free(s);
+            *status = 507;
+            snprintf(err, 512, "the state directory cannot be written (%s): new sessions are refused until it can",
+                     state_err);
+            return NULL;
+        }
+    }
     s->next = srv.sessions;
     srv.sessions = s;
     enforce_budget();
@@ -221,6 +377,171 @@ int sess_acquire(session_t *s, char *err, int *status)
     return 0;
 }
 
+int sess_mark(session_t *s, char *err)
+{
+    free(s->mark);
+    s->mark = NULL;
+    if (srv.cfg.durability != DURABLE_OFF && !s->dirty) return 0;   /* the disk copy is the state */
+    if (!(s->mark = serialize(s, &s->mark_len))) return snprintf(err, 512, "out of memory"), -1;
+    return 0;
+}
+
+void sess_rollback(session_t *s)
+{
+    char err[512], e2[ERR_LEN];
+    int rc = s->mark ? mem_deserialize(s->mem, s->mark, s->mark_len, e2) : load_copy(s, s->mem, err);
+    if (rc && s->mark) snprintf(err, sizeof err, "%s", e2);
+    if (rc) log_line("session %s: cannot roll back a request that did not complete: %s", s->id, err);
+}
+
+/* ------------------------------------------------------------ the state writer */
+
+typedef struct commit {
+    session_t *s;
+    void *buf;
+    size_t n;
+    int rc, err;
+    void (*done)(void *ctx);
+    void *ctx;
+    struct commit *next;
+} commit_t;
+
+static commit_t *commits;             /* queued (srv.lock) */
+static pthread_cond_t writer_wake = PTHREAD_COND_INITIALIZER;
+static pthread_t writer_thread;
+static int writer_running, writer_stop;
+
+int sess_commit(session_t *s, void (*done)(void *ctx), void *ctx)
+{
+    s->dirty = 1;
+    if (srv.cfg.durability == DURABLE_OFF) return 1;
+    commit_t *c = calloc(1, sizeof *c);
+    if (c && !(c->buf = serialize(s, &c->n))) {
+        free(c);
+        c = NULL;
+    }
+    if (!c || !writer_running) {   /* stays dirty: retried by the writer, written on shutdown */
+        if (c) free(c->buf);
+        else note_write(0, "a session", ENOMEM);
+        free(c);
+        return 1;
+    }
+    c->s = s;
+    c->done = done;
+    c->ctx = ctx;
+    commit_t **p = &commits;
+    while (*p) p = &(*p)->next;
+    *p = c;
+    srv.committing++;
+    pthread_cond_signal(&writer_wake);
+    return 0;
+}
+
+int sess_commit_bytes(session_t *s, const void *buf, size_t n)
+{
+    s->dirty = 1;
+    if (srv.cfg.durability == DURABLE_OFF) return -1;
+    char path[1100];
+    sess_path(path, sizeof path, s->id, "mem");
+    int sync = srv.cfg.durability == DURABLE_FSYNC;
+    int rc = write_file(path, buf, n, sync);
+    if (rc == 0 && sync) rc = sync_dir();
+    note_write(rc == 0, "a session", errno);
+    if (rc == 0) s->dirty = 0;
+    return rc;
+}
+
+/* After a write failed: the dirty idle sessions again, until one fails;
+ * once all are written, the budget is enforced again (they may be spilled
+ * now) and retrying ends. */
+static void retry_dirty(void)
+{
+    int left = 0;
+    for (session_t *s = srv.sessions; s; s = s->next)
+        if (s->dirty && s->mem) {
+            if (s->busy || sess_write(s)) left = 1;
+            if (state_err[0]) break;
+        }
+    if (!left) {
+        retrying = 0;
+        enforce_budget();
+    }
+}
+
+static void *writer_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&srv.lock);
+    for (;;) {
+        if (!commits) {
+            if (writer_stop) break;
+            if (retrying && srv.cfg.durability != DURABLE_OFF) {
+                retry_dirty();
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_sec += 1;
+                pthread_cond_timedwait(&writer_wake, &srv.lock, &ts);
+            } else {
+                pthread_cond_wait(&writer_wake, &srv.lock);
+            }
+            continue;
+        }
+        /* a round: every queued write, then one sync of the directory */
+        commit_t *round = commits;
+        commits = NULL;
+        int sync = srv.cfg.durability == DURABLE_FSYNC;
+        pthread_mutex_unlock(&srv.lock);
+        double t0 = now_s();
+        int dir_rc = 0;
+        for (commit_t *c = round; c; c = c->next) {
+            char path[1100];
+            sess_path(path, sizeof path, c->s->id, "mem");
+            c->rc = write_file(path, c->buf, c->n, sync);
+            c->err = errno;
+            free(c->buf);
+        }
+        if (sync && (dir_rc = sync_dir()) != 0) dir_rc = errno;
+        double dt = now_s() - t0;
+        pthread_mutex_lock(&srv.lock);
+        write_rounds++;
+        write_seconds_sum += dt;
+        while (round) {
+            commit_t *c = round;
+            round = c->next;
+            if (c->rc == 0 && dir_rc) c->rc = -1, c->err = dir_rc;
+            note_write(c->rc == 0, "a session", c->err);
+            if (c->rc == 0) c->s->dirty = 0;
+            srv.committing--;
+            c->done(c->ctx);
+            free(c);
+        }
+    }
+    pthread_mutex_unlock(&srv.lock);
+    return NULL;
+}
+
+int sess_writer_start(void)
+{
+    writer_stop = 0;
+    if (pthread_create(&writer_thread, NULL, writer_main, NULL)) return -1;
+    writer_running = 1;
+    return 0;
+}
+
+/* Ends the writer once the queued writes are done (their tasks complete). */
+void sess_writer_stop(void)
+{
+    if (!writer_running) return;
+    pthread_mutex_lock(&srv.lock);
+    writer_stop = 1;
+    pthread_cond_signal(&writer_wake);
+    pthread_mutex_unlock(&srv.lock);
+    pthread_join(writer_thread, NULL);
+    writer_running = 0;
+}
+
+/* ------------------------------------------------------------ the rest of the store */
+
 static void sess_free(session_t *s)
 {
     char path[1100];
@@ -229,6 +550,7 @@ static void sess_free(session_t *s)
     sess_path(path, sizeof path, s->id, "json");
     unlink(path);
     mem_free(s->mem);
+    free(s->mark);
     free(s);
 }
 
@@ -241,6 +563,8 @@ static void unlink_session(session_t *s)
 
 void sess_release(session_t *s)
 {
+    free(s->mark);
+    s->mark = NULL;
     s->busy = 0;
     s->last_used = time(NULL);
     s->use_seq = ++use_counter;
@@ -260,6 +584,7 @@ int sess_delete(const char *id, char *err, int *status)
     }
     unlink_session(s);
     sess_free(s);
+    sync_dir();   /* a deleted session does not come back after a crash */
     return 0;
 }
 
@@ -271,6 +596,28 @@ void sess_delete_model(smodel_t *sm)
         unlink_session(s);
         sess_free(s);
     }
+    sync_dir();
+}
+
+/* Tokens seen by S: the memory's, or its disk copy's header (bytes 16..24
+ * and 24..28) while spilled. */
+static json_int_t tokens_seen(const session_t *s)
+{
+    if (s->mem) return (json_int_t)(s->mem->pos + (s->mem->pending >= 0));
+    char path[1100];
+    sess_path(path, sizeof path, s->id, "mem");
+    FILE *f = fopen(path, "rb");
+    unsigned char h[28];
+    json_int_t seen = 0;
+    if (f && fread(h, 1, 28, f) == 28) {
+        int64_t pos;
+        int32_t pend;
+        memcpy(&pos, h + 16, 8);
+        memcpy(&pend, h + 24, 4);
+        seen = (json_int_t)(pos + (pend >= 0));
+    }
+    if (f) fclose(f);
+    return seen;
 }
 
 json_t *sess_json(const session_t *s)
@@ -278,26 +625,9 @@ json_t *sess_json(const session_t *s)
     char c[32], u[32];
     iso_time(c, sizeof c, s->created);
     iso_time(u, sizeof u, s->last_used);
-    json_int_t seen = 0;
-    if (s->mem) seen = (json_int_t)(s->mem->pos + (s->mem->pending >= 0));
-    else {
-        /* on disk: the count is in the saved header (bytes 16..24 and 24..28) */
-        char path[1100];
-        sess_path(path, sizeof path, s->id, "mem");
-        FILE *f = fopen(path, "rb");
-        unsigned char h[28];
-        if (f && fread(h, 1, 28, f) == 28) {
-            int64_t pos;
-            int32_t pend;
-            memcpy(&pos, h + 16, 8);
-            memcpy(&pend, h + 24, 4);
-            seen = (json_int_t)(pos + (pend >= 0));
-        }
-        if (f) fclose(f);
-    }
-    return json_pack("{s:s, s:s, s:I, s:I, s:s, s:s, s:s}", "id", s->id, "model", s->model->name, "tokens_seen", seen,
-                     "memory_bytes", (json_int_t)mem_bytes(s->model->m), "created", c, "last_used", u, "location",
-                     s->mem ? "memory" : "disk");
+    return json_pack("{s:s, s:s, s:I, s:I, s:s, s:s, s:s, s:b}", "id", s->id, "model", s->model->name,
+                     "tokens_seen", tokens_seen(s), "memory_bytes", (json_int_t)mem_bytes(s->model->m), "created",
+                     c, "last_used", u, "location", s->mem ? "memory" : "disk", "saved", !s->dirty);
 }
 
 json_t *sess_list_json(void)
@@ -307,20 +637,28 @@ json_t *sess_list_json(void)
     return json_pack("{s:o}", "sessions", a);
 }
 
-int sess_save_all(void)
+void sess_save_all(int *saved, int *failed)
 {
-    int bad = 0;
-    for (session_t *s = srv.sessions; s; s = s->next) bad |= sess_write(s) != 0;
-    return bad ? -1 : 0;
+    *saved = *failed = 0;
+    for (session_t *s = srv.sessions; s; s = s->next) {
+        int sync = srv.cfg.durability != DURABLE_WRITE;
+        int rc = s->dirty ? sess_write(s) : 0;
+        if (rc == 0 && s->mem) rc = write_meta(s, sync);   /* last_used */
+        if (rc == 0) ++*saved;
+        else ++*failed;
+    }
+    if (sync_dir() != 0 && *saved) log_line("state: cannot sync %s/sessions: %s", srv.cfg.state_dir, strerror(errno));
 }
 
-/* Does the saved memory at PATH belong to model M (fingerprint and size)? */
+/* Does the saved memory at PATH belong to model M (fingerprint and size)?
+ * No memory yet is a new stream's: it does. */
 static int state_matches(const char *path, const model_t *m)
 {
     FILE *f = fopen(path, "rb");
+    if (!f) return errno == ENOENT;
     unsigned char h[40];
-    int ok = f && fread(h, 1, sizeof h, f) == sizeof h;
-    if (f) fclose(f);
+    int ok = fread(h, 1, sizeof h, f) == sizeof h;
+    fclose(f);
     if (!ok) return 0;
     uint64_t fp, nf;
     memcpy(&fp, h + 8, 8);
@@ -334,7 +672,7 @@ static int state_matches(const char *path, const model_t *m)
 /* Finds the sessions saved in the state directory for model ONLY (every
  * loaded model when NULL); their memories are read on first use. Sessions of
  * models not loaded, or saved by different weights or memory mode, are left
- * on disk. */
+ * on disk. Temporary files of writes a crash cut short are removed. */
 int sess_load_all(smodel_t *only)
 {
     char dir[1100];
@@ -345,9 +683,13 @@ int sess_load_all(smodel_t *only)
     int n = 0;
     while ((e = readdir(d))) {
         size_t l = strlen(e->d_name);
-        if (l < 6 || strcmp(e->d_name + l - 5, ".json") != 0) continue;
         char path[1400], mpath[1400];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (!only && l > 4 && strcmp(e->d_name + l - 4, ".tmp") == 0) {
+            unlink(path);
+            continue;
+        }
+        if (l < 6 || strcmp(e->d_name + l - 5, ".json") != 0) continue;
         json_t *j = json_load_file(path, 0, NULL);
         const char *id = json_string_value(json_object_get(j, "id"));
         const char *model = json_string_value(json_object_get(j, "model"));
@@ -358,7 +700,7 @@ int sess_load_all(smodel_t *only)
         }
         if (id) snprintf(mpath, sizeof mpath, "%s/%s.mem", dir, id);
         if (!id || !valid_name(id) || sess_find(id)) {
-            log_line("state: skipping %s: not a session file", path);
+            log_line("state: skipping %s: not a session file", e->d_name);
         } else if (!sm) {
             log_line("state: session %s belongs to model '%s', which is not loaded: left on disk", id, model ? model : "?");
         } else if (!state_matches(mpath, sm->m)) {
@@ -367,10 +709,13 @@ int sess_load_all(smodel_t *only)
         } else {
             session_t *s = calloc(1, sizeof *s);
             if (s) {
+                struct stat st;
                 snprintf(s->id, sizeof s->id, "%s", id);
                 s->model = sm;
                 s->created = (time_t)json_integer_value(json_object_get(j, "created"));
                 s->last_used = (time_t)json_integer_value(json_object_get(j, "last_used"));
+                /* a request's write after the last .json: its time is the memory's */
+                if (stat(mpath, &st) == 0 && st.st_mtime > s->last_used) s->last_used = st.st_mtime;
                 s->use_seq = 0;   /* on disk: ordered once it is read back */
                 s->next = srv.sessions;
                 srv.sessions = s;
@@ -381,4 +726,25 @@ int sess_load_all(smodel_t *only)
     }
     closedir(d);
     return n;
+}
+
+void sess_metrics(FILE *f)
+{
+    pthread_mutex_lock(&srv.lock);
+    int unsaved = sess_count_unsaved(), writable = !state_err[0];
+    unsigned long ok = writes_ok, bad = writes_failed, rounds = write_rounds;
+    double secs = write_seconds_sum;
+    pthread_mutex_unlock(&srv.lock);
+    fprintf(f, "# HELP spanserve_sessions_unsaved Sessions whose latest state is in memory only (a write failed, "
+               "or --durability off).\n# TYPE spanserve_sessions_unsaved gauge\nspanserve_sessions_unsaved %d\n", unsaved);
+    fprintf(f, "# HELP spanserve_state_writable 1 while session states can be written to the state directory.\n"
+               "# TYPE spanserve_state_writable gauge\nspanserve_state_writable %d\n", writable);
+    fprintf(f, "# HELP spanserve_state_writes_total Session state files written, by result.\n"
+               "# TYPE spanserve_state_writes_total counter\n"
+               "spanserve_state_writes_total{result=\"ok\"} %lu\nspanserve_state_writes_total{result=\"error\"} %lu\n",
+            ok, bad);
+    fprintf(f, "# HELP spanserve_state_write_rounds_total Rounds of the state writer (one directory sync each), "
+               "and their seconds.\n# TYPE spanserve_state_write_rounds_total counter\n"
+               "spanserve_state_write_rounds_total %lu\n# TYPE spanserve_state_write_seconds_total counter\n"
+               "spanserve_state_write_seconds_total %.6f\n", rounds, secs);
 }

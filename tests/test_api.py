@@ -52,7 +52,7 @@ except ImportError:  # counted as failures, never installed at run time
 
 ERROR_TYPES = {400: "invalid_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed",
                409: "conflict", 413: "payload_too_large", 415: "unsupported_media_type", 422: "unprocessable",
-               429: "rate_limited", 500: "internal", 503: "unavailable"}
+               429: "rate_limited", 500: "internal", 503: "unavailable", 507: "insufficient_storage"}
 MAX_TOKENS = 16384   # --max-tokens of the main, queue and restart servers: long generations for the races
 MAX_PROMPT = 4000    # --max-prompt of the main server
 KEY = "test-key-1"
