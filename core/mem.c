@@ -145,9 +145,10 @@ size_t mem_serial_size(const mem_t *s)
     return MEM_HDR + 4 * (size_t)s->m->n_layers + s->n_floats * sizeof(float);
 }
 
-int mem_serialize(mem_t *s, void *buf, size_t cap)
+size_t mem_serial_header(mem_t *s, void *buf, size_t cap)
 {
-    if (cap < mem_serial_size(s) || mem_pull(s)) return -1;
+    size_t n = MEM_HDR + 4 * (size_t)s->m->n_layers;
+    if (cap < n || mem_pull(s)) return 0;
     unsigned char *p = buf;
     uint32_t nl = (uint32_t)s->m->n_layers;
     uint64_t nf = s->n_floats;
@@ -162,7 +163,15 @@ int mem_serialize(mem_t *s, void *buf, size_t cap)
         int32_t len = s->len[l];
         memcpy(p + MEM_HDR + 4 * l, &len, 4);
     }
-    memcpy(p + MEM_HDR + 4 * nl, s->buf, s->n_floats * sizeof(float));
+    return n;
+}
+
+int mem_serialize(mem_t *s, void *buf, size_t cap)
+{
+    if (cap < mem_serial_size(s)) return -1;
+    size_t h = mem_serial_header(s, buf, cap);
+    if (!h) return -1;
+    memcpy((unsigned char *)buf + h, s->buf, s->n_floats * sizeof(float));
     return 0;
 }
 

@@ -163,6 +163,10 @@ size_t mem_bytes_full(const model_t *m);        /* the reference at the full spa
  * model's shape, then the rings. */
 size_t mem_serial_size(const mem_t *s);
 int mem_serialize(mem_t *s, void *buf, size_t cap);   /* brings the host copy up to date first */
+/* The same in two parts, for writing it without a copy: the header (its
+ * size returned, 0 when CAP is short or the device copy cannot be brought
+ * up), then the floats of s->buf as they are. */
+size_t mem_serial_header(mem_t *s, void *buf, size_t cap);
 int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err);
 
 /* ------------------------------------------------------------------ forward

@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 static unsigned long id_counter;
@@ -80,19 +81,16 @@ static int sync_dir(void)
     return rc;
 }
 
-/* PATH.tmp with LEN bytes of DATA, synced (--durability fsync, or SYNC
- * forced), renamed to PATH. The directory is not synced here. Returns 0, or
- * -1 with errno. */
-static int write_file(const char *path, const void *data, size_t len, int sync)
+/* PATH.tmp with the N parts IOV, synced when SYNC, renamed to PATH. The
+ * directory is not synced here. Returns 0, or -1 with errno. */
+static int write_parts(const char *path, struct iovec *iov, int n, int sync)
 {
     char tmp[1200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
-    const char *p = data;
-    size_t left = len;
-    while (left) {
-        ssize_t k = write(fd, p, left);
+    while (n > 0) {
+        ssize_t k = writev(fd, iov, n);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) {
             int e = k < 0 ? errno : ENOSPC;
@@ -101,8 +99,16 @@ static int write_file(const char *path, const void *data, size_t len, int sync)
             errno = e;
             return -1;
         }
-        p += k;
-        left -= (size_t)k;
+        size_t done = (size_t)k;
+        while (n > 0 && done >= iov->iov_len) {   /* the parts written whole */
+            done -= iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {   /* and one written in part */
+            iov->iov_base = (char *)iov->iov_base + done;
+            iov->iov_len -= done;
+        }
     }
     if ((sync && fdatasync(fd) != 0) || close(fd) != 0) {
         int e = errno;
@@ -118,6 +124,33 @@ static int write_file(const char *path, const void *data, size_t len, int sync)
         return -1;
     }
     return 0;
+}
+
+static int write_file(const char *path, const void *data, size_t len, int sync)
+{
+    struct iovec v = {(void *)data, len};
+    return write_parts(path, &v, 1, sync);
+}
+
+/* Writes the memory of S to ID.mem: its header, then its floats as they are
+ * (no copy). S must not change meanwhile: acquired, or under srv.lock. */
+static int write_memory(session_t *s, int sync)
+{
+    size_t cap = mem_serial_size(s->mem) - s->mem->n_floats * sizeof(float);
+    void *hdr = malloc(cap);
+    size_t h = hdr ? mem_serial_header(s->mem, hdr, cap) : 0;
+    if (!h) {
+        free(hdr);
+        return errno = ENOMEM, -1;
+    }
+    char path[1100];
+    sess_path(path, sizeof path, s->id, "mem");
+    struct iovec v[2] = {{hdr, h}, {s->mem->buf, s->mem->n_floats * sizeof(float)}};
+    int rc = write_parts(path, v, 2, sync);
+    int e = errno;
+    free(hdr);
+    errno = e;
+    return rc;
 }
 
 static char *read_file(const char *path, size_t *len)
@@ -190,17 +223,8 @@ static void *serialize(const session_t *s, size_t *n)
 static int sess_write(session_t *s)
 {
     if (!s->mem || !s->dirty) return 0;
-    char path[1100];
-    size_t n;
-    void *buf = serialize(s, &n);
-    if (!buf) {
-        note_write(0, "a session", ENOMEM);
-        return -1;
-    }
     int sync = srv.cfg.durability != DURABLE_WRITE;
-    sess_path(path, sizeof path, s->id, "mem");
-    int rc = write_file(path, buf, n, sync);
-    free(buf);
+    int rc = write_memory(s, sync);
     if (rc == 0) rc = write_meta(s, sync);
     if (rc == 0 && sync) rc = sync_dir();
     note_write(rc == 0, "a session", errno);
@@ -398,8 +422,6 @@ void sess_rollback(session_t *s)
 
 typedef struct commit {
     session_t *s;
-    void *buf;
-    size_t n;
     int rc, err;
     void (*done)(void *ctx);
     void *ctx;
@@ -415,15 +437,9 @@ int sess_commit(session_t *s, void (*done)(void *ctx), void *ctx)
 {
     s->dirty = 1;
     if (srv.cfg.durability == DURABLE_OFF) return 1;
-    commit_t *c = calloc(1, sizeof *c);
-    if (c && !(c->buf = serialize(s, &c->n))) {
-        free(c);
-        c = NULL;
-    }
-    if (!c || !writer_running) {   /* stays dirty: retried by the writer, written on shutdown */
-        if (c) free(c->buf);
-        else note_write(0, "a session", ENOMEM);
-        free(c);
+    commit_t *c = writer_running ? calloc(1, sizeof *c) : NULL;
+    if (!c) {   /* stays dirty: retried by the writer, written on shutdown */
+        if (writer_running) note_write(0, "a session", ENOMEM);
         return 1;
     }
     c->s = s;
@@ -493,12 +509,9 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&srv.lock);
         double t0 = now_s();
         int dir_rc = 0;
-        for (commit_t *c = round; c; c = c->next) {
-            char path[1100];
-            sess_path(path, sizeof path, c->s->id, "mem");
-            c->rc = write_file(path, c->buf, c->n, sync);
+        for (commit_t *c = round; c; c = c->next) {   /* acquired: nothing else touches them */
+            c->rc = write_memory(c->s, sync);
             c->err = errno;
-            free(c->buf);
         }
         if (sync && (dir_rc = sync_dir()) != 0) dir_rc = errno;
         double dt = now_s() - t0;
