@@ -3,8 +3,8 @@
 #   make            bin/spanserve (CPU; the CUDA core too when nvcc is found), bin/spanctl
 #   make test       every test; ends with "N passed, N failed"
 #   make asan       the tests under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make fuzz       libFuzzer on the checkpoint, session-state and config parsers
-#                   (FUZZ_SECONDS each)
+#   make fuzz       libFuzzer on the checkpoint, session-state and config parsers,
+#                   and the HTTP request path of a whole server (FUZZ_SECONDS each)
 #   make run        builds and serves the default model on 127.0.0.1:8080
 #   make load       64 sessions generating for 30 s: tokens/s, latency
 #   make test-gpu   the CUDA forward against the fixtures and the CPU (skips without a GPU)
@@ -113,7 +113,8 @@ asan: deps
 
 # libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each, under ASan + UBSan:
 # the safetensors header, whole model files, session states (PUT
-# /v1/sessions/ID/state), the trainer's config and text -> tokens. The core is compiled
+# /v1/sessions/ID/state), the trainer's config, text -> tokens, and HTTP
+# requests (method, path, headers, body) to a server. The core is compiled
 # with coverage for them (clang), once, in $(BUILD)/fuzz.
 FUZZ_SECONDS ?= 60
 FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=all
@@ -128,7 +129,19 @@ $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)
 $(BUILD)/fuzz/state_seeds: tests/fuzz/fuzz_state_seeds.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)
 	clang $(FUZZ_FLAGS) $< $(FUZZ_OBJ) $(FUZZ_LIBS) -o $@
 
-FUZZ_TARGETS := st model state config vocab
+# fuzz_http runs a whole server in its process: the server's files too
+FUZZ_SRV_OBJ := $(patsubst server/%.c,$(BUILD)/fuzz/srv/%.o,$(filter-out server/main.c,$(SRV_SRC))) \
+                $(BUILD)/fuzz/srv/openapi.o $(BUILD)/fuzz/srv/openapi_jobs.o
+$(BUILD)/fuzz/srv/%.o: server/%.c $(wildcard core/*.h server/*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_FLAGS) -Iserver -fsanitize=fuzzer-no-link -c $< -o $@
+$(BUILD)/fuzz/srv/openapi.o $(BUILD)/fuzz/srv/openapi_jobs.o: $(BUILD)/fuzz/srv/%.o: $(BUILD)/server/%.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_FLAGS) -c $< -o $@
+$(BUILD)/fuzz/fuzz_http: tests/fuzz/fuzz_http.c $(FUZZ_SRV_OBJ) $(FUZZ_OBJ)
+	clang $(FUZZ_FLAGS) -Iserver -fsanitize=fuzzer $< $(FUZZ_SRV_OBJ) $(FUZZ_OBJ) $(FUZZ_LIBS) -o $@
+
+FUZZ_TARGETS := st model state config vocab http
 fuzz: deps $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%) $(BUILD)/fuzz/state_seeds
 	@rm -rf $(BUILD)/fuzz/corpus && mkdir -p $(FUZZ_TARGETS:%=$(BUILD)/fuzz/corpus/%)
 	cp tests/fuzz/corpus/* $(BUILD)/fuzz/corpus/st/
@@ -141,6 +154,8 @@ fuzz: deps $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%) $(BUILD)/fuzz/state_seeds
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_state -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/state
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=tests/fuzz/config.dict $(BUILD)/fuzz/corpus/config
 	$(BUILD)/fuzz/fuzz_vocab -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/corpus/vocab
+	cp tests/fuzz/http/* $(BUILD)/fuzz/corpus/http/
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_http -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -dict=tests/fuzz/http.dict $(BUILD)/fuzz/corpus/http
 
 # Serves the default model (an adaptive-span model of tiny Shakespeare) on
 # 127.0.0.1:8080; PORT=, MODEL= and ARGS= override.

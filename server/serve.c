@@ -340,24 +340,8 @@ static int mkdirs(const char *path)
 
 /* ------------------------------------------------------------ run */
 
-int cmd_serve(int argc, char **argv)
+void serve_defaults(config_t *c)
 {
-    static const struct option opts[] = {
-        {"listen", 1, 0, 'l'},        {"model", 1, 0, 'm'},        {"model-dir", 1, 0, 'D'},
-        {"state-dir", 1, 0, 's'},     {"api-key", 1, 0, 'k'},      {"api-key-file", 1, 0, 'K'},
-        {"session-memory", 1, 0, 'S'}, {"max-queue", 1, 0, 'q'},   {"max-body", 1, 0, 'b'},
-        {"max-tokens", 1, 0, 't'},    {"max-prompt", 1, 0, 'p'},   {"max-download", 1, 0, 'd'},
-        {"request-timeout", 1, 0, 'T'}, {"drain-timeout", 1, 0, 'r'}, {"memory", 1, 0, 'M'},
-        {"http-threads", 1, 0, 'h'},  {"device", 1, 0, 'v'},       {"help", 0, 0, 'H'},
-        {"precision", 1, 0, 'P'},
-        {"jobs-listen", 1, 0, 'J'},   {"admin-key", 1, 0, 'A'},    {"admin-key-file", 1, 0, 'F'},
-        {"data-dir", 1, 0, 'x'},      {"max-jobs", 1, 0, 'j'},     {"max-upload", 1, 0, 'u'},
-        {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},     {"job-retention", 1, 0, 'R'},
-        {"sse-keepalive", 1, 0, 'E'}, {"durability", 1, 0, 'Y'},  {"max-session-bytes", 1, 0, 'B'},
-        {"max-step-gflop", 1, 0, 'W'}, {"header-timeout", 1, 0, 'O'}, {"max-connections", 1, 0, 'N'},
-        {"max-connections-per-client", 1, 0, 'I'},
-        {0, 0, 0, 0}};
-    config_t *c = &srv.cfg;
     c->listen_addr = "127.0.0.1:8080";
     c->state_dir = "spanserve-state";
     c->session_memory = 1u << 30;
@@ -380,6 +364,28 @@ int cmd_serve(int argc, char **argv)
     c->max_upload = 1ull << 30;
     c->cancel_grace = 10;
     c->sse_keepalive = 15;
+}
+
+
+int cmd_serve(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"listen", 1, 0, 'l'},        {"model", 1, 0, 'm'},        {"model-dir", 1, 0, 'D'},
+        {"state-dir", 1, 0, 's'},     {"api-key", 1, 0, 'k'},      {"api-key-file", 1, 0, 'K'},
+        {"session-memory", 1, 0, 'S'}, {"max-queue", 1, 0, 'q'},   {"max-body", 1, 0, 'b'},
+        {"max-tokens", 1, 0, 't'},    {"max-prompt", 1, 0, 'p'},   {"max-download", 1, 0, 'd'},
+        {"request-timeout", 1, 0, 'T'}, {"drain-timeout", 1, 0, 'r'}, {"memory", 1, 0, 'M'},
+        {"http-threads", 1, 0, 'h'},  {"device", 1, 0, 'v'},       {"help", 0, 0, 'H'},
+        {"precision", 1, 0, 'P'},
+        {"jobs-listen", 1, 0, 'J'},   {"admin-key", 1, 0, 'A'},    {"admin-key-file", 1, 0, 'F'},
+        {"data-dir", 1, 0, 'x'},      {"max-jobs", 1, 0, 'j'},     {"max-upload", 1, 0, 'u'},
+        {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},     {"job-retention", 1, 0, 'R'},
+        {"sse-keepalive", 1, 0, 'E'}, {"durability", 1, 0, 'Y'},  {"max-session-bytes", 1, 0, 'B'},
+        {"max-step-gflop", 1, 0, 'W'}, {"header-timeout", 1, 0, 'O'}, {"max-connections", 1, 0, 'N'},
+        {"max-connections-per-client", 1, 0, 'I'},
+        {0, 0, 0, 0}};
+    config_t *c = &srv.cfg;
+    serve_defaults(c);
     const char *models[64], *device = "auto";
     int n_models = 0, ch;
     double d;

@@ -378,6 +378,8 @@ enum MHD_Result route_task_done(request_t *r);
 /* The last event of a streaming task (srv.lock held). */
 void route_stream_final(task_t *t);
 
+/* The serve flags' defaults (what `spanserve serve --help` says). */
+void serve_defaults(config_t *c);
 int cmd_serve(int argc, char **argv);
 
 #endif
