@@ -1,11 +1,13 @@
 /*
  * fetch.c - downloads a file (a checkpoint, a training text) over https with
- * libcurl, refusing anything past a size limit.
+ * libcurl into a new file, refusing anything past a size limit.
  */
 #define _GNU_SOURCE
 #include "server.h"
 
 #include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,18 +33,19 @@ static size_t on_data(char *p, size_t size, size_t n, void *cls)
     return fwrite(p, 1, k, s->f);
 }
 
-int fetch_url(const char *url, const char *dest, size_t max, const char *limit, char *err, int *status)
+int fetch_url(const char *url, const char *path, size_t max, const char *limit, char *err, int *status)
 {
     if (strncmp(url, "https://", 8) != 0) {
         *status = 400;
         return snprintf(err, 512, "url must be https://"), -1;
     }
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.download", dest);
-    sink_t s = {fopen(tmp, "wb"), 0, max, 0};
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    sink_t s = {fd >= 0 ? fdopen(fd, "wb") : NULL, 0, max, 0};
     if (!s.f) {
+        log_line("fetch: cannot create %s: %s", path, strerror(errno));
+        if (fd >= 0) close(fd), unlink(path);
         *status = 500;
-        return snprintf(err, 512, "cannot write %s", tmp), -1;
+        return snprintf(err, 512, "cannot create the file to download into: %s", strerror(errno)), -1;
     }
     CURL *c = curl_easy_init();
     char cerr[CURL_ERROR_SIZE] = "";
@@ -71,21 +74,18 @@ int fetch_url(const char *url, const char *dest, size_t max, const char *limit, 
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 30L);
     CURLcode rc = curl_easy_perform(c);
     curl_easy_cleanup(c);
-    int bad = fclose(s.f) != 0;
+    /* on disk before the caller links it into place */
+    int bad = fflush(s.f) != 0 || fsync(fileno(s.f)) != 0;
+    bad |= fclose(s.f) != 0;
     if (s.over || rc == CURLE_FILESIZE_EXCEEDED) {
-        unlink(tmp);
+        unlink(path);
         *status = 413;
         return snprintf(err, 512, "the download is over %s (%zu bytes)", limit, max), -1;
     }
     if (rc != CURLE_OK || bad) {
-        unlink(tmp);
+        unlink(path);
         *status = 400;
         return snprintf(err, 512, "cannot fetch %s: %s", url, *cerr ? cerr : curl_easy_strerror(rc)), -1;
-    }
-    if (rename(tmp, dest) != 0) {
-        unlink(tmp);
-        *status = 500;
-        return snprintf(err, 512, "cannot move the download to %s", dest), -1;
     }
     return 0;
 }

@@ -66,22 +66,23 @@ smodel_t *models_find(const char *name)
     return NULL;
 }
 
-/* Loads PATH as NAME. Called with srv.lock held; loading a large file holds
- * it for that long, which only delays other model changes and new tasks. */
-smodel_t *models_add(const char *name, const char *path, char *err, int *status)
+int models_name_free(const char *name, char *err, int *status)
 {
     if (!valid_name(name)) {
         *status = 400;
-        snprintf(err, 512, "model name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)");
-        return NULL;
+        return snprintf(err, 512, "model name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)"), -1;
     }
     if (models_find(name)) {
         *status = 409;
-        snprintf(err, 512, "model '%s' is loaded already", name);
-        return NULL;
+        return snprintf(err, 512, "model '%s' is loaded already", name), -1;
     }
+    return 0;
+}
+
+model_t *models_load(const char *name, const char *path, const char *shown, char *err, int *status)
+{
     char e2[ERR_LEN];
-    model_t *m = model_load_mode(path, srv.cfg.mem_mode, e2);
+    model_t *m = model_load_named(path, shown, srv.cfg.mem_mode, e2);
     if (!m) {
         *status = 400;
         snprintf(err, 512, "%s", e2);
@@ -93,11 +94,21 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
         snprintf(err, 512, "%s: cannot put the model on the GPU: %s", name, e2);
         return NULL;
     }
+    return m;
+}
+
+void models_unload(model_t *m)
+{
+    device_detach(m);
+    model_free(m);
+}
+
+smodel_t *models_insert(const char *name, model_t *m, const char *path, char *err, int *status)
+{
     smodel_t *sm = calloc(1, sizeof *sm);
     if (!sm || !(sm->path = strdup(path))) {
-        device_detach(m);
+        models_unload(m);
         free(sm);
-        model_free(m);
         *status = 503;
         snprintf(err, 512, "out of memory");
         return NULL;
@@ -117,6 +128,15 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
     return sm;
 }
 
+/* Loading a large file holds srv.lock for that long, which only delays
+ * other model changes and new tasks. */
+smodel_t *models_add(const char *name, const char *path, const char *shown, char *err, int *status)
+{
+    if (models_name_free(name, err, status)) return NULL;
+    model_t *m = models_load(name, path, shown, err, status);
+    return m ? models_insert(name, m, path, err, status) : NULL;
+}
+
 int models_remove(const char *name, char *err, int *status)
 {
     smodel_t **p = &srv.models;
@@ -134,8 +154,7 @@ int models_remove(const char *name, char *err, int *status)
     }
     *p = sm->next;
     sess_delete_model(sm);
-    device_detach(sm->m);
-    model_free(sm->m);
+    models_unload(sm->m);
     free(sm->path);
     free(sm);
     log_line("model %s: unloaded", name);
@@ -457,6 +476,8 @@ int cmd_serve(int argc, char **argv)
         char *real = realpath(c->model_dir, NULL);
         if (!real) return fprintf(stderr, "spanserve serve: --model-dir %s: %s\n", c->model_dir, strerror(errno)), 1;
         c->model_dir = real;
+        int n = models_dir_clean();   /* downloads a crash cut short */
+        if (n) log_line("%d unfinished downloads removed from %s", n, c->model_dir);
     }
     char sdir[1100];
     snprintf(sdir, sizeof sdir, "%s/sessions", c->state_dir);
@@ -492,7 +513,7 @@ int cmd_serve(int argc, char **argv)
         const char *eq = strchr(models[i], '=');
         snprintf(name, sizeof name, "%.*s", (int)(eq - models[i]), models[i]);
         int status;
-        if (!models_add(name, eq + 1, err, &status)) {
+        if (!models_add(name, eq + 1, eq + 1, err, &status)) {
             pthread_mutex_unlock(&srv.lock);
             fprintf(stderr, "spanserve serve: --model %s: %s\n", models[i], err);
             http_stop();

@@ -149,9 +149,23 @@ int valid_name(const char *s);
 
 /* models (serve.c); under srv.lock */
 smodel_t *models_find(const char *name);
-smodel_t *models_add(const char *name, const char *path, char *err, int *status);
+/* 0 when NAME may name a new model; else 400 (not a name) or 409 (taken). */
+int models_name_free(const char *name, char *err, int *status);
+/* Reads the checkpoint PATH for the model NAME (and puts it on the GPU
+ * with --device cuda); errors name the file SHOWN, which is what the client
+ * may see (a path relative to --model-dir), never where the file lies. */
+model_t *models_load(const char *name, const char *path, const char *shown, char *err, int *status);
+void models_unload(model_t *m);   /* a model of models_load that is not served */
+/* Serves M (taken; unloaded on failure) as NAME, a name models_name_free
+ * let through under the same hold of srv.lock; PATH is its file. */
+smodel_t *models_insert(const char *name, model_t *m, const char *path, char *err, int *status);
+/* models_name_free, models_load, models_insert. */
+smodel_t *models_add(const char *name, const char *path, const char *shown, char *err, int *status);
 int models_remove(const char *name, char *err, int *status);
 json_t *models_json(const smodel_t *sm);
+/* Removes from --model-dir the temporary files of downloads that a crash
+ * cut short (route_models.c); the number removed. At start, before any. */
+int models_dir_clean(void);
 
 /* sessions (sessions.c); under srv.lock */
 session_t *sess_find(const char *id);
@@ -200,9 +214,10 @@ char *svg_spans(const model_t *m);
  * them. */
 char *svg_training(const char *title, model_family fam, json_t *points);
 
-/* fetch (fetch.c): https URL -> file, at most MAX bytes (LIMIT: the flag
- * that sets it, for the 413 message) */
-int fetch_url(const char *url, const char *dest, size_t max, const char *limit, char *err, int *status);
+/* fetch (fetch.c): An https URL -> the new file PATH (created here, never over an existing
+ * file; removed again on failure), at most MAX bytes (LIMIT: the flag that
+ * sets it, for the 413 message). */
+int fetch_url(const char *url, const char *path, size_t max, const char *limit, char *err, int *status);
 
 /* the OpenAPI documents (built from server/openapi.json and openapi_jobs.json) */
 extern const char openapi_json[];
