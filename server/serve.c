@@ -198,6 +198,10 @@ static const char serve_usage[] =
     "  --max-download BYTES    checkpoint size fetched by URL (default 2G)\n"
     "  --ca-file FILE          certificate authorities (PEM) trusted for https downloads\n"
     "                          and webhooks instead of the system's (a private CA)\n"
+    "  --fetch-allow HOST      a host that downloads and webhooks may reach at any address\n"
+    "                          (repeatable; a name or an IP address as URLs write it). By\n"
+    "                          default they connect only to public addresses: never to\n"
+    "                          loopback, private, link-local or other special ones\n"
     "  --request-timeout S     seconds a request may take (default 600)\n"
     "  --drain-timeout S       seconds to finish in-flight work on SIGTERM (default 30)\n"
     "  --memory exact|span     adaptive-span memory (default exact; see README)\n"
@@ -278,18 +282,35 @@ static int usage(const char *fmt, ...)
     return 2;
 }
 
-static int add_key_to(char ***keys, int *n, const char *k)
+/* Appends a copy of K to the list *V of *N strings (keys, hosts). */
+static int list_add(char ***v, int *n, const char *k)
 {
-    char **a = realloc(*keys, (size_t)(*n + 1) * sizeof *a);
+    char **a = realloc(*v, (size_t)(*n + 1) * sizeof *a);
     if (!a) return -1;
-    *keys = a;
+    *v = a;
     if (!(a[*n] = strdup(k))) return -1;
     (*n)++;
     return 0;
 }
 
-static int add_key(const char *k) { return add_key_to(&srv.cfg.api_keys, &srv.cfg.n_api_keys, k); }
-static int add_admin_key(const char *k) { return add_key_to(&srv.cfg.admin_keys, &srv.cfg.n_admin_keys, k); }
+/* A host as --fetch-allow takes it: what a URL's host part may be (an IPv6
+ * literal with or without its brackets), not a URL or HOST:PORT. */
+static int valid_fetch_host(const char *h)
+{
+    size_t n = strlen(h), colons = 0;
+    if (n == 0 || n > 253) return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)h[i];
+        if (ch == ':') colons++;
+        else if (!(ch == '.' || ch == '-' || ch == '_' || ch == '[' || ch == ']' || (ch >= '0' && ch <= '9')
+                   || ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z')))
+            return 0;
+    }
+    return colons != 1;   /* one colon is HOST:PORT; IPv6 has two or more */
+}
+
+static int add_key(const char *k) { return list_add(&srv.cfg.api_keys, &srv.cfg.n_api_keys, k); }
+static int add_admin_key(const char *k) { return list_add(&srv.cfg.admin_keys, &srv.cfg.n_admin_keys, k); }
 
 /* Keys of FILE, one a line ('#' starts a comment line). */
 static int read_keys(const char *path, int (*add)(const char *))
@@ -333,7 +354,7 @@ int cmd_serve(int argc, char **argv)
         {"jobs-listen", 1, 0, 'J'},   {"admin-key", 1, 0, 'A'},    {"admin-key-file", 1, 0, 'F'},
         {"data-dir", 1, 0, 'x'},      {"max-jobs", 1, 0, 'j'},     {"max-upload", 1, 0, 'u'},
         {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},     {"job-retention", 1, 0, 'R'},
-        {"sse-keepalive", 1, 0, 'E'},
+        {"sse-keepalive", 1, 0, 'E'}, {"fetch-allow", 1, 0, 'a'},
         {0, 0, 0, 0}};
     config_t *c = &srv.cfg;
     c->listen_addr = "127.0.0.1:8080";
@@ -399,6 +420,10 @@ int cmd_serve(int argc, char **argv)
             if (access(optarg, R_OK) != 0)
                 return fprintf(stderr, "spanserve serve: --ca-file %s: %s\n", optarg, strerror(errno)), 2;
             c->ca_file = optarg;
+            break;
+        case 'a':
+            if (!valid_fetch_host(optarg) || list_add(&c->fetch_allow, &c->n_fetch_allow, optarg))
+                return usage("--fetch-allow takes a host name or an IP address, without a port");
             break;
         case 'S':
             if (parse_size(optarg, &c->session_memory)) return usage("--session-memory takes a byte count");

@@ -12,10 +12,12 @@
 #ifndef SPANSERVE_SERVER_H
 #define SPANSERVE_SERVER_H
 
+#include <curl/curl.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "err.h"
@@ -42,6 +44,8 @@ typedef struct {
     double request_timeout;      /* --request-timeout: seconds a request may run */
     size_t max_download;         /* --max-download: bytes of a checkpoint fetched by URL */
     const char *ca_file;         /* --ca-file: PEM authorities for https downloads and webhooks (NULL: the system's) */
+    char **fetch_allow;          /* --fetch-allow: hosts downloads and webhooks may reach at any address */
+    int n_fetch_allow;
     mem_mode mem_mode;           /* --memory exact|span */
     int cuda;                    /* --device: models run on the CUDA core */
     int bf16;                    /* --precision bf16 (the default on the GPU), 0 for fp32 */
@@ -214,9 +218,27 @@ char *svg_spans(const model_t *m);
  * them. */
 char *svg_training(const char *title, model_family fam, json_t *points);
 
-/* fetch (fetch.c): An https URL -> the new file PATH (created here, never over an existing
+/* fetch (fetch.c): the server's requests to URLs that clients name
+ * (checkpoints, training texts, webhooks), under one destination policy. */
+/* The kind of address SA (LEN bytes) is when a client may not have the
+ * server connect to it: "loopback", "private", "link-local", "multicast",
+ * ...; NULL for a public (globally routed unicast) address. IPv6 forms that
+ * carry an IPv4 address (mapped, compatible, NAT64, 6to4) are judged by it. */
+const char *fetch_addr_class(const struct sockaddr *sa, size_t len);
+/* 1 when HOST (a name or an IP literal as a URL writes it, an IPv6 one with
+ * or without brackets) is named by --fetch-allow, case aside. */
+int fetch_host_allowed(const char *host);
+/* Performs C's request of URL under the policy: the URL's host is named by
+ * --fetch-allow, or every address curl connects to is public (else that
+ * address is never connected to). Sets the URL, the policy, no proxy and
+ * --ca-file on C. On failure writes ERR (CAP bytes) for the client: an HTTP
+ * status of the host (with CURLOPT_FAILONERROR), "the server is shutting
+ * down" (a progress callback's abort), or one message for every failure to
+ * reach the host, whose cause goes to the log alone. */
+CURLcode fetch_perform(CURL *c, const char *url, char *err, size_t cap);
+/* An https URL -> the new file PATH (created here, never over an existing
  * file; removed again on failure), at most MAX bytes (LIMIT: the flag that
- * sets it, for the 413 message). */
+ * sets it, for the 413 message), redirects followed under the policy. */
 int fetch_url(const char *url, const char *path, size_t max, const char *limit, char *err, int *status);
 
 /* the OpenAPI documents (built from server/openapi.json and openapi_jobs.json) */
