@@ -92,6 +92,12 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libcore.a tests/harness.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libcore.a $(LDFLAGS) $(LDLIBS) -o $@
 
+# test_fetch tests server/fetch.c (the destination policy of the server's
+# own requests) alone, with stubs for the rest of the server.
+$(BUILD)/tests/test_fetch: tests/test_fetch.c $(BUILD)/server/fetch.o $(BUILD)/libcore.a tests/harness.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/server/fetch.o $(BUILD)/libcore.a $(LDFLAGS) $(LDLIBS) -o $@
+
 test: deps $(BIN) $(CTL) $(TEST_BIN)
 	@sh tests/run.sh $(BUILD) $(BIN)
 

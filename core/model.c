@@ -452,37 +452,39 @@ void model_free(model_t *m)
 
 model_t *model_load(const char *path, char *err) { return model_load_mode(path, MEM_EXACT, err); }
 
-model_t *model_load_mode(const char *path, mem_mode mode, char *err)
+model_t *model_load_mode(const char *path, mem_mode mode, char *err) { return model_load_named(path, path, mode, err); }
+
+model_t *model_load_named(const char *path, const char *name, mem_mode mode, char *err)
 {
     char e2[ERR_LEN];
     wantlist L = {0};
     json_t *cfg = NULL;
     model_t *m = calloc(1, sizeof *m);
-    st_file *f = st_open(path, err);
-    if (!f || !m || !(m->path = strdup(path))) {
+    st_file *f = st_open_named(path, name, err);
+    if (!f || !m || !(m->path = strdup(name))) {
         if (f && !m) err_set(err, "out of memory");
         goto fail;
     }
     m->mem_mode = mode;
     const char *cj = st_meta(f, "config"), *vj = st_meta(f, "vocab");
-    if (!cj) { err_set(err, "%s: no __metadata__.config: not a spanserve checkpoint", path); goto fail; }
-    if (!vj) { err_set(err, "%s: no __metadata__.vocab: the checkpoint does not say its vocabulary", path); goto fail; }
+    if (!cj) { err_set(err, "%s: no __metadata__.config: not a spanserve checkpoint", name); goto fail; }
+    if (!vj) { err_set(err, "%s: no __metadata__.vocab: the checkpoint does not say its vocabulary", name); goto fail; }
     json_error_t je;
     cfg = json_loads(cj, 0, &je);
-    if (!json_is_object(cfg)) { err_set(err, "%s: __metadata__.config is not a JSON object", path); goto fail; }
-    if (vocab_parse(&m->vocab, vj, e2)) { err_set(err, "%s: %s", path, e2); goto fail; }
+    if (!json_is_object(cfg)) { err_set(err, "%s: __metadata__.config is not a JSON object", name); goto fail; }
+    if (vocab_parse(&m->vocab, vj, e2)) { err_set(err, "%s: %s", name, e2); goto fail; }
     m->config_json = strdup(cj);
     m->vocab_json = strdup(vj);
     if (!m->config_json || !m->vocab_json) { err_set(err, "out of memory"); goto fail; }
     m->V = m->vocab.n;
     int vs = 0;
-    if (cfg_int(path, cfg, "vocab_size", 1, MODEL_MAX_VOCAB, 0, m->V, &vs, err)) goto fail;
+    if (cfg_int(name, cfg, "vocab_size", 1, MODEL_MAX_VOCAB, 0, m->V, &vs, err)) goto fail;
     if (vs != m->V) {
-        err_set(err, "%s: config vocab_size %d but the vocabulary lists %d characters", path, vs, m->V);
+        err_set(err, "%s: config vocab_size %d but the vocabulary lists %d characters", name, vs, m->V);
         goto fail;
     }
     const char *fam = json_string_value(json_object_get(cfg, "family"));
-    if (!fam) { err_set(err, "%s: config has no 'family'", path); goto fail; }
+    if (!fam) { err_set(err, "%s: config has no 'family'", name); goto fail; }
     if (strcmp(fam, "adaptive-span") == 0) {
         m->fam = FAM_ASPAN;
         if (aspan_config(m, cfg, err)) goto fail;
@@ -493,13 +495,13 @@ model_t *model_load_mode(const char *path, mem_mode mode, char *err)
         if (par_config(m, cfg, err)) goto fail;
         if (par_tensors(m, &L)) { err_set(err, "out of memory"); goto fail; }
     } else {
-        err_set(err, "%s: unknown family '%.64s' (expected adaptive-span or par-transformer-xl)", path, fam);
+        err_set(err, "%s: unknown family '%.64s' (expected adaptive-span or par-transformer-xl)", name, fam);
         goto fail;
     }
     if (bind_tensors(m, f, &L, err)) goto fail;
     if (m->fam == FAM_ASPAN ? aspan_derive(m, &L, err) : par_derive(m, err)) goto fail;
     if (m->fam == FAM_ASPAN) m->n_params -= (int64_t)m->n_layers * m->span;   /* mask templates are buffers */
-    if (m->n_params > MODEL_MAX_PARAMS) { err_set(err, "%s: too many parameters", path); goto fail; }
+    if (m->n_params > MODEL_MAX_PARAMS) { err_set(err, "%s: too many parameters", name); goto fail; }
     m->fingerprint = fnv1a(fnv1a(fnv1a(1469598103934665603ULL, m->config_json, strlen(m->config_json)),
                                  m->vocab_json, strlen(m->vocab_json)),
                            m->arena, (size_t)m->n_params * sizeof(float));

@@ -84,7 +84,7 @@ typedef struct model {
     model_family fam;
     const fwd_backend *backend;   /* NULL: the CPU */
     mem_mode mem_mode;
-    char *path;
+    char *path;            /* the file's name in messages (model_load_named's NAME) */
     char *config_json;     /* __metadata__.config as found */
     char *vocab_json;      /* __metadata__.vocab as found */
     vocab_t vocab;
@@ -115,6 +115,9 @@ typedef struct model {
  * file, the tensor, and what was expected against what was found. */
 model_t *model_load(const char *path, char *err);
 model_t *model_load_mode(const char *path, mem_mode mode, char *err);
+/* Reads PATH but names it NAME in every message (the server's clients see
+ * them, and must not learn where its files are). */
+model_t *model_load_named(const char *path, const char *name, mem_mode mode, char *err);
 void model_free(model_t *m);
 const char *model_family_name(model_family f);
 /* PAR: the softmax of a block's architecture logits (attn, ffn, skip);

@@ -242,16 +242,18 @@ fail:
     return NULL;
 }
 
-st_file *st_open(const char *path, char *err)
+st_file *st_open(const char *path, char *err) { return st_open_named(path, path, err); }
+
+st_file *st_open_named(const char *path, const char *name, char *err)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        err_set(err, "%s: cannot open: %s", path, strerror(errno));
+        err_set(err, "%s: cannot open: %s", name, strerror(errno));
         return NULL;
     }
     struct stat sb;
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        err_set(err, "%s: not a regular file", path);
+        err_set(err, "%s: not a regular file", name);
         close(fd);
         return NULL;
     }
@@ -260,14 +262,14 @@ st_file *st_open(const char *path, char *err)
     if (len > 0) {
         map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
         if (map == MAP_FAILED) {
-            err_set(err, "%s: cannot map: %s", path, strerror(errno));
+            err_set(err, "%s: cannot map: %s", name, strerror(errno));
             close(fd);
             return NULL;
         }
     }
     close(fd);
     static const char empty[1];
-    st_file *f = st_parse(map ? map : empty, len, path, err);
+    st_file *f = st_parse(map ? map : empty, len, name, err);
     if (!f) {
         if (map) munmap(map, len);
         return NULL;

@@ -38,6 +38,9 @@ typedef struct st_file st_file;
 
 /* Opens and validates PATH (mmap'd read-only). */
 st_file *st_open(const char *path, char *err);
+/* The same, naming the file NAME in every error: a server shows its clients
+ * a name they gave, never where its files live. */
+st_file *st_open_named(const char *path, const char *name, char *err);
 /* Validates an in-memory file image (BUF stays owned by the caller and must
  * outlive the result). Used by st_open and by the fuzz target. */
 st_file *st_parse(const void *buf, size_t len, const char *label, char *err);

@@ -845,7 +845,7 @@ static void register_model(job_t *j)
         char e[512];
         int st;
         pthread_mutex_lock(&srv.lock);
-        smodel_t *sm = srv.draining ? NULL : models_add(j->model_name, j->model_path, e, &st);
+        smodel_t *sm = srv.draining ? NULL : models_add(j->model_name, j->model_path, j->model_path, e, &st);
         pthread_mutex_unlock(&srv.lock);
         if (sm) j->deployed = 1;
         else snprintf(j->model_error, sizeof j->model_error, "not deployed: %s", srv.draining ? "the server is shutting down" : e);
@@ -1158,16 +1158,14 @@ static size_t hook_discard(char *p, size_t size, size_t n, void *cls)
     return size * n;
 }
 
-/* One POST of BODY to URL; 0 on a 2xx answer, else ERR. */
+/* One POST of BODY to URL, under fetch.c's destination policy (no
+ * redirects followed); 0 on a 2xx answer, else ERR. */
 static int hook_post(const char *url, const char *body, char *err, size_t cap)
 {
     CURL *c = curl_easy_init();
     if (!c) return snprintf(err, cap, "libcurl could not start"), -1;
     struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
     h = curl_slist_append(h, "User-Agent: spanserve-jobs");
-    char cerr[CURL_ERROR_SIZE] = "";
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    if (srv.cfg.ca_file) curl_easy_setopt(c, CURLOPT_CAINFO, srv.cfg.ca_file);
 #if LIBCURL_VERSION_NUM >= 0x075500
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
 #else
@@ -1179,16 +1177,15 @@ static int hook_post(const char *url, const char *body, char *err, size_t cap)
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 5L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT, HOOK_TIMEOUT_S);
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, hook_discard);
     curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, hook_abort);
     curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-    CURLcode rc = curl_easy_perform(c);
+    CURLcode rc = fetch_perform(c, url, err, cap);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
-    if (rc != CURLE_OK) return snprintf(err, cap, "%s", *cerr ? cerr : curl_easy_strerror(rc)), -1;
+    if (rc != CURLE_OK) return -1;
     if (status < 200 || status >= 300) return snprintf(err, cap, "the receiver answered HTTP %ld", status), -1;
     return 0;
 }

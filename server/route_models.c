@@ -1,10 +1,20 @@
 /*
  * route_models.c - /v1/models: list, describe, load at run time (a path in
  * --model-dir, or an https URL), unload, and the spans report or picture.
+ *
+ * A download never writes over a file of the model directory: it goes to a
+ * hidden temporary file there, is loaded from it (a file that is not a valid
+ * model goes no further), and only then takes its name NAME.safetensors,
+ * with link(), which fails when the name exists, or, when the request says
+ * "replace", with rename(), which replaces the old file in one step. Errors
+ * name files relative to the model directory: clients never learn where it
+ * is, nor the temporary names.
  */
 #define _GNU_SOURCE
 #include "server.h"
+#include "jobs.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -80,6 +90,37 @@ static int resolve_in_model_dir(const char *path, char *out, size_t cap, char *e
     return 0;
 }
 
+/* The temporary name of a download: hidden, and never NAME.safetensors,
+ * the name of a model file. */
+#define DOWNLOAD_PREFIX ".download-"
+
+int models_dir_clean(void)
+{
+    DIR *d = opendir(srv.cfg.model_dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        const char *x = e->d_name + strlen(DOWNLOAD_PREFIX);
+        if (strncmp(e->d_name, DOWNLOAD_PREFIX, strlen(DOWNLOAD_PREFIX)) != 0 || strlen(x) != 16 || strspn(x, "0123456789abcdef") != 16)
+            continue;
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s/%s", srv.cfg.model_dir, e->d_name);
+        n += unlink(path) == 0;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* NAME.safetensors exists in the model directory: 409, unless replacing. */
+static int model_file_taken(const char *name, char *err, int *status)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s.safetensors", srv.cfg.model_dir, name);
+    if (lstat(path, &st) != 0) return 0;
+    *status = 409;
+    return snprintf(err, 512, "the model directory has a file %s.safetensors already; send \"replace\": true to replace it", name), -1;
+}
+
 /* Downloads run on a thread of their own, so a slow or silent host never
  * holds an HTTP thread: the connection waits suspended. */
 #define MAX_DOWNLOADS 2
@@ -88,7 +129,8 @@ typedef struct {
     request_t *r;
     char name[NAME_MAX_LEN + 1];
     char *url;
-    char path[PATH_MAX];
+    int replace;
+    char tmp[PATH_MAX];          /* the temporary file, in the model directory */
     int status;
     json_t *result;
     char err[512];
@@ -105,14 +147,40 @@ static enum MHD_Result download_done(request_t *r)
     return rc;
 }
 
+/* The download, valid, as the model D->name in the file NAME.safetensors.
+ * Under srv.lock: no other load of the name comes between the checks and
+ * the move. */
+static smodel_t *download_install(download_t *d)
+{
+    if (models_name_free(d->name, d->err, &d->status)) return NULL;
+    model_t *m = models_load(d->name, d->tmp, "the downloaded file", d->err, &d->status);
+    if (!m) return NULL;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s.safetensors", srv.cfg.model_dir, d->name);
+    if ((d->replace ? rename(d->tmp, path) : link(d->tmp, path)) != 0) {
+        int e = errno;
+        if (e == EEXIST && !d->replace) model_file_taken(d->name, d->err, &d->status);
+        else {
+            log_line("model %s: cannot move the download %s to %s: %s", d->name, d->tmp, path, strerror(e));
+            d->status = 500;
+            snprintf(d->err, sizeof d->err, "cannot put the download in the model directory as %s.safetensors: %s", d->name,
+                     strerror(e));
+        }
+        models_unload(m);
+        return NULL;
+    }
+    return models_insert(d->name, m, path, d->err, &d->status);
+}
+
 static void *download_main(void *arg)
 {
     download_t *d = arg;
-    if (fetch_url(d->url, d->path, srv.cfg.max_download, "--max-download", d->err, &d->status) == 0) {
+    if (fetch_url(d->url, d->tmp, srv.cfg.max_download, "--max-download", d->err, &d->status) == 0) {
         pthread_mutex_lock(&srv.lock);
-        smodel_t *sm = models_add(d->name, d->path, d->err, &d->status);
+        smodel_t *sm = download_install(d);
         if (sm) d->result = models_json(sm);
         pthread_mutex_unlock(&srv.lock);
+        unlink(d->tmp);   /* linked into place, renamed (then gone already), or refused */
     }
     pthread_mutex_lock(&srv.lock);
     srv.downloads--;
@@ -122,7 +190,7 @@ static void *download_main(void *arg)
     return NULL;
 }
 
-static enum MHD_Result start_download(request_t *r, const char *name, const char *url, char *err, int *status)
+static enum MHD_Result start_download(request_t *r, const char *name, const char *url, int replace, char *err, int *status)
 {
     download_t *d = calloc(1, sizeof *d);
     if (!d || !(d->url = strdup(url))) {
@@ -132,8 +200,11 @@ static enum MHD_Result start_download(request_t *r, const char *name, const char
         return MHD_NO;
     }
     d->r = r;
+    d->replace = replace;
     snprintf(d->name, sizeof d->name, "%s", name);
-    snprintf(d->path, sizeof d->path, "%s/%s.safetensors", srv.cfg.model_dir, name);
+    char tmp[64];
+    random_id(DOWNLOAD_PREFIX, tmp, sizeof tmp);
+    snprintf(d->tmp, sizeof d->tmp, "%s/%s", srv.cfg.model_dir, tmp);
     pthread_mutex_lock(&srv.lock);
     if (srv.downloads >= MAX_DOWNLOADS || srv.draining) {
         pthread_mutex_unlock(&srv.lock);
@@ -162,11 +233,14 @@ enum MHD_Result route_models_post(request_t *r)
     if (!b) return MHD_YES;
     char err[512], path[PATH_MAX];
     const char *name, *p, *url;
-    int status = 400;
+    int status = 400, replace;
     enum MHD_Result rc;
-    if (field_str(b, "name", &name, err) || field_str(b, "path", &p, err) || field_str(b, "url", &url, err)) goto bad;
+    if (field_str(b, "name", &name, err) || field_str(b, "path", &p, err) || field_str(b, "url", &url, err) ||
+        field_bool(b, "replace", 0, &replace, err))
+        goto bad;
     if (!name || !valid_name(name)) { snprintf(err, sizeof err, "name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)"); goto bad; }
     if (!p == !url) { snprintf(err, sizeof err, "give either path or url"); goto bad; }
+    if (p && replace) { snprintf(err, sizeof err, "replace is for url: a path names a file in the model directory already"); goto bad; }
     pthread_mutex_lock(&srv.lock);
     int taken = models_find(name) != NULL;
     pthread_mutex_unlock(&srv.lock);
@@ -176,12 +250,14 @@ enum MHD_Result route_models_post(request_t *r)
     } else {
         if (!srv.cfg.model_dir) { snprintf(err, sizeof err, "loading by url needs the server started with --model-dir"); goto bad; }
         if (strncmp(url, "https://", 8) != 0) { snprintf(err, sizeof err, "url must be https://"); goto bad; }
-        rc = start_download(r, name, url, err, &status);
+        /* before the download, to spare it; download_install decides */
+        if (!replace && model_file_taken(name, err, &status)) goto bad;
+        rc = start_download(r, name, url, replace, err, &status);
         json_decref(b);
         return rc == MHD_YES ? MHD_YES : reply_error(r, status, "%s", err);
     }
     pthread_mutex_lock(&srv.lock);
-    smodel_t *sm = models_add(name, path, err, &status);
+    smodel_t *sm = models_add(name, path, p, err, &status);
     json_t *j = sm ? models_json(sm) : NULL;
     pthread_mutex_unlock(&srv.lock);
     json_decref(b);

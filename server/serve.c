@@ -66,8 +66,6 @@ smodel_t *models_find(const char *name)
     return NULL;
 }
 
-/* Loads PATH as NAME. Called with srv.lock held; loading a large file holds
- * it for that long, which only delays other model changes and new tasks. */
 /* Is a model of COST within what the operator allows (--max-session-bytes,
  * --max-step-gflop)? A well-formed checkpoint may still ask for gigabytes a
  * session or seconds a step, and one scheduler serves every model. */
@@ -82,20 +80,23 @@ static int model_over_limits(const char *name, const model_cost *c, char *err)
     return 0;
 }
 
-smodel_t *models_add(const char *name, const char *path, char *err, int *status)
+int models_name_free(const char *name, char *err, int *status)
 {
     if (!valid_name(name)) {
         *status = 400;
-        snprintf(err, 512, "model name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)");
-        return NULL;
+        return snprintf(err, 512, "model name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)"), -1;
     }
     if (models_find(name)) {
         *status = 409;
-        snprintf(err, 512, "model '%s' is loaded already", name);
-        return NULL;
+        return snprintf(err, 512, "model '%s' is loaded already", name), -1;
     }
+    return 0;
+}
+
+model_t *models_load(const char *name, const char *path, const char *shown, char *err, int *status)
+{
     char e2[ERR_LEN];
-    model_t *m = model_load_mode(path, srv.cfg.mem_mode, e2);
+    model_t *m = model_load_named(path, shown, srv.cfg.mem_mode, e2);
     if (!m) {
         *status = 400;
         snprintf(err, 512, "%s", e2);
@@ -114,18 +115,28 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
         snprintf(err, 512, "%s: cannot put the model on the GPU: %s", name, e2);
         return NULL;
     }
+    return m;
+}
+
+void models_unload(model_t *m)
+{
+    device_detach(m);
+    model_free(m);
+}
+
+smodel_t *models_insert(const char *name, model_t *m, const char *path, char *err, int *status)
+{
     smodel_t *sm = calloc(1, sizeof *sm);
     if (!sm || !(sm->path = strdup(path))) {
-        device_detach(m);
+        models_unload(m);
         free(sm);
-        model_free(m);
         *status = 503;
         snprintf(err, 512, "out of memory");
         return NULL;
     }
     snprintf(sm->name, sizeof sm->name, "%s", name);
     sm->m = m;
-    sm->cost = cost;
+    model_cost_of(m, &sm->cost);
     smodel_t **p = &srv.models;
     while (*p) p = &(*p)->next;
     *p = sm;
@@ -137,6 +148,15 @@ smodel_t *models_add(const char *name, const char *path, char *err, int *status)
         if (n) log_line("state: %d sessions of %s found", n, name);
     }
     return sm;
+}
+
+/* Loading a large file holds srv.lock for that long, which only delays
+ * other model changes and new tasks. */
+smodel_t *models_add(const char *name, const char *path, const char *shown, char *err, int *status)
+{
+    if (models_name_free(name, err, status)) return NULL;
+    model_t *m = models_load(name, path, shown, err, status);
+    return m ? models_insert(name, m, path, err, status) : NULL;
 }
 
 int models_remove(const char *name, char *err, int *status)
@@ -156,8 +176,7 @@ int models_remove(const char *name, char *err, int *status)
     }
     *p = sm->next;
     sess_delete_model(sm);
-    device_detach(sm->m);
-    model_free(sm->m);
+    models_unload(sm->m);
     free(sm->path);
     free(sm);
     log_line("model %s: unloaded", name);
@@ -202,6 +221,10 @@ static const char serve_usage[] =
     "  --max-download BYTES    checkpoint size fetched by URL (default 2G)\n"
     "  --ca-file FILE          certificate authorities (PEM) trusted for https downloads\n"
     "                          and webhooks instead of the system's (a private CA)\n"
+    "  --fetch-allow HOST      a host that downloads and webhooks may reach at any address\n"
+    "                          (repeatable; a name or an IP address as URLs write it). By\n"
+    "                          default they connect only to public addresses: never to\n"
+    "                          loopback, private, link-local or other special ones\n"
     "  --request-timeout S     seconds a request may take (default 600)\n"
     "  --drain-timeout S       seconds to finish in-flight work on SIGTERM (default 30)\n"
     "  --memory exact|span     adaptive-span memory (default exact; see README)\n"
@@ -298,18 +321,35 @@ static int usage(const char *fmt, ...)
     return 2;
 }
 
-static int add_key_to(char ***keys, int *n, const char *k)
+/* Appends a copy of K to the list *V of *N strings (keys, hosts). */
+static int list_add(char ***v, int *n, const char *k)
 {
-    char **a = realloc(*keys, (size_t)(*n + 1) * sizeof *a);
+    char **a = realloc(*v, (size_t)(*n + 1) * sizeof *a);
     if (!a) return -1;
-    *keys = a;
+    *v = a;
     if (!(a[*n] = strdup(k))) return -1;
     (*n)++;
     return 0;
 }
 
-static int add_key(const char *k) { return add_key_to(&srv.cfg.api_keys, &srv.cfg.n_api_keys, k); }
-static int add_admin_key(const char *k) { return add_key_to(&srv.cfg.admin_keys, &srv.cfg.n_admin_keys, k); }
+/* A host as --fetch-allow takes it: what a URL's host part may be (an IPv6
+ * literal with or without its brackets), not a URL or HOST:PORT. */
+static int valid_fetch_host(const char *h)
+{
+    size_t n = strlen(h), colons = 0;
+    if (n == 0 || n > 253) return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)h[i];
+        if (ch == ':') colons++;
+        else if (!(ch == '.' || ch == '-' || ch == '_' || ch == '[' || ch == ']' || (ch >= '0' && ch <= '9')
+                   || ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z')))
+            return 0;
+    }
+    return colons != 1;   /* one colon is HOST:PORT; IPv6 has two or more */
+}
+
+static int add_key(const char *k) { return list_add(&srv.cfg.api_keys, &srv.cfg.n_api_keys, k); }
+static int add_admin_key(const char *k) { return list_add(&srv.cfg.admin_keys, &srv.cfg.n_admin_keys, k); }
 
 /* Keys of FILE, one a line ('#' starts a comment line). */
 static int read_keys(const char *path, int (*add)(const char *))
@@ -382,7 +422,7 @@ int cmd_serve(int argc, char **argv)
         {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},     {"job-retention", 1, 0, 'R'},
         {"sse-keepalive", 1, 0, 'E'}, {"durability", 1, 0, 'Y'},  {"max-session-bytes", 1, 0, 'B'},
         {"max-step-gflop", 1, 0, 'W'}, {"header-timeout", 1, 0, 'O'}, {"max-connections", 1, 0, 'N'},
-        {"max-connections-per-client", 1, 0, 'I'},
+        {"max-connections-per-client", 1, 0, 'I'}, {"fetch-allow", 1, 0, 'a'},
         {0, 0, 0, 0}};
     config_t *c = &srv.cfg;
     serve_defaults(c);
@@ -433,6 +473,10 @@ int cmd_serve(int argc, char **argv)
             if (access(optarg, R_OK) != 0)
                 return fprintf(stderr, "spanserve serve: --ca-file %s: %s\n", optarg, strerror(errno)), 2;
             c->ca_file = optarg;
+            break;
+        case 'a':
+            if (!valid_fetch_host(optarg) || list_add(&c->fetch_allow, &c->n_fetch_allow, optarg))
+                return usage("--fetch-allow takes a host name or an IP address, without a port");
             break;
         case 'S':
             if (parse_size(optarg, &c->session_memory)) return usage("--session-memory takes a byte count");
@@ -535,6 +579,8 @@ int cmd_serve(int argc, char **argv)
         char *real = realpath(c->model_dir, NULL);
         if (!real) return fprintf(stderr, "spanserve serve: --model-dir %s: %s\n", c->model_dir, strerror(errno)), 1;
         c->model_dir = real;
+        int n = models_dir_clean();   /* downloads a crash cut short */
+        if (n) log_line("%d unfinished downloads removed from %s", n, c->model_dir);
     }
     char sdir[1100];
     snprintf(sdir, sizeof sdir, "%s/sessions", c->state_dir);
@@ -570,7 +616,7 @@ int cmd_serve(int argc, char **argv)
         const char *eq = strchr(models[i], '=');
         snprintf(name, sizeof name, "%.*s", (int)(eq - models[i]), models[i]);
         int status;
-        if (!models_add(name, eq + 1, err, &status)) {
+        if (!models_add(name, eq + 1, eq + 1, err, &status)) {
             pthread_mutex_unlock(&srv.lock);
             fprintf(stderr, "spanserve serve: --model %s: %s\n", models[i], err);
             http_stop();

@@ -12,11 +12,13 @@
 #ifndef SPANSERVE_SERVER_H
 #define SPANSERVE_SERVER_H
 
+#include <curl/curl.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "err.h"
@@ -44,6 +46,8 @@ typedef struct {
     double request_timeout;      /* --request-timeout: seconds a request may run */
     size_t max_download;         /* --max-download: bytes of a checkpoint fetched by URL */
     const char *ca_file;         /* --ca-file: PEM authorities for https downloads and webhooks (NULL: the system's) */
+    char **fetch_allow;          /* --fetch-allow: hosts downloads and webhooks may reach at any address */
+    int n_fetch_allow;
     mem_mode mem_mode;           /* --memory exact|span */
     int durability;              /* --durability: DURABLE_FSYNC, DURABLE_WRITE or DURABLE_OFF (sessions.c) */
     size_t max_session_bytes;    /* --max-session-bytes: a model whose session costs more is refused */
@@ -168,9 +172,23 @@ int valid_name(const char *s);
 
 /* models (serve.c); under srv.lock */
 smodel_t *models_find(const char *name);
-smodel_t *models_add(const char *name, const char *path, char *err, int *status);
+/* 0 when NAME may name a new model; else 400 (not a name) or 409 (taken). */
+int models_name_free(const char *name, char *err, int *status);
+/* Reads the checkpoint PATH for the model NAME (and puts it on the GPU
+ * with --device cuda); errors name the file SHOWN, which is what the client
+ * may see (a path relative to --model-dir), never where the file lies. */
+model_t *models_load(const char *name, const char *path, const char *shown, char *err, int *status);
+void models_unload(model_t *m);   /* a model of models_load that is not served */
+/* Serves M (taken; unloaded on failure) as NAME, a name models_name_free
+ * let through under the same hold of srv.lock; PATH is its file. */
+smodel_t *models_insert(const char *name, model_t *m, const char *path, char *err, int *status);
+/* models_name_free, models_load, models_insert. */
+smodel_t *models_add(const char *name, const char *path, const char *shown, char *err, int *status);
 int models_remove(const char *name, char *err, int *status);
 json_t *models_json(const smodel_t *sm);
+/* Removes from --model-dir the temporary files of downloads that a crash
+ * cut short (route_models.c); the number removed. At start, before any. */
+int models_dir_clean(void);
 
 /* sessions (sessions.c); under srv.lock */
 session_t *sess_find(const char *id);
@@ -244,9 +262,28 @@ char *svg_spans(const model_t *m);
  * them. */
 char *svg_training(const char *title, model_family fam, json_t *points);
 
-/* fetch (fetch.c): https URL -> file, at most MAX bytes (LIMIT: the flag
- * that sets it, for the 413 message) */
-int fetch_url(const char *url, const char *dest, size_t max, const char *limit, char *err, int *status);
+/* fetch (fetch.c): the server's requests to URLs that clients name
+ * (checkpoints, training texts, webhooks), under one destination policy. */
+/* The kind of address SA (LEN bytes) is when a client may not have the
+ * server connect to it: "loopback", "private", "link-local", "multicast",
+ * ...; NULL for a public (globally routed unicast) address. IPv6 forms that
+ * carry an IPv4 address (mapped, compatible, NAT64, 6to4) are judged by it. */
+const char *fetch_addr_class(const struct sockaddr *sa, size_t len);
+/* 1 when HOST (a name or an IP literal as a URL writes it, an IPv6 one with
+ * or without brackets) is named by --fetch-allow, case aside. */
+int fetch_host_allowed(const char *host);
+/* Performs C's request of URL under the policy: the URL's host is named by
+ * --fetch-allow, or every address curl connects to is public (else that
+ * address is never connected to). Sets the URL, the policy, no proxy and
+ * --ca-file on C. On failure writes ERR (CAP bytes) for the client: an HTTP
+ * status of the host (with CURLOPT_FAILONERROR), "the server is shutting
+ * down" (a progress callback's abort), or one message for every failure to
+ * reach the host, whose cause goes to the log alone. */
+CURLcode fetch_perform(CURL *c, const char *url, char *err, size_t cap);
+/* An https URL -> the new file PATH (created here, never over an existing
+ * file; removed again on failure), at most MAX bytes (LIMIT: the flag that
+ * sets it, for the 413 message), redirects followed under the policy. */
+int fetch_url(const char *url, const char *path, size_t max, const char *limit, char *err, int *status);
 
 /* the OpenAPI documents (built from server/openapi.json and openapi_jobs.json) */
 extern const char openapi_json[];

@@ -10,8 +10,11 @@ through the `openai` package, sessions (export, import, the LRU spill to
 --state-dir, a restart after SIGTERM), authentication, the queue limit, and
 clients that misbehave (slow, disconnecting, many at once, malformed bytes).
 
-Five servers are started one after another: "main" (most tests), "auth"
-(--api-key, no --model-dir), "queue" (--max-queue 2) and "restart" (twice, on
+Servers are started one after another: "main" (most tests; --fetch-allow
+127.0.0.1 for its loopback downloads), "auth" (--api-key, no --model-dir),
+"queue" (--max-queue 2), "fetch" (downloads from https servers of its own on
+127.0.0.1 and 127.0.0.2, trusted through --ca-file: the destination policy
+with and without --fetch-allow, redirects, `replace`) and "restart" (twice, on
 one --state-dir). Every server's stderr is kept and searched for sanitizer
 reports; every server must exit 0 on SIGTERM.
 
@@ -19,7 +22,9 @@ Prints one `FAIL test/check: reason` line per failed check and ends with
 `test_api.py: N passed, N failed`; the exit status is 1 on any failure.
 Only loopback addresses are contacted.
 """
+import hashlib
 import http.client
+import http.server
 import json
 import math
 import os
@@ -28,6 +33,7 @@ import select
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -35,6 +41,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.parse
 import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -351,6 +358,26 @@ def expect_error(S, label, r, statuses, msg_re=None):
     return check(label, ok, reason)
 
 
+# The one answer to a download whose host cannot be reached, whatever the
+# reason (refused, closed, no TLS, an address the policy refuses).
+FETCH_FAILED = ("cannot fetch the URL: its host could not be reached, refused the connection or failed the TLS handshake "
+                "(the server connects only to public addresses unless --fetch-allow names the host; its log says which)")
+
+
+def unreachable(S, label, r):
+    """`r` is the 400 of a host that could not be reached: that exact message."""
+    return expect_error(S, label, r, 400, "^" + re.escape(FETCH_FAILED) + "$")
+
+
+def no_paths(S, label, r):
+    """An error of POST /v1/models names no path of the server's own: not the
+    model directory, not a temporary file of a download."""
+    msg = ((r.json or {}).get("error") or {}).get("message", "") if isinstance(r.json, dict) else ""
+    dirs = {d for d in (S.model_dir, S.tmp) if d} | {os.path.realpath(d) for d in (S.model_dir, S.tmp) if d}
+    bad = [d for d in dirs if d in msg]
+    return check(f"{label}: no path of the server's in the message", not bad and ".download-" not in msg, f"{msg!r}")
+
+
 # ---------------------------------------------------------------- fixtures
 
 TEXT = open(TEXT_PATH, encoding="utf-8").read() if os.path.exists(TEXT_PATH) else ""
@@ -663,10 +690,26 @@ def model_dir(S):
                         ("http url", {"name": "x11", "url": f"http://127.0.0.1:{S.port}/openapi.json"}),
                         ("file url", {"name": "x12", "url": "file:///etc/passwd"}),
                         ("ftp url", {"name": "x13", "url": "ftp://127.0.0.1/x.safetensors"}),
-                        ("url not a string", {"name": "x14", "url": 7})):
-        expect_error(S, label, S.call("POST", "/v1/models", body), 400)
-    expect_error(S, "an invalid checkpoint names the problem",
-                 S.call("POST", "/v1/models", {"name": "bad", "path": "bad.safetensors"}), 400, r"header")
+                        ("url not a string", {"name": "x14", "url": 7}),
+                        ("replace with a path", {"name": "x15", "path": "sub/p2.safetensors", "replace": True}),
+                        ("replace not a boolean", {"name": "x16", "url": "https://127.0.0.1:1/m", "replace": "yes"})):
+        r = S.call("POST", "/v1/models", body)
+        expect_error(S, label, r, 400)
+        no_paths(S, label, r)
+    r = S.call("POST", "/v1/models", {"name": "bad", "path": "bad.safetensors"})
+    expect_error(S, "an invalid checkpoint names the problem, and the file as the client did", r, 400,
+                 r"^bad\.safetensors: .*header")
+    no_paths(S, "an invalid checkpoint", r)
+    r = S.call("POST", "/v1/models", {"name": "x7", "path": "sub/none.safetensors"})
+    expect_error(S, "a missing file is named as the client did", r, 400, r"^sub/none\.safetensors: No such file")
+    os.makedirs(os.path.join(md, "adir.safetensors"))
+    r = S.call("POST", "/v1/models", {"name": "x17", "path": "adir.safetensors"})
+    expect_error(S, "a directory is named as the client did", r, 400, r"^adir\.safetensors is not a regular file")
+    with open(os.path.join(md, "sub", "cut.safetensors"), "wb") as f:
+        f.write(open(P_PATH, "rb").read()[:100000])
+    r = S.call("POST", "/v1/models", {"name": "cut", "path": "sub/cut.safetensors"})
+    expect_error(S, "a cut checkpoint: named as the client did", r, 400, r"^sub/cut\.safetensors: ")
+    no_paths(S, "a cut checkpoint", r)
     r = S.call("GET", "/v1/models/x4")
     check("a refused model is not listed", r.status == 404, f"{r}")
     # finite weights whose products overflow: an error that says so, never a made-up answer or a broken body
@@ -690,8 +733,9 @@ def model_dir(S):
     # https to a loopback port where nothing listens: an error status, not a crash
     dead = free_port()
     r = S.call("POST", "/v1/models", {"name": "dl", "url": f"https://127.0.0.1:{dead}/m.safetensors"}, timeout=60)
-    check("https url to a closed port is 400 with curl's message", has_error_shape(r, 400)
-          and re.search(r"connect", r.json["error"]["message"], re.I), f"{r}")
+    unreachable(S, "https url to a closed port (127.0.0.1 is allowed): 400, the one message", r)
+    check("curl's own words are in the log", re.search(rf"fetch from 127\.0\.0\.1: .*port {dead}.*onnect", S.log_tail(20000)),
+          S.log_tail(500))
     check("alive after the failed download", S.healthy(), "healthz")
     check("the failed download is not a model", S.call("GET", "/v1/models/dl").status == 404, "")
     # DELETE takes the model's sessions with it
@@ -787,13 +831,12 @@ def model_download(S):
     for i in range(4):   # at most two downloads at a time (docs/API.md): the later two are 429 at once
         r = out.get(i)
         want = 400 if i < 2 else 429
-        check(f"hung download {i} ends in {want}", r is not None and has_error_shape(r, want), f"{r}")
+        check(f"hung download {i} ends in {want}", r is not None and has_error_shape(r, want)
+              and (want == 429 or r.json["error"]["message"] == FETCH_FAILED), f"{r}")
     # an https server whose certificate nobody signed: refused (the download verifies TLS)
     if not shutil.which("openssl"):
         print("note: model_download: no openssl command: the self-signed certificate check is skipped")
         return
-    import http.server
-    import ssl
     d = tempfile.mkdtemp()
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{d}/k.pem", "-out", f"{d}/c.pem",
                     "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True)
@@ -819,9 +862,298 @@ def model_download(S):
     hs.shutdown()
     th.join()
     shutil.rmtree(d, ignore_errors=True)
-    expect_error(S, "a self-signed certificate is refused", r, 400, r"certificate|SSL|TLS")
+    unreachable(S, "a self-signed certificate is refused: the one message", r)
+    check("the log says it was the certificate", re.search(r"fetch from 127\.0\.0\.1: .*certificate", S.log_tail(20000)),
+          S.log_tail(500))
     check("nothing loaded or left behind", S.call("GET", "/v1/models/selfsigned").status == 404
-          and not [f for f in os.listdir(S.model_dir) if f.startswith("selfsigned")], f"{os.listdir(S.model_dir)}")
+          and not [f for f in os.listdir(S.model_dir) if f.startswith("selfsigned") or f.startswith(".")],
+          f"{os.listdir(S.model_dir)}")
+
+
+# ================================================================ downloads: the destination policy
+
+
+class TlsWeb:
+    """https servers of this test on 127.0.0.1 and, where it can bind there,
+    127.0.0.2: one self-made certificate for both and for localhost (the
+    server under test trusts it through --ca-file, so that only its
+    destination policy can refuse them). They serve PATHS, answer
+    /redirect?to=URL with a 302 to URL and /loop with a 302 to itself, and
+    keep the paths asked of each."""
+
+    def __init__(self, paths):
+        self.dir = tempfile.mkdtemp(prefix="spanserve-api-web-")
+        self.cert, key = os.path.join(self.dir, "cert.pem"), os.path.join(self.dir, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1,IP:127.0.0.2,DNS:localhost", "-keyout", key,
+                        "-out", self.cert], check=True, capture_output=True)
+        web = self
+        self.hits, self.port, self.servers = {}, {}, []
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                host = self.server.server_address[0]
+                with _count_lock:
+                    web.hits.setdefault(host, []).append(self.path)
+                path, _, query = self.path.partition("?")
+                to = {"/redirect": urllib.parse.parse_qs(query).get("to", [""])[0], "/loop": "/loop"}.get(path)
+                body = b"" if to is not None else paths.get(path)
+                self.send_response(302 if to is not None else 200 if body is not None else 404)
+                if to is not None:
+                    self.send_header("Location", to)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                try:
+                    self.wfile.write(body or b"")
+                except OSError:   # the server under test hung up past --max-download
+                    pass
+
+            def log_message(self, *a):
+                pass
+
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(self.cert, key)
+        for host in ("127.0.0.1", "127.0.0.2"):
+            try:
+                hs = http.server.ThreadingHTTPServer((host, 0), H)
+            except OSError as e:
+                print(f"note: cannot listen on {host} ({e}): its checks are skipped")
+                continue
+            hs.socket = ctx.wrap_socket(hs.socket, server_side=True)
+            self.port[host] = hs.server_address[1]
+            self.servers.append(hs)
+            threading.Thread(target=hs.serve_forever, daemon=True).start()
+
+    def url(self, path, host="127.0.0.1", name=None):
+        """https://NAME:PORT/PATH of the server on HOST (NAME: the host as the URL writes it)."""
+        return f"https://{name or host}:{self.port[host]}{path}"
+
+    def asked(self, host, path=None):
+        with _count_lock:
+            return [p for p in self.hits.get(host, []) if path is None or p == path]
+
+    def close(self):
+        for hs in self.servers:
+            hs.shutdown()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+WEB = None
+GARBAGE = bytes((i * 7919 + 13) % 251 for i in range(5000))   # 5,000 bytes that are no checkpoint
+
+
+def fetch_args(allow=False):
+    """The fetch server's flags: the test's https servers trusted, downloads up
+    to 8 MiB (both fixtures fit), and with ALLOW --fetch-allow 127.0.0.1."""
+    global WEB
+    if WEB is None:
+        WEB = TlsWeb({"/a.safetensors": open(A_PATH, "rb").read(), "/p.safetensors": open(P_PATH, "rb").read(),
+                      "/garbage.safetensors": GARBAGE, "/big.safetensors": bytes(9 << 20)})
+    return ["--ca-file", WEB.cert, "--max-download", "8M"] + (["--fetch-allow", "127.0.0.1"] if allow else [])
+
+
+def fetch_server(S, allow, force=False):
+    """Restarts S with or without --fetch-allow 127.0.0.1, when it runs otherwise (or FORCE)."""
+    want = fetch_args(allow)
+    if S.extra == want and S.alive() and not force:
+        return True
+    # A server answers /readyz 200 a moment before it waits for signals; a
+    # SIGTERM in between kills it (OpenBLAS's threads, made before main, do
+    # not block it) instead of draining it. Not what this test is about.
+    time.sleep(0.5)
+    rc = S.stop()
+    check("restart: exit 0 on SIGTERM", rc == 0, f"exit {rc}: {S.death_note()}")
+    S.extra = want
+    err = S.start()
+    return check("restart", err is None, f"{err}")
+
+
+def download(S, name, url, **kw):
+    return S.call("POST", "/v1/models", dict({"name": name, "url": url}, **kw), timeout=120)
+
+
+def model_files(S):
+    return sorted(os.listdir(S.model_dir))
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@test("fetch")
+def fetch_refused(S):
+    """Without --fetch-allow, loopback is refused wherever the URL points at
+    it, before any connection: the one message, nothing written."""
+    if not fetch_server(S, False):
+        return
+    urls = [("127.0.0.1", WEB.url("/a.safetensors")),
+            ("localhost (a name of loopback)", WEB.url("/a.safetensors", name="localhost")),
+            ("[::ffff:127.0.0.1] (IPv4-mapped)", WEB.url("/a.safetensors", name="[::ffff:127.0.0.1]")),
+            ("[::1]", WEB.url("/a.safetensors", name="[::1]")),
+            ("169.254.169.254 (link-local: cloud metadata)", "https://169.254.169.254/latest/meta-data/"),
+            ("10.0.0.1 (private)", "https://10.0.0.1/m.safetensors")]
+    if "127.0.0.2" in WEB.port:
+        urls.append(("127.0.0.2", WEB.url("/a.safetensors", host="127.0.0.2")))
+    for label, url in urls:
+        r = download(S, "refused", url)
+        unreachable(S, f"{label} without --fetch-allow", r)
+        no_paths(S, label, r)
+    check("the test's https servers were never asked", WEB.asked("127.0.0.1") == [] and WEB.asked("127.0.0.2") == [],
+          f"{WEB.hits}")
+    check("nothing written in the model directory", model_files(S) == [], f"{model_files(S)}")
+    check("not a model", S.call("GET", "/v1/models/refused").status == 404)
+    log = S.log_tail(20000)
+    for what in ("127.0.0.1 is a loopback address", "::ffff:127.0.0.1 is a loopback address",
+                 "169.254.169.254 is a link-local address", "10.0.0.1 is a private address"):
+        check(f"the log says why: {what}", what in log, log[-600:])
+
+
+@test("fetch")
+def fetch_allowed(S):
+    """--fetch-allow 127.0.0.1 lets that host through; the start removes the
+    temporary files of downloads a crash cut short, and only those."""
+    leftovers = [".download-0123456789abcdef", ".download-fedcba9876543210"]
+    kept = [".download-notone", ".downloads", "x.download-0123456789abcdef"]
+    for f in leftovers + kept:
+        with open(os.path.join(S.model_dir, f), "wb") as fh:
+            fh.write(GARBAGE)
+    if not fetch_server(S, True, force=True):
+        return
+    check("the start removed the downloads a crash cut short, nothing else", model_files(S) == sorted(kept), f"{model_files(S)}")
+    for f in kept:
+        os.unlink(os.path.join(S.model_dir, f))
+    r = download(S, "dl-a", WEB.url("/a.safetensors"))
+    check("allowed: 201", r.status == 201 and (r.json or {}).get("family") == "adaptive-span", f"{r}")
+    check("the file is the download, under its name, nothing else left", model_files(S) == ["dl-a.safetensors"]
+          and sha(os.path.join(S.model_dir, "dl-a.safetensors")) == sha(A_PATH), f"{model_files(S)}")
+    a, b = score(S, T2000[:200], model="dl-a"), score(S, T2000[:200], model="aspan")
+    check("it scores as the original", a.status == 200 and b.status == 200 and close(a.json["nll"], b.json["nll"], 1e-7), f"{a} {b}")
+    r = download(S, "refused2", WEB.url("/a.safetensors", name="localhost"))
+    unreachable(S, "localhost is not 127.0.0.1: still refused", r)
+    r = download(S, "missing", WEB.url("/missing.safetensors"))
+    expect_error(S, "an allowed host's 404 is reported", r, 400, r"^cannot fetch the URL: the host answered HTTP 404$")
+    r = download(S, "big", WEB.url("/big.safetensors"))
+    expect_error(S, "past --max-download: 413", r, 413, "--max-download")
+    check("nothing left by the refusals", model_files(S) == ["dl-a.safetensors"], f"{model_files(S)}")
+
+
+@test("fetch")
+def fetch_redirects(S):
+    """Redirects are followed, and every hop's host is checked again: an
+    allowed host cannot send the server to one that is not."""
+    if not fetch_server(S, True):
+        return
+    files = model_files(S)
+    to = WEB.url("/p.safetensors")
+    r = download(S, "redir-ok", WEB.url("/redirect?to=" + urllib.parse.quote(to, safe="")))
+    check("127.0.0.1 -> 127.0.0.1: followed, 201", r.status == 201 and (r.json or {}).get("family") == "par-transformer-xl", f"{r}")
+    check("... the file is the target, not the redirect", sha(os.path.join(S.model_dir, "redir-ok.safetensors")) == sha(P_PATH))
+    files.append("redir-ok.safetensors")
+    target = WEB.url("/via-localhost.safetensors", name="localhost")
+    r = download(S, "redir-localhost", WEB.url("/redirect?to=" + urllib.parse.quote(target, safe="")))
+    unreachable(S, "127.0.0.1 -> localhost (loopback, not allowed): refused", r)
+    check("... the target was never asked", WEB.asked("127.0.0.1", "/via-localhost.safetensors") == [], f"{WEB.hits}")
+    check("... the log says why", "refused: 127.0.0.1 is a loopback address" in S.log_tail(3000)
+          or "refused: ::1 is a loopback address" in S.log_tail(3000), S.log_tail(600))
+    if "127.0.0.2" in WEB.port:
+        target = WEB.url("/a.safetensors", host="127.0.0.2")
+        r = download(S, "redir-127002", WEB.url("/redirect?to=" + urllib.parse.quote(target, safe="")))
+        unreachable(S, "127.0.0.1 -> 127.0.0.2: refused", r)
+        check("... 127.0.0.2 was never asked", WEB.asked("127.0.0.2") == [], f"{WEB.hits}")
+    r = download(S, "redir-meta", WEB.url("/redirect?to=" + urllib.parse.quote("https://169.254.169.254/latest/", safe="")))
+    unreachable(S, "127.0.0.1 -> 169.254.169.254: refused", r)
+    r = download(S, "redir-http", WEB.url("/redirect?to=" + urllib.parse.quote(f"http://127.0.0.1:{WEB.port['127.0.0.1']}/a", safe="")))
+    expect_error(S, "a redirect to http://: refused", r, 400, "not https")
+    r = download(S, "redir-loop", WEB.url("/loop"))
+    expect_error(S, "a redirect loop: refused after 5", r, 400, "more than 5 redirects")
+    check("... 6 requests, no more", len(WEB.asked("127.0.0.1", "/loop")) == 6, f"{len(WEB.asked('127.0.0.1', '/loop'))}")
+    check("nothing left by the refusals", model_files(S) == sorted(files), f"{model_files(S)}")
+
+
+@test("fetch")
+def fetch_same_message(S):
+    """A closed port, a port without TLS, one that hangs up, and an address
+    the policy refuses: one message, so that answers do not map ports."""
+    if not fetch_server(S, True):
+        return
+    class Plain(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "5")
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, *a):
+            pass
+
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    hangup = socket.socket()
+    hangup.bind(("127.0.0.1", 0))
+    hangup.listen(8)
+    stop = threading.Event()
+
+    def hang_up():
+        hangup.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                hangup.accept()[0].close()
+            except OSError:
+                pass
+
+    th = threading.Thread(target=hang_up)
+    th.start()
+    answers = {}
+    for label, url in (("closed port", f"https://127.0.0.1:{free_port()}/m"),
+                       ("open port without TLS (plain HTTP)", f"https://127.0.0.1:{plain.server_address[1]}/m"),
+                       ("open port that hangs up", f"https://127.0.0.1:{hangup.getsockname()[1]}/m"),
+                       ("a refused address (localhost)", WEB.url("/a.safetensors", name="localhost"))):
+        r = download(S, "same", url)
+        unreachable(S, label, r)
+        answers[label] = (r.status, r.body)
+    stop.set()
+    th.join()
+    hangup.close()
+    plain.shutdown()
+    check("byte for byte the same answers", len(set(answers.values())) == 1, f"{answers}")
+
+
+@test("fetch")
+def download_replace(S):
+    """A download never writes over a file of the model directory: one that
+    is no model goes nowhere, one whose name exists is 409 unless "replace"
+    says otherwise, and then it replaces the file only once it is valid."""
+    if not fetch_server(S, True):
+        return
+    keep = os.path.join(S.model_dir, "keep.safetensors")
+    shutil.copy(P_PATH, keep)
+    before = sha(keep)
+    files = model_files(S)
+    r = download(S, "keep", WEB.url("/garbage.safetensors"))
+    expect_error(S, "a name whose file exists: 409, saying replace", r, 409, r"keep\.safetensors.*replace")
+    no_paths(S, "409", r)
+    r = download(S, "keep", WEB.url("/garbage.safetensors"), replace=True)
+    expect_error(S, "5,000 bytes of garbage with replace: 400 from the loader", r, 400, r"^the downloaded file: ")
+    no_paths(S, "garbage", r)
+    check("the model file is as it was", sha(keep) == before)
+    r = download(S, "fresh", WEB.url("/garbage.safetensors"))
+    expect_error(S, "garbage under a new name: 400", r, 400, r"^the downloaded file: ")
+    check("nothing written, nothing left", model_files(S) == files, f"{model_files(S)} against {files}")
+    r = download(S, "keep", WEB.url("/a.safetensors"), replace=True)
+    check("a valid model with replace: 201", r.status == 201 and (r.json or {}).get("family") == "adaptive-span", f"{r}")
+    check("... the file replaced", sha(keep) == sha(A_PATH) and model_files(S) == files, f"{model_files(S)}")
+    r = download(S, "keep", WEB.url("/p.safetensors"), replace=True)
+    expect_error(S, "replace does not replace a loaded model: 409", r, 409, "loaded already")
+    check("... its file untouched", sha(keep) == sha(A_PATH))
+    check("DELETE", S.call("DELETE", "/v1/models/keep").status == 200)
+    r = download(S, "keep", WEB.url("/p.safetensors"))
+    expect_error(S, "unloaded, its file still there: 409", r, 409, "replace")
+    r = download(S, "keep", WEB.url("/p.safetensors"), replace=False)
+    expect_error(S, "replace false: 409", r, 409, "replace")
+    r = download(S, "keep", WEB.url("/p.safetensors"), replace=True)
+    check("replaced again", r.status == 201 and sha(keep) == sha(P_PATH), f"{r}")
+    check("no temporary file left", not [f for f in model_files(S) if f.startswith(".")], f"{model_files(S)}")
 
 
 # ================================================================ generation
@@ -2180,14 +2512,20 @@ def main():
         print("note: openai package missing: pip install openai")
     only = set(sys.argv[1:])
     groups = {
-        "main": lambda: Server("main", extra=["--max-tokens", str(MAX_TOKENS), "--max-prompt", str(MAX_PROMPT)]),
+        "main": lambda: Server("main", extra=["--max-tokens", str(MAX_TOKENS), "--max-prompt", str(MAX_PROMPT),
+                                              "--fetch-allow", "127.0.0.1"]),
         "auth": lambda: Server("auth", keys=[KEY, "second-key", "file-key-3"], model_dir=False),
         "queue": lambda: Server("queue", extra=["--max-queue", "2", "--max-tokens", str(MAX_TOKENS), "--drain-timeout", "1"]),
+        "fetch": lambda: Server("fetch", extra=fetch_args()),
     }
     for g, mk in groups.items():
         tests = [t for t in TESTS if t[1] == g and (not only or t[0] in only)]
-        if tests:
+        if tests and g == "fetch" and not shutil.which("openssl"):
+            print("note: no openssl command: the fetch tests are skipped")
+        elif tests:
             run_group(mk(), tests)
+    if WEB:
+        WEB.close()
     if not only or "restart" in only:
         CURRENT = "restart"
         S = None

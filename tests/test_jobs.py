@@ -15,7 +15,14 @@ mid-job (the running job found again and finished, a queued one kept, one
 that died meanwhile marked failed), a duplicate submission with the same id,
 every invalid input (with its status and the one error shape), paths that
 try to leave the data directory, authentication, `spanctl jobs`, and every
-answer against server/openapi_jobs.json.
+answer against server/openapi_jobs.json. The server runs with --fetch-allow
+127.0.0.1 (its texts and webhooks come from loopback servers of this test);
+a text's URL and a webhook at `localhost`, which it does not allow, are
+refused: nothing fetched, nothing delivered.
+
+Names on the command line run only those tests (`files` first when they
+need a text: python3 tests/test_jobs.py files ssrf ssrf_final); the
+retention and restart servers run only without names or when named.
 
 Prints `FAIL test/check: reason` per failed check and ends with
 `test_jobs.py: N passed, N failed`; exit status 1 on any failure. Only
@@ -37,7 +44,7 @@ import traceback
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_api import call, sse_events, free_port, has_error_shape, ROOT, BIN, A_PATH, TEXT_PATH  # noqa: E402
+from test_api import call, sse_events, free_port, has_error_shape, ROOT, BIN, A_PATH, TEXT_PATH, FETCH_FAILED  # noqa: E402
 
 CTL = os.path.join(os.path.dirname(BIN), "spanctl")
 ADMIN = "admin-key-1"
@@ -198,7 +205,7 @@ class Server:
                 [BIN, "serve", "--listen", f"127.0.0.1:{self.port}", "--jobs-listen", f"127.0.0.1:{self.jport}",
                  "--admin-key", ADMIN, "--api-key", APIKEY, "--state-dir", self.state, "--data-dir", self.data,
                  "--max-jobs", str(self.max_jobs), "--max-upload", "300000", "--cancel-grace", "2",
-                 "--model", f"aspan={A_PATH}"] + (["--model-dir", self.models] if self.model_dir else [])
+                 "--fetch-allow", "127.0.0.1", "--model", f"aspan={A_PATH}"] + (["--model-dir", self.models] if self.model_dir else [])
                 + (["--ca-file", self.ca_file] if self.ca_file else []) + self.extra,
                 stdin=subprocess.DEVNULL, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
             if wait_for(lambda: self.proc.poll() is not None or call(self.jport, "GET", "/healthz", timeout=2).status == 200
@@ -521,7 +528,7 @@ def t_invalid(S):
         ("path not a file", {**base, "file": None, "path": "texts"}, 400, "not a regular file"),
         ("path missing", {**base, "file": None, "path": "texts/none.txt"}, 400, "No such file"),
         ("url not https", {**base, "file": None, "url": "http://127.0.0.1/x.txt"}, 400, "https"),
-        ("url not fetchable", {**base, "file": None, "url": "https://127.0.0.1:1/x.txt"}, 400, "cannot fetch"),
+        ("url not fetchable", {**base, "file": None, "url": "https://127.0.0.1:1/x.txt"}, 400, "^" + re.escape(FETCH_FAILED) + "$"),
         ("bad name", dict(base, name="a/b"), 400, "name must be"),
         ("bad id", dict(base, id="../x"), 400, "id must be"),
         ("id too long", dict(base, id="x" * 65), 400, "id must be"),
@@ -655,7 +662,40 @@ def t_https(S, web):
     expect_error("https URL over --max-upload", S.j("POST", "/v1/jobs", {"family": "adaptive-span", "url": web.url
                  + "/big.txt", "config": TINY_ASPAN}), 413, "")
     expect_error("https URL not found", S.j("POST", "/v1/jobs", {"family": "adaptive-span", "url": web.url
-                 + "/missing.txt", "config": TINY_ASPAN}), 400, "cannot fetch")
+                 + "/missing.txt", "config": TINY_ASPAN}), 400, "^cannot fetch the URL: the host answered HTTP 404$")
+
+
+def t_ssrf(S, web, hook):
+    """The destination policy (--fetch-allow 127.0.0.1 only): a text's URL
+    and a webhook at localhost, which resolves to loopback, are refused after
+    DNS: the one message, nothing fetched or stored, nothing delivered."""
+    files = S.j("GET", "/v1/files").json["files"]
+    for label, url in (("localhost (loopback, not allowed)", web.url.replace("127.0.0.1", "localhost") + "/text.txt"),
+                       ("169.254.169.254 (link-local)", "https://169.254.169.254/latest/user-data")):
+        r = S.j("POST", "/v1/jobs", {"family": "adaptive-span", "url": url, "config": TINY_ASPAN})
+        expect_error(f"a text's URL at {label}: 400, the one message", r, 400, "^" + re.escape(FETCH_FAILED) + "$")
+    check("no file stored, nothing left", S.j("GET", "/v1/files").json["files"] == files
+          and not [f for f in os.listdir(os.path.join(S.data, "files")) if f.startswith(".")], f"{os.listdir(os.path.join(S.data, 'files'))}")
+    check("the log says why", re.search(r"fetch from localhost: .*is a loopback address", S.tail(20000)), S.tail(600))
+    r = S.j("POST", "/v1/jobs", {"id": "hook-forbidden", "family": "adaptive-span", "file": FILES["text"],
+                                  "config": dict(TINY_ASPAN, steps=20), "webhook": hook.url.replace("127.0.0.1", "localhost")
+                                  + "/hook/forbidden"})
+    check("a job whose webhook is at localhost: 201 (the address is checked when it is sent)", r.status == 201, f"{r}")
+    j = wait_for(lambda: S.job("hook-forbidden").get("webhook", {}).get("attempts", 0) >= 2 and S.job("hook-forbidden"), 60) or {}
+    w = j.get("webhook", {})
+    check("the job succeeds; its webhook is retried with the one message", j.get("status") == "succeeded"
+          and w.get("state") == "pending" and w.get("error") == FETCH_FAILED, f"{j}")
+    check("nothing delivered", hook.bodies("/hook/forbidden") == [], f"{hook.bodies('/hook/forbidden')}")
+
+
+def t_ssrf_final(S, hook):
+    """hook-forbidden's webhook, given up after its 6 attempts (1+2+4+8+16 s
+    after the first: other tests ran meanwhile)."""
+    j = wait_for(lambda: S.job("hook-forbidden").get("webhook", {}).get("state") == "failed" and S.job("hook-forbidden"), 60) or {}
+    w = j.get("webhook", {})
+    check("a webhook at a refused address: failed after 6 attempts, the one message", w.get("attempts") == 6
+          and w.get("error") == FETCH_FAILED, f"{j}")
+    check("nothing delivered", hook.bodies("/hook/forbidden") == [], f"{hook.bodies('/hook/forbidden')}")
 
 
 def t_killed(S):
@@ -784,8 +824,9 @@ def t_metrics(S):
           m.get('spanserve_job_runs_ended_total{outcome="succeeded"}', 0) >= 4
           and m.get('spanserve_job_runs_ended_total{outcome="failed"}', 0) >= 1
           and m.get('spanserve_job_runs_ended_total{outcome="cancelled"}', 0) >= 3, f"{m}")
-    check("webhooks delivered after a retry, none given up", m.get('spanserve_job_webhooks_total{result="delivered"}', 0) >= 2
-          and m.get('spanserve_job_webhooks_total{result="failed"}') == 0, f"{m}")
+    check("webhooks delivered after a retry, one given up (at a refused address)",
+          m.get('spanserve_job_webhooks_total{result="delivered"}', 0) >= 2
+          and m.get('spanserve_job_webhooks_total{result="failed"}') == 1, f"{m}")
     check("metrics: HELP and TYPE for each", all(f"# TYPE {n} " in text for n in ("spanserve_jobs", "spanserve_job_runs_ended_total",
                                                                                     "spanserve_job_webhooks_total")))
 
@@ -967,8 +1008,13 @@ def t_spanctl(S):
 # ---------------------------------------------------------------- main
 
 
+ONLY = set(sys.argv[1:])
+
+
 def run(name, fn, *a):
     global CURRENT
+    if ONLY and name not in ONLY:
+        return
     CURRENT = name
     t0 = time.time()
     try:
@@ -1005,22 +1051,26 @@ def main():
             run("cancel", t_cancel, S)
             run("cancel_kill", t_cancel_kill, S)
             run("https", t_https, S, web)
+            run("ssrf", t_ssrf, S, web, hook)
             run("killed", t_killed, S)
             run("spanctl", t_spanctl, S)
             run("checkpoint", t_checkpoint, S)
             run("delete", t_delete, S)
+            run("ssrf_final", t_ssrf_final, S, hook)
             run("metrics", t_metrics, S)
         CURRENT = "main server"
         rc = S.stop()
         check("exit 0 on SIGTERM", rc == 0, f"{rc}: {S.tail()}")
-        servers.append(t_retention(os.path.join(tmp, "retention")))
-        CURRENT = "retention server"
-        rc = servers[-1].stop()
-        check("exit 0 on SIGTERM", rc == 0, f"{rc}")
-        servers.append(t_restart(os.path.join(tmp, "restart"), hook))
-        CURRENT = "restart server"
-        rc = servers[-1].stop()
-        check("exit 0 on SIGTERM", rc == 0, f"{rc}")
+        if not ONLY or "retention" in ONLY:
+            servers.append(t_retention(os.path.join(tmp, "retention")))
+            CURRENT = "retention server"
+            rc = servers[-1].stop()
+            check("exit 0 on SIGTERM", rc == 0, f"{rc}")
+        if not ONLY or "restart" in ONLY:
+            servers.append(t_restart(os.path.join(tmp, "restart"), hook))
+            CURRENT = "restart server"
+            rc = servers[-1].stop()
+            check("exit 0 on SIGTERM", rc == 0, f"{rc}")
         for s in servers:
             for rep in s.sanitizer_reports():
                 check("sanitizer", False, rep)

@@ -202,6 +202,11 @@ static void refuse(const edit_t *e, const char *what, const char *n1, const char
     if (n2) CHECK(strstr(err, n2) != NULL, "%s: message '%s' lacks '%s'", what, err, n2);
     CHECK(strstr(err, ckpt) != NULL, "%s: message '%s' does not name the file", what, err);
     model_free(m);
+    /* named as the server names a file to its clients: that name, never the path */
+    m = model_load_named(ckpt, "shown/x.safetensors", MEM_EXACT, err);
+    CHECK(m == NULL && strstr(err, "shown/x.safetensors") && strstr(err, n1) && !strstr(err, ckpt),
+          "%s: model_load_named's message '%s'", what, err);
+    model_free(m);
 }
 
 static void refuse_config(const char *fix, const char *key, json_t *val, const char *n1, const char *n2)

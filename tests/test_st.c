@@ -410,6 +410,11 @@ static void test_open(void)
     f = st_open(tmpdir, err);
     CHECK(f == NULL, "opened a directory");
     CHECK(strstr(err, "not a regular file") != NULL, "message '%s'", err);
+    /* st_open_named: the name given, never the path */
+    f = st_open_named(tmp_path("no-such-file.safetensors"), "given.safetensors", err);
+    CHECK(f == NULL && strstr(err, "given.safetensors: cannot open") && !strstr(err, tmpdir), "message '%s'", err);
+    f = st_open_named(tmpdir, "given", err);
+    CHECK(f == NULL && strstr(err, "given: not a regular file") && !strstr(err, tmpdir), "message '%s'", err);
 
     CHECK(write_file(tmp_path("empty.safetensors"), "", 0) == 0, "write empty");
     f = st_open(tmp_path("empty.safetensors"), err);
@@ -423,6 +428,8 @@ static void test_open(void)
     f = st_open(tmp_path("cut.safetensors"), err);
     CHECK(f == NULL, "opened a cut file");
     CHECK(strstr(err, "past the end") && strstr(err, "cut.safetensors"), "message '%s'", err);
+    f = st_open_named(tmp_path("cut.safetensors"), "given", err);
+    CHECK(f == NULL && strstr(err, "given: ") && strstr(err, "past the end") && !strstr(err, tmpdir), "message '%s'", err);
     /* the same header, the data cut short */
     CHECK(write_file(tmp_path("short.safetensors"), b, len - 4) == 0, "write short");
     f = st_open(tmp_path("short.safetensors"), err);
