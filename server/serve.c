@@ -9,6 +9,7 @@
 
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <signal.h>
@@ -380,6 +381,16 @@ static int mkdirs(const char *path)
 
 /* ------------------------------------------------------------ run */
 
+static int stop_pipe[2] = {-1, -1};
+
+static void on_stop_signal(int sig)
+{
+    int e = errno;
+    unsigned char c = (unsigned char)sig;
+    if (write(stop_pipe[1], &c, 1) < 0) {}   /* full: a stop is pending already */
+    errno = e;
+}
+
 void serve_defaults(config_t *c)
 {
     c->listen_addr = "127.0.0.1:8080";
@@ -596,12 +607,19 @@ int cmd_serve(int argc, char **argv)
     }
     curl_global_init(CURL_GLOBAL_DEFAULT);   /* once, before any thread may use libcurl */
 
-    /* signals: handled by this thread alone, with sigwait */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    /* SIGTERM and SIGINT: a handler writes to a pipe this thread reads once
+     * serving. A handler and not a blocked mask with sigwait: OpenBLAS starts
+     * its threads before main, with the signals unblocked, and a signal
+     * delivered to one of them killed the process instead of draining it. A
+     * signal during start-up waits in the pipe. */
+    if (pipe2(stop_pipe, O_CLOEXEC) != 0) return fprintf(stderr, "spanserve serve: pipe: %s\n", strerror(errno)), 1;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     /* listen first, so /healthz answers and /readyz says 503 while models load */
@@ -644,9 +662,9 @@ int cmd_serve(int argc, char **argv)
         log_line("jobs API listening on http://%s", c->jobs_listen);
     }
 
-    int sig;
-    sigwait(&sigs, &sig);
-    log_line("%s: draining (up to %.0f s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", c->drain_timeout);
+    unsigned char sig = 0;
+    while (read(stop_pipe[0], &sig, 1) != 1 && errno == EINTR) {}
+    log_line("%s: draining (up to %.0f s)", sig == SIGINT ? "SIGINT" : "SIGTERM", c->drain_timeout);
     pthread_mutex_lock(&srv.lock);
     srv.draining = 1;
     pthread_mutex_unlock(&srv.lock);
