@@ -7,6 +7,8 @@
 #                   and the HTTP request path of a whole server (FUZZ_SECONDS each)
 #   make run        builds and serves the default model on 127.0.0.1:8080
 #   make load       64 sessions generating for 30 s: tokens/s, latency
+#   make soak       64 clients doing everything for 60 s against the sanitized
+#                   server: no report, no 5xx, no session lost
 #   make test-gpu   the CUDA forward against the fixtures and the CPU (skips without a GPU)
 #   make bench      the GPU benchmark of issue 4 (../shared/bench); skips without a GPU
 #
@@ -53,7 +55,7 @@ CFLAGS   += -DSPANSERVE_CUDA
 LDLIBS   += -L$(dir $(NVCC))../lib64 -lcudart -lcublas -lstdc++
 endif
 
-.PHONY: all deps test asan fuzz run load clean test-gpu bench
+.PHONY: all deps test asan fuzz soak run load clean test-gpu bench
 all: deps $(BIN) $(CTL)
 
 deps:
@@ -116,6 +118,18 @@ bench: deps $(BUILD)/tests/bench_gpu
 asan: deps
 	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    $(if $(CU_OBJ),NVCC=) test
+
+# The soak (tests/soak.py): SOAK_CLIENTS clients (64) for SOAK_SECONDS (60)
+# mixing generation, scoring, sessions, cut-off streams and a model unloaded
+# and loaded again, against the server built with the sanitizers: no report,
+# no 5xx, no session lost (also across the restart that ends it).
+SOAK_SECONDS ?= 60
+SOAK_CLIENTS ?= 64
+soak: deps
+	$(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	    $(if $(CU_OBJ),NVCC=) build/asan/bin/spanserve
+	SPANSERVE_BIN=build/asan/bin/spanserve SOAK_SECONDS=$(SOAK_SECONDS) SOAK_CLIENTS=$(SOAK_CLIENTS) \
+	    SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} python3 tests/soak.py
 
 # libFuzzer targets (tests/fuzz/), FUZZ_SECONDS each, under ASan + UBSan:
 # the safetensors header, whole model files, session states (PUT
