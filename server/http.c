@@ -756,7 +756,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         task_release(t);
         pthread_mutex_unlock(&srv.lock);
     }
-    log_line("%s %s %d %.1fms %ld tokens%s", r->method, r->route, status, dt * 1e3, tokens,
+    char method[33];   /* a client's bytes: cut, and printable, in the log */
+    size_t k = 0;
+    for (; r->method[k] && k < sizeof method - 1; k++) method[k] = r->method[k] > 32 && r->method[k] < 127 ? r->method[k] : '?';
+    method[k] = 0;
+    log_line("%s %s %d %.1fms %ld tokens%s", method, r->route, status, dt * 1e3, tokens,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
     metrics_request(r->route, status, dt);
     if (r->upload_fd >= 0) close(r->upload_fd);
