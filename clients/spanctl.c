@@ -140,11 +140,12 @@ static const char score_usage[] =
     "  --json           print the server's JSON answer as it is\n";
 
 static const char spans_usage[] =
-    "usage: spanctl spans MODEL [--svg]\n"
+    "usage: spanctl spans MODEL [--json | --svg]\n"
     "\n"
     "GET /v1/models/MODEL/spans: adaptive-span, each head's learned span; PAR,\n"
     "each block's kind and architecture weights; both, memory per stream. Prints\n"
-    "the JSON report, or with --svg the SVG picture.\n";
+    "a table (as `spanserve spans`), with --json the JSON report, with --svg the\n"
+    "SVG picture.\n";
 
 static const char models_usage[] =
     "usage: spanctl models [list [--json]]\n"
@@ -191,13 +192,24 @@ static const char jobs_usage[] =
     "that breaks (a server restart) is followed again after its last line, for\n"
     "up to 60 s without a line.\n";
 
+/* The problem in one line, and where the options are (the command's name
+ * is the usage's first words: "usage: spanctl score [..." -> spanctl score),
+ * instead of the whole usage scrolling the problem away. */
 static int usage_error(const char *usage, const char *fmt, ...)
 {
+    const char *cmd = usage + strlen("usage: ");
+    size_t n = 0;
+    for (const char *w = cmd; *w && *w != '\n';) {   /* the words before the first [OPTION or ARGUMENT */
+        if (*w == '[' || (*w >= 'A' && *w <= 'Z') || *w == '-') break;
+        while (*w && *w != ' ' && *w != '\n') w++;
+        n = (size_t)(w - cmd);
+        while (*w == ' ') w++;
+    }
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", prog);
+    fprintf(stderr, "%.*s: ", (int)n, cmd);
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n%s", usage);
+    fprintf(stderr, "\nRun '%.*s --help' for the options.\n", (int)n, cmd);
     va_end(ap);
     return 2;
 }
@@ -692,13 +704,54 @@ static int cmd_score(ctl_t *c, int argc, char **argv)
 
 /* ------------------------------------------------------------------ spans */
 
+/* The spans report as `spanserve spans` prints it. */
+static void print_spans_table(json_t *j)
+{
+    const char *fam = json_string_value(json_object_get(j, "family"));
+    json_t *x, *h;
+    size_t i, k;
+    if (fam && strcmp(fam, "adaptive-span") == 0) {
+        printf("adaptive-span: maximum span %lld, ramp %lld\n\n", (long long)json_integer_value(json_object_get(j, "attn_span")),
+               (long long)json_integer_value(json_object_get(j, "ramp")));
+        printf("layer  max_span avg_span cache_size   spans per head (z*S; rows kept: keys/values)\n");
+        json_array_foreach(json_object_get(j, "layers"), i, x) {
+            printf("%5lld  %8lld %8lld %10lld  ", (long long)json_integer_value(json_object_get(x, "layer")),
+                   (long long)json_integer_value(json_object_get(x, "max_span")),
+                   (long long)json_integer_value(json_object_get(x, "avg_span")),
+                   (long long)json_integer_value(json_object_get(x, "cache_size")));
+            json_array_foreach(json_object_get(x, "heads"), k, h)
+                printf(" %.1f(%lld/%lld)", json_number_value(json_object_get(h, "span")),
+                       (long long)json_integer_value(json_object_get(h, "key_rows")),
+                       (long long)json_integer_value(json_object_get(h, "reach")));
+            printf("\n");
+        }
+    } else {
+        printf("%s: mem_len %lld\n\n", fam ? fam : "?", (long long)json_integer_value(json_object_get(j, "mem_len")));
+        printf("block  kind   p(attn)  p(ffn)  p(skip)\n");
+        json_array_foreach(json_object_get(j, "blocks"), i, x) {
+            const char *kind = json_string_value(json_object_get(x, "kind"));
+            printf("%5lld  %-5s", (long long)json_integer_value(json_object_get(x, "block")), kind ? kind : "?");
+            json_t *a = json_object_get(x, "alpha_softmax");
+            if (a)
+                printf("  %7.3f %7.3f %7.3f", json_number_value(json_object_get(a, "attn")),
+                       json_number_value(json_object_get(a, "ffn")), json_number_value(json_object_get(a, "skip")));
+            printf("\n");
+        }
+    }
+    json_t *mem = json_object_get(j, "memory");
+    printf("\n%-34s %10lld bytes\n%-34s %10lld bytes\n", "memory per stream (this server)",
+           (long long)json_integer_value(json_object_get(mem, "bytes_per_stream")), "memory per stream (reference)",
+           (long long)json_integer_value(json_object_get(mem, "reference_bytes_per_stream")));
+}
+
 static int cmd_spans(ctl_t *c, int argc, char **argv)
 {
-    static const struct option opts[] = {{"svg", 0, 0, 'g'}, COMMON_OPTS, {0, 0, 0, 0}};
-    int svg = 0, opt;
+    static const struct option opts[] = {{"svg", 0, 0, 'g'}, {"json", 0, 0, 'j'}, COMMON_OPTS, {0, 0, 0, 0}};
+    int svg = 0, as_json = 0, opt;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (opt) {
         case 'g': svg = 1; break;
+        case 'j': as_json = 1; break;
         case 'h': fputs(spans_usage, stdout); return 0;
         default:
             if (!common_opt(c, opt)) return usage_error(spans_usage, "unknown option");
@@ -708,7 +761,13 @@ static int cmd_spans(ctl_t *c, int argc, char **argv)
     resp_t r = {0};
     int rc = http_call(c, "GET", make_url(c, "/v1/models", argv[optind], "spans", svg ? "?format=svg" : NULL), NULL,
                        NULL, 0, &r);
-    if (rc == 0) print_body(&r);
+    if (rc == 0 && (svg || as_json)) print_body(&r);
+    else if (rc == 0) {
+        json_t *j = parse_body(&r);
+        if (j) print_spans_table(j);
+        else rc = 1;
+        json_decref(j);
+    }
     buf_free(&r.body);
     return rc;
 }

@@ -50,7 +50,8 @@ typedef struct {
     char data[TRAIN_PATH_LEN];   /* the text file */
     char out[TRAIN_PATH_LEN];    /* the checkpoint; the state sidecar is OUT.state */
     char log[TRAIN_PATH_LEN];    /* JSON lines; empty: standard output */
-    char device[16];             /* "cpu", or "cuda" (adaptive-span, builds with nvcc) */
+    char device[16];             /* "cpu", "cuda" (adaptive-span, builds with nvcc), or "auto": the GPU
+                                  * trainer when train_run_on is given one, else the CPU */
     int tf32;                    /* cuda: linear layers in TF32 */
     double val_fraction;         /* the last fraction of the text (in characters) is validation */
     /* schedule */

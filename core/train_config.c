@@ -33,7 +33,7 @@ static const keydef keys[] = {
     {"data", -1, K_PATH, 0, 0, 0, F(data), "the training text (UTF-8); required"},
     {"out", -1, K_PATH, 0, 0, 0, F(out), "the checkpoint to write (safetensors); OUT.state is the exact training state; required"},
     {"log", -1, K_PATH, 0, 0, 0, F(log), "progress as JSON lines to this file (default: standard output)"},
-    {"device", -1, K_DEVICE, 0, 0, 0, F(device), "cpu, or cuda (adaptive-span; builds with nvcc)"},
+    {"device", -1, K_DEVICE, 0, 0, 0, F(device), "cpu, cuda (adaptive-span; builds with nvcc), or auto (cuda where it can, else cpu)"},
     {"tf32", FAM_ASPAN, K_BOOL, 0, 0, 0, F(tf32), "device cuda: the linear layers' products on tensor cores in TF32 (faster; not within 1e-3 of the CPU's gradients)"},
     {"val_fraction", -1, K_REAL, 0, 0.5, 1, F(val_fraction), "the last fraction of the text, in characters, is the validation text (0.1)"},
     /* schedule */
@@ -83,7 +83,7 @@ void train_cfg_defaults(train_cfg *c, model_family fam)
 {
     memset(c, 0, sizeof *c);
     c->fam = fam;
-    strcpy(c->device, "cpu");
+    strcpy(c->device, "auto");
     c->val_fraction = 0.1;
     c->steps = 3000;
     c->batch_size = 32;
@@ -142,8 +142,9 @@ static int set_key(train_cfg *c, const keydef *k, json_t *v, const char *label, 
         strcpy(at, json_string_value(v));
         return 0;
     case K_DEVICE:
-        if (!json_is_string(v) || (strcmp(json_string_value(v), "cpu") && strcmp(json_string_value(v), "cuda")))
-            return err_set(err, "%s: config 'device' must be \"cpu\" or \"cuda\"", label);
+        if (!json_is_string(v) || (strcmp(json_string_value(v), "cpu") && strcmp(json_string_value(v), "cuda") &&
+                                   strcmp(json_string_value(v), "auto")))
+            return err_set(err, "%s: config 'device' must be \"cpu\", \"cuda\" or \"auto\"", label);
         strcpy(at, json_string_value(v));
         return 0;
     case K_OPTIM:
@@ -210,10 +211,10 @@ out:
 
 int train_cfg_check(const train_cfg *c, char *err)
 {
-    if (strcmp(c->device, "cpu") != 0 && c->fam != FAM_ASPAN)
+    if (strcmp(c->device, "cuda") == 0 && c->fam != FAM_ASPAN)
         return err_set(err, "config 'device' = \"%s\": the CUDA trainer covers the adaptive-span family only; train "
                        "par-transformer-xl with --device cpu", c->device);
-    if (c->tf32 && strcmp(c->device, "cuda") != 0)
+    if (c->tf32 && strcmp(c->device, "cpu") == 0)
         return err_set(err, "config 'tf32' is true but 'device' is \"%s\": TF32 is the CUDA trainer's", c->device);
     if (!c->data[0]) return err_set(err, "config 'data' is required: the text file to train on (or --data FILE)");
     if (!c->out[0]) return err_set(err, "config 'out' is required: the checkpoint to write (or --out FILE)");
@@ -299,7 +300,7 @@ char *train_model_config_json(const train_cfg *c, int V, const char *const *arch
         json_object_set_new(o, "arch", a);
         json_object_set_new(o, "tie_weight", json_boolean(c->tie_weight));
     }
-    json_object_set_new(o, "trainer", json_string("spanserve train (cpu)"));
+    json_object_set_new(o, "trainer", json_sprintf("spanserve train (%s%s)", c->device, c->tf32 ? ", tf32" : ""));
     char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(o);
     return s;

@@ -524,8 +524,11 @@ static volatile sig_atomic_t stop_asked;
 
 void train_request_stop(void) { stop_asked = 1; }
 
-int train_run_on(const train_cfg *c, const train_device *dev, int resume, FILE *logf, char *err)
+int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE *logf, char *err)
 {
+    train_cfg resolved = *cfg;   /* "auto" becomes the device the run is on, as the checkpoint records it */
+    const train_cfg *c = &resolved;
+    if (strcmp(resolved.device, "auto") == 0) snprintf(resolved.device, sizeof resolved.device, "%s", dev ? "cuda" : "cpu");
     if (train_cfg_check(c, err)) return -1;
     if (strcmp(c->device, "cpu") != 0 && !dev)
         return err_set(err, "config 'device' = \"%s\": this build has no CUDA trainer (built without nvcc); train "

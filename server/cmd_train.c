@@ -6,15 +6,19 @@
  * the steps on the GPU (kernels/train_gpu.h) in builds with nvcc.
  */
 #define _GNU_SOURCE
+#include "cli.h"
 #include "err.h"
 #include "train.h"
 
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #ifdef SPANSERVE_CUDA
 #include "../kernels/train_gpu.h"
@@ -32,14 +36,18 @@ static void on_stop(int sig)
 
 static const char train_usage[] =
     "usage: spanserve train --config FILE.json [--data FILE] [--out FILE] [--steps N]\n"
-    "                       [--seed N] [--device cpu|cuda] [--log FILE] [--resume]\n"
+    "                       [--seed N] [--device cpu|cuda|auto] [--precision fp32|tf32]\n"
+    "                       [--log FILE] [--json] [--resume]\n"
     "\n"
     "Trains an adaptive-span or PAR Transformer-XL model on a text file, with a\n"
     "character vocabulary built from the text and its last val_fraction held out\n"
     "for validation. Writes the checkpoint OUT (the layout `spanserve serve` and\n"
     "`score` load) and OUT.state (the exact training state) every\n"
-    "checkpoint_every steps and at the end; progress as JSON lines on standard\n"
-    "output or --log FILE. Every config key is listed in README.md (Training).\n"
+    "checkpoint_every steps and at the end. Progress: a line per log step on\n"
+    "standard output (step, loss, bpc, validation bpc, lr, tokens/s, ETA), or the\n"
+    "JSON lines of --json; with --log FILE the JSON lines go to FILE, and the\n"
+    "readable lines to a terminal. Every config key is listed in README.md\n"
+    "(Training).\n"
     "\n"
     "  --config FILE   the JSON config; \"family\" is required, every other key\n"
     "                  defaults to the reference recipe of its family\n"
@@ -47,10 +55,14 @@ static const char train_usage[] =
     "  --out FILE      overrides config 'out' (the checkpoint)\n"
     "  --steps N       overrides config 'steps'\n"
     "  --seed N        overrides config 'seed'\n"
-    "  --device D      cpu, or cuda: the adaptive-span trainer on the GPU in\n"
-    "                  float32 (builds with nvcc); the same config, log,\n"
-    "                  checkpoint and state formats\n"
-    "  --log FILE      progress to FILE (appended on --resume) instead of stdout\n"
+    "  --device D      overrides config 'device': cpu, cuda (the adaptive-span\n"
+    "                  trainer on the GPU, in builds with nvcc; the same config,\n"
+    "                  log, checkpoint and state formats) or auto (the default:\n"
+    "                  cuda where this build, a GPU and the family allow it)\n"
+    "  --precision P   fp32 (default) or tf32 (config 'tf32': the GPU's linear\n"
+    "                  layers on tensor cores; cuda only)\n"
+    "  --log FILE      the JSON lines to FILE (appended on --resume)\n"
+    "  --json          the JSON lines on standard output instead of readable ones\n"
     "  --resume        continue from OUT.state: the same numbers as a run that\n"
     "                  never stopped (steps may be raised)\n"
     "\n"
@@ -59,12 +71,96 @@ static const char train_usage[] =
     "exit status is then 3 (--resume goes on). A second signal ends it at once.\n"
     "Exit status: 0 done, 1 failed while running, 2 a bad config or flag.\n";
 
-static int usage(const char *fmt, const char *arg)
+/* ------------------------------------------------------------ progress for a person
+ *
+ * The loop writes JSON lines (core/train_loop.c); a person at a terminal
+ * gets each as one readable line instead: the loop writes to a stream of
+ * this file's (fopencookie) that passes the JSON on to the log file, if
+ * any, and prints the readable line. */
+
+typedef struct {
+    FILE *json;          /* where the JSON lines go, or NULL */
+    FILE *human;         /* where the readable lines go, or NULL */
+    char line[1 << 16];  /* the JSON line being written (a longer one is cut: it is only shown) */
+    size_t len;
+    long steps;          /* the run's last step, for the ETA */
+    double t0;
+    long step0;          /* the step the run (or the resume) began at */
+} progress_sink;
+
+static double wall_s(void)
 {
-    fprintf(stderr, "spanserve train: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n\n%s", train_usage);
-    return 2;
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double num(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+
+/* One JSON line of the loop as a readable line on P->human. */
+static void human_line(progress_sink *p, const char *text)
+{
+    json_t *o = json_loads(text, 0, NULL);
+    const char *ev = json_string_value(json_object_get(o, "event"));
+    long step = (long)json_integer_value(json_object_get(o, "step"));
+    FILE *f = p->human;
+    if (!ev) {
+        json_decref(o);
+        return;
+    }
+    if (!strcmp(ev, "start") || !strcmp(ev, "resume")) {
+        const char *dev = json_string_value(json_object_get(o, "device"));
+        p->t0 = wall_s();
+        p->step0 = step;
+        fprintf(f, "%s at step %ld of %ld on %s\n", !strcmp(ev, "start") ? "training" : "resuming", step, p->steps,
+                dev ? dev : "?");
+    } else if (!strcmp(ev, "train")) {
+        double dt = wall_s() - p->t0, per = step > p->step0 ? dt / (double)(step - p->step0) : -1;
+        char eta[32];
+        cli_duration(eta, sizeof eta, per >= 0 ? per * (double)(p->steps - step) : -1);
+        fprintf(f, "step %6ld/%ld  loss %.4f  bpc %.4f", step, p->steps, num(o, "loss"), num(o, "bpc"));
+        if (json_object_get(o, "val_bpc")) fprintf(f, "  val_bpc %.4f", num(o, "val_bpc"));
+        fprintf(f, "  lr %.3g  %.0f tokens/s  ETA %s\n", num(o, "lr"), num(o, "tokens_per_s"), eta);
+    } else if (!strcmp(ev, "arch_fixed")) {
+        fprintf(f, "step %ld: the architecture is fixed:", step);
+        json_t *a = json_object_get(o, "arch");
+        for (size_t i = 0; i < json_array_size(a); i++) fprintf(f, " %s", json_string_value(json_array_get(a, i)));
+        fprintf(f, "\n");
+    } else if (!strcmp(ev, "checkpoint")) {
+        fprintf(f, "step %ld: checkpoint written\n", step);
+    } else if (!strcmp(ev, "done")) {
+        char d[32];
+        cli_duration(d, sizeof d, num(o, "seconds"));
+        const char *ck = json_string_value(json_object_get(o, "checkpoint"));
+        fprintf(f, "done at step %ld in %s: validation bpc %.4f, checkpoint %s\n", step, d, num(o, "val_bpc"),
+                ck ? ck : "?");
+    } else if (!strcmp(ev, "stopped")) {
+        fprintf(f, "stopped at step %ld, saved\n", step);
+    }
+    fflush(f);
+    json_decref(o);
+}
+
+static ssize_t sink_write(void *cookie, const char *buf, size_t n)
+{
+    progress_sink *p = cookie;
+    if (p->json && (fwrite(buf, 1, n, p->json) != n || fflush(p->json) != 0)) return -1;
+    for (size_t i = 0; p->human && i < n; i++) {
+        if (buf[i] != '\n') {
+            if (p->len < sizeof p->line - 1) p->line[p->len++] = buf[i];
+            continue;
+        }
+        p->line[p->len] = 0;
+        human_line(p, p->line);
+        p->len = 0;
+    }
+    return (ssize_t)n;
+}
+
+static int sink_close(void *cookie)
+{
+    progress_sink *p = cookie;
+    return p->json && p->json != stdout ? fclose(p->json) : 0;
 }
 
 static char *slurp(const char *path, char *err)
@@ -111,35 +207,46 @@ static int parse_nonneg(const char *s, long long *out)
 int cmd_train(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"config", 1, 0, 'c'}, {"data", 1, 0, 'd'}, {"out", 1, 0, 'o'}, {"steps", 1, 0, 'n'},
-        {"seed", 1, 0, 's'},   {"device", 1, 0, 'D'}, {"log", 1, 0, 'l'}, {"resume", 0, 0, 'r'},
-        {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
-    const char *config = NULL, *data = NULL, *out = NULL, *device = NULL, *logp = NULL;
+        {"config", 1, 0, 'c'}, {"data", 1, 0, 'd'},   {"out", 1, 0, 'o'},       {"steps", 1, 0, 'n'},
+        {"seed", 1, 0, 's'},   {"device", 1, 0, 'D'}, {"precision", 1, 0, 'p'}, {"log", 1, 0, 'l'},
+        {"json", 0, 0, 'j'},   {"resume", 0, 0, 'r'}, {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
+    const char *config = NULL, *data = NULL, *out = NULL, *device = NULL, *logp = NULL, *precision = NULL;
     long long steps = -1, seed = -1;
-    int resume = 0, c;
+    int resume = 0, json_out = 0, c;
+    opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'c': config = optarg; break;
         case 'd': data = optarg; break;
         case 'o': out = optarg; break;
         case 'n':
-            if (parse_nonneg(optarg, &steps) || steps > 1000000000000LL) return usage("--steps must be a non-negative integer, not '%s'", optarg);
+            if (parse_nonneg(optarg, &steps) || steps > 1000000000000LL)
+                return cli_usage_error("train", "--steps must be a non-negative integer, not '%s'", optarg);
             break;
         case 's':
-            if (parse_nonneg(optarg, &seed)) return usage("--seed must be a non-negative integer, not '%s'", optarg);
+            if (parse_nonneg(optarg, &seed))
+                return cli_usage_error("train", "--seed must be a non-negative integer, not '%s'", optarg);
             break;
         case 'D':
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return usage("--device must be cpu or cuda, not '%s'", optarg);
-            device = optarg;
+            if (cli_parse_device(optarg, &device))
+                return cli_usage_error("train", "--device must be cpu, cuda or auto, not '%s'", optarg);
+            break;
+        case 'p':
+            if (!strcmp(optarg, "bf16"))
+                return cli_usage_error("train", "--precision bf16: the trainers compute in fp32 (or tf32 on the GPU) for now");
+            if (strcmp(optarg, "fp32") && strcmp(optarg, "tf32"))
+                return cli_usage_error("train", "--precision must be fp32 or tf32, not '%s'", optarg);
+            precision = optarg;
             break;
         case 'l': logp = optarg; break;
+        case 'j': json_out = 1; break;
         case 'r': resume = 1; break;
         case 'h': fputs(train_usage, stdout); return 0;
-        default: return usage("%s", "unknown option");
+        default: return cli_bad_option("train", opts, argv, optind);
         }
     }
-    if (optind != argc) return usage("unexpected argument '%s'", argv[optind]);
-    if (!config) return usage("%s", "--config is required");
+    if (optind != argc) return cli_usage_error("train", "unexpected argument '%s'", argv[optind]);
+    if (!config) return cli_usage_error("train", "--config is required");
     char err[ERR_LEN];
     train_cfg cfg;
     char *text = slurp(config, err);
@@ -156,24 +263,42 @@ int cmd_train(int argc, char **argv)
     }
     if (steps >= 0) cfg.steps = (long)steps;
     if (seed >= 0) cfg.seed = (uint64_t)seed;
-    if (device) strcpy(cfg.device, device);
+    if (device) snprintf(cfg.device, sizeof cfg.device, "%s", device);
+    if (precision) cfg.tf32 = !strcmp(precision, "tf32");
+    /* the GPU trainer: asked for, or "auto" where this build has it, a GPU
+     * answers and the family is one it trains */
+    const train_device *dev = NULL;
+    char why[ERR_LEN] = "this build has no CUDA trainer (built without nvcc)";
+#ifdef SPANSERVE_CUDA
+    int gpu = tgpu_available(why) == 0;
+#else
+    int gpu = 0;
+#endif
+    if (!strcmp(cfg.device, "auto") && !(gpu && cfg.fam == FAM_ASPAN)) snprintf(cfg.device, sizeof cfg.device, "cpu");
     if (train_cfg_check(&cfg, err)) {
         fprintf(stderr, "spanserve train: %s\n", err);
         return 2;
     }
-    const train_device *dev = NULL;
-    if (strcmp(cfg.device, "cuda") == 0) {
-#ifdef SPANSERVE_CUDA
-        dev = &tgpu_train_device;
-#else
-        fprintf(stderr, "spanserve train: --device cuda: this build has no CUDA trainer (built without nvcc); train "
-                "with --device cpu\n");
-        return 2;
-#endif
+    if (strcmp(cfg.device, "cpu") && !gpu) {
+        fprintf(stderr, "spanserve train: --device cuda: %s; train with --device cpu\n", why);
+        return strstr(why, "without nvcc") ? 2 : 1;
     }
-    FILE *log = stdout;
-    if (cfg.log[0] && !(log = fopen(cfg.log, resume ? "a" : "w"))) {
+#ifdef SPANSERVE_CUDA
+    if (strcmp(cfg.device, "cpu")) dev = &tgpu_train_device;
+#endif
+    /* the JSON lines to --log, or to stdout with --json; readable lines to
+     * stdout otherwise, and beside --log when stdout is a terminal */
+    progress_sink sink = {.steps = cfg.steps, .t0 = wall_s()};
+    if (cfg.log[0] && !(sink.json = fopen(cfg.log, resume ? "a" : "w"))) {
         fprintf(stderr, "spanserve train: log '%s': %s\n", cfg.log, strerror(errno));
+        return 1;
+    }
+    if (json_out && !sink.json) sink.json = stdout;
+    else if (!json_out && (!sink.json || isatty(1))) sink.human = stdout;
+    FILE *log = fopencookie(&sink, "w", (cookie_io_functions_t){NULL, sink_write, NULL, sink_close});
+    if (!log) {
+        fprintf(stderr, "spanserve train: %s\n", strerror(errno));
+        if (sink.json && sink.json != stdout) fclose(sink.json);
         return 1;
     }
     struct sigaction sa = {.sa_handler = on_stop};
@@ -181,11 +306,11 @@ int cmd_train(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     int rc = train_run_on(&cfg, dev, resume, log, err);
+    fclose(log);
     if (rc == TRAIN_STOPPED)
         fprintf(stderr, "spanserve train: stopped by a signal; the checkpoint and state of the last step are saved "
                 "(--resume goes on)\n");
     else if (rc)
         fprintf(stderr, "spanserve train: %s\n", err);
-    if (log != stdout) fclose(log);
     return rc == TRAIN_STOPPED ? TRAIN_STOPPED : rc ? 1 : 0;
 }

@@ -10,13 +10,12 @@
  * with status 2; a failure at run time prints one line and exits 1.
  */
 #define _GNU_SOURCE
+#include "cli.h"
 #include "err.h"
 #include "infer.h"
 #include "model.h"
 #include "report.h"
-
-int cmd_serve(int argc, char **argv);
-int cmd_train(int argc, char **argv);
+#include "server.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -37,17 +36,6 @@ static double clock_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
-static int usage_error(const char *usage, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "%s: ", prog);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n%s", usage);
-    va_end(ap);
-    return 2;
 }
 
 static int parse_long(const char *s, long lo, long hi, long *out)
@@ -112,49 +100,111 @@ static char *read_all(const char *path, size_t *len, char *err)
 /* ------------------------------------------------------------------ score */
 
 static const char score_usage[] =
-    "usage: spanserve score --model PATH [--json] [--memory exact|span] FILE\n"
+    "usage: spanserve score --model PATH [--json] [--memory exact|span]\n"
+    "                       [--device cpu|cuda|auto] [--precision bf16|fp32] FILE\n"
     "\n"
     "Scores every prediction of the text in FILE (\"-\" for standard input):\n"
     "token i+1 given all before it, in blocks of the model's block length with\n"
     "the memory carried. Prints the tokens scored, the mean negative\n"
-    "log-likelihood (nats), bits per character and perplexity.\n"
+    "log-likelihood (nats), bits per character and perplexity; on a terminal,\n"
+    "a progress line on stderr meanwhile.\n"
     "\n"
     "  --model PATH     checkpoint (.safetensors)\n"
     "  --json           print {\"tokens\":N,\"nll\":x,\"bpc\":x,\"ppl\":x}\n"
     "  --memory MODE    adaptive-span memory: exact (default: keys of the whole\n"
     "                   attention window, as the reference) or span (only what\n"
-    "                   each head's span reaches; least memory)\n";
+    "                   each head's span reaches; least memory)\n"
+    "  --device D       cpu, cuda, or auto (default: the GPU when there is one and\n"
+    "                   this build has the CUDA core, else the CPU)\n"
+    "  --precision P    on the GPU: bf16 (default; weights and memory in bfloat16,\n"
+    "                   sums in fp32) or fp32 (the reference to 1e-4)\n";
+
+static void free_model(model_t *m)
+{
+    if (!m) return;
+    device_detach(m);
+    model_free(m);
+}
+
+/* Model PATH in MODE, on DEVICE at PRECISION (cli.h); NULL after saying why. */
+static model_t *open_model(const char *path, mem_mode mode, const char *device, const char *precision)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load_mode(path, mode, err);
+    if (m && cli_place_model(m, device, precision, err)) {
+        model_free(m);
+        m = NULL;
+    }
+    if (!m) fprintf(stderr, "%s: %s\n", prog, err);
+    return m;
+}
+
+/* Scores TOKS[0..n) with the memory S in pieces of whole blocks (what one
+ * call over the whole text computes, cut where it cuts its blocks), so that
+ * a progress line can follow. */
+static int score_with_progress(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *toks, size_t n, score_t *sc,
+                               char *err)
+{
+    const size_t piece = (size_t)m->block_len * 64;
+    cli_progress p;
+    cli_progress_begin(&p, "scoring", "tokens");
+    /* the first piece also feeds the first token, which nothing predicts */
+    for (size_t at = 0; at < n;) {
+        size_t k = at == 0 ? 1 + piece : piece;
+        if (k > n - at) k = n - at;
+        if (infer_score(m, s, ws, toks + at, k, sc, NULL, err)) {
+            cli_progress_end(&p);
+            return -1;
+        }
+        at += k;
+        cli_progress_update(&p, (double)sc->tokens, (double)(n - 1));
+    }
+    cli_progress_end(&p);
+    return 0;
+}
 
 static int cmd_score(int argc, char **argv)
 {
     static const struct option opts[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, 'j'}, {"memory", 1, 0, 'M'},
-                                          {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    const char *model = NULL;
+                                          {"device", 1, 0, 'd'}, {"precision", 1, 0, 'p'}, {"help", 0, 0, 'h'},
+                                          {0, 0, 0, 0}};
+    const char *model = NULL, *device = "auto", *precision = "bf16";
     int json = 0, c;
     mem_mode mode = MEM_EXACT;
+    opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'j': json = 1; break;
         case 'M':
-            if (parse_memory_mode(optarg, &mode)) return usage_error(score_usage, "--memory must be exact or span");
+            if (parse_memory_mode(optarg, &mode)) return cli_usage_error("score", "--memory must be exact or span");
+            break;
+        case 'd':
+            if (cli_parse_device(optarg, &device)) return cli_usage_error("score", "--device must be cpu, cuda or auto");
+            break;
+        case 'p':
+            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) return cli_usage_error("score", "--precision must be bf16 or fp32");
+            precision = optarg;
             break;
         case 'h': fputs(score_usage, stdout); return 0;
-        default: return usage_error(score_usage, "unknown option");
+        default: return cli_bad_option("score", opts, argv, optind);
         }
     }
-    if (!model) return usage_error(score_usage, "--model is required");
-    if (optind != argc - 1) return usage_error(score_usage, "one FILE to score is required");
+    if (!model) return cli_usage_error("score", "--model is required");
+    if (optind != argc - 1) return cli_usage_error("score", "one FILE to score is required");
     char err[ERR_LEN];
-    model_t *m = model_load_mode(model, mode, err);
-    if (!m) { fprintf(stderr, "%s: %s\n", prog, err); return 1; }
     size_t len, n = 0;
-    int32_t *toks = NULL;
     char *text = read_all(argv[optind], &len, err);
+    if (!text) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        return 1;
+    }
+    model_t *m = open_model(model, mode, device, precision);
+    int32_t *toks = NULL;
     int rc = 1;
-    if (!text || vocab_encode(&m->vocab, text, len, &toks, &n, err)) {
-        fprintf(stderr, "%s: %s%s\n", prog, text ? argv[optind] : "", text ? ": " : "");
-        fprintf(stderr, "  %s\n", err);
+    if (!m) goto out;
+    if (vocab_encode(&m->vocab, text, len, &toks, &n, err)) {
+        fprintf(stderr, "%s: %s: %s\n", prog, argv[optind], err);
         goto out;
     }
     if (n < 2) { fprintf(stderr, "%s: %s: a text of %zu tokens has nothing to predict\n", prog, argv[optind], n); goto out; }
@@ -162,7 +212,7 @@ static int cmd_score(int argc, char **argv)
     fwd_ws *ws = ws_new();
     score_t sc = {0, 0};
     double t0 = clock_s();
-    if (!s || !ws || infer_score(m, s, ws, toks, n, &sc, NULL, err)) {
+    if (!s || !ws || score_with_progress(m, s, ws, toks, n, &sc, err)) {
         fprintf(stderr, "%s: %s\n", prog, s && ws ? err : "out of memory");
     } else {
         double dt = clock_s() - t0, nll = sc.nll_sum / (double)sc.tokens;
@@ -170,7 +220,7 @@ static int cmd_score(int argc, char **argv)
         else {
             printf("tokens  %ld\nnll     %.6f nats\nbpc     %.6f\nppl     %.4f\n", sc.tokens, nll, nll / M_LN2, exp(nll));
             fflush(stdout);
-            fprintf(stderr, "%.0f tokens/s (%.2f s)\n", sc.tokens / dt, dt);
+            fprintf(stderr, "%.0f tokens/s (%.2f s) on %s (%s)\n", sc.tokens / dt, dt, device_name(m), device_precision(m));
         }
         rc = 0;
     }
@@ -179,7 +229,7 @@ static int cmd_score(int argc, char **argv)
 out:
     free(toks);
     free(text);
-    model_free(m);
+    free_model(m);
     return rc;
 }
 
@@ -205,19 +255,20 @@ static int cmd_spans(int argc, char **argv)
     const char *model = NULL;
     int json = 0, c;
     mem_mode mode = MEM_EXACT;
+    opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'j': json = 1; break;
         case 'M':
-            if (parse_memory_mode(optarg, &mode)) return usage_error(spans_usage, "--memory must be exact or span");
+            if (parse_memory_mode(optarg, &mode)) return cli_usage_error("spans", "--memory must be exact or span");
             break;
         case 'h': fputs(spans_usage, stdout); return 0;
-        default: return usage_error(spans_usage, "unknown option");
+        default: return cli_bad_option("spans", opts, argv, optind);
         }
     }
-    if (!model) return usage_error(spans_usage, "--model is required");
-    if (optind != argc) return usage_error(spans_usage, "unexpected argument '%s'", argv[optind]);
+    if (!model) return cli_usage_error("spans", "--model is required");
+    if (optind != argc) return cli_usage_error("spans", "unexpected argument '%s'", argv[optind]);
     char err[ERR_LEN];
     model_t *m = model_load_mode(model, mode, err);
     if (!m) { fprintf(stderr, "%s: %s\n", prog, err); return 1; }
@@ -265,6 +316,7 @@ static const char generate_usage[] =
     "usage: spanserve generate --model PATH [--prompt TEXT] [--max-tokens N]\n"
     "                          [--temperature T] [--top-k K] [--top-p P]\n"
     "                          [--seed S] [--stop STR]... [--memory exact|span]\n"
+    "                          [--device cpu|cuda|auto] [--precision bf16|fp32]\n"
     "\n"
     "Continues PROMPT (default: a newline) and prints the text as it comes.\n"
     "\n"
@@ -273,7 +325,10 @@ static const char generate_usage[] =
     "  --top-k K        sample from the K most likely tokens (0: all; default 0)\n"
     "  --top-p P        sample from the smallest set of mass >= P (default 1)\n"
     "  --seed S         random seed (default 0): the same seed gives the same text\n"
-    "  --stop STR       stop before STR (repeatable, up to 16)\n";
+    "  --stop STR       stop before STR (repeatable, up to 16)\n"
+    "  --device D       cpu, cuda, or auto (default: the GPU when there is one and\n"
+    "                   this build has the CUDA core, else the CPU)\n"
+    "  --precision P    on the GPU: bf16 (default) or fp32\n";
 
 static int emit_stdout(void *ctx, const char *text, size_t len)
 {
@@ -288,48 +343,57 @@ static int cmd_generate(int argc, char **argv)
     static const struct option opts[] = {
         {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},
         {"top-k", 1, 0, 'k'}, {"top-p", 1, 0, 'P'},  {"seed", 1, 0, 's'},       {"stop", 1, 0, 'S'},
-        {"memory", 1, 0, 'M'}, {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
-    const char *model = NULL, *prompt = "\n", *stop[16];
+        {"memory", 1, 0, 'M'}, {"device", 1, 0, 'd'}, {"precision", 1, 0, 'r'}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *model = NULL, *prompt = "\n", *stop[16], *device = "auto", *precision = "bf16";
     int n_stop = 0, c;
     long max_tokens = 200, top_k = 0, seed = 0;
     double temp = 1.0, top_p = 1.0;
     mem_mode mode = MEM_EXACT;
+    opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'p': prompt = optarg; break;
+        case 'd':
+            if (cli_parse_device(optarg, &device)) return cli_usage_error("generate", "--device must be cpu, cuda or auto");
+            break;
+        case 'r':
+            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) return cli_usage_error("generate", "--precision must be bf16 or fp32");
+            precision = optarg;
+            break;
         case 'n':
             if (parse_long(optarg, 0, 1000000, &max_tokens))
-                return usage_error(generate_usage, "--max-tokens must be an integer in [0, 1000000]");
+                return cli_usage_error("generate", "--max-tokens must be an integer in [0, 1000000]");
             break;
         case 't':
-            if (parse_double(optarg, 0, 1000, &temp)) return usage_error(generate_usage, "--temperature must be a number in [0, 1000]");
+            if (parse_double(optarg, 0, 1000, &temp)) return cli_usage_error("generate", "--temperature must be a number in [0, 1000]");
             break;
         case 'k':
-            if (parse_long(optarg, 0, 1 << 20, &top_k)) return usage_error(generate_usage, "--top-k must be a non-negative integer");
+            if (parse_long(optarg, 0, 1 << 20, &top_k)) return cli_usage_error("generate", "--top-k must be a non-negative integer");
             break;
         case 'P':
-            if (parse_double(optarg, 0, 1, &top_p) || top_p <= 0) return usage_error(generate_usage, "--top-p must be a number in (0, 1]");
+            if (parse_double(optarg, 0, 1, &top_p) || top_p <= 0) return cli_usage_error("generate", "--top-p must be a number in (0, 1]");
             break;
         case 's':
-            if (parse_long(optarg, 0, LONG_MAX, &seed)) return usage_error(generate_usage, "--seed must be a non-negative integer");
+            if (parse_long(optarg, 0, LONG_MAX, &seed)) return cli_usage_error("generate", "--seed must be a non-negative integer");
             break;
         case 'S':
-            if (n_stop == 16 || !*optarg) return usage_error(generate_usage, "--stop takes a non-empty string, at most 16 times");
+            if (n_stop == 16 || !*optarg) return cli_usage_error("generate", "--stop takes a non-empty string, at most 16 times");
             stop[n_stop++] = optarg;
             break;
         case 'M':
-            if (parse_memory_mode(optarg, &mode)) return usage_error(generate_usage, "--memory must be exact or span");
+            if (parse_memory_mode(optarg, &mode)) return cli_usage_error("generate", "--memory must be exact or span");
             break;
         case 'h': fputs(generate_usage, stdout); return 0;
-        default: return usage_error(generate_usage, "unknown option");
+        default: return cli_bad_option("generate", opts, argv, optind);
         }
     }
-    if (!model) return usage_error(generate_usage, "--model is required");
-    if (optind != argc) return usage_error(generate_usage, "unexpected argument '%s'", argv[optind]);
+    if (!model) return cli_usage_error("generate", "--model is required");
+    if (optind != argc) return cli_usage_error("generate", "unexpected argument '%s'", argv[optind]);
     char err[ERR_LEN];
-    model_t *m = model_load_mode(model, mode, err);
-    if (!m) { fprintf(stderr, "%s: %s\n", prog, err); return 1; }
+    model_t *m = open_model(model, mode, device, precision);
+    if (!m) return 1;
     int32_t *toks = NULL;
     size_t n = 0;
     int rc = 1;
@@ -357,7 +421,7 @@ static int cmd_generate(int argc, char **argv)
     free(toks);
     mem_free(s);
     ws_free(ws);
-    model_free(m);
+    free_model(m);
     return rc;
 }
 
@@ -373,14 +437,18 @@ static const char main_usage[] =
     "  score      bits per character and perplexity of a text\n"
     "  spans      what a model learned: spans per head, PAR block choices, memory\n"
     "  generate   sample text from a model\n"
-    "  train      train a model on a text file (CPU)\n"
+    "  train      train a model on a text file (the CPU, or the GPU)\n"
     "  version    print the version\n"
     "\n"
     "`spanserve COMMAND --help` describes each.\n";
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) return usage_error(main_usage, "a command is required");
+    if (argc < 2) {
+        fprintf(stderr, "%s: a command is required (serve, score, spans, generate, train, version)\n"
+                        "Run 'spanserve --help' for what each does.\n", prog);
+        return 2;
+    }
     const char *cmd = argv[1];
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         fputs(main_usage, stdout);
@@ -394,5 +462,7 @@ int main(int argc, char **argv)
         {"serve", cmd_serve}, {"score", cmd_score}, {"spans", cmd_spans}, {"generate", cmd_generate}, {"train", cmd_train}};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
         if (strcmp(cmd, cmds[i].name) == 0) return cmds[i].fn(argc - 1, argv + 1);
-    return usage_error(main_usage, "unknown command '%s'", cmd);
+    fprintf(stderr, "%s: unknown command '%s' (serve, score, spans, generate, train, version)\n"
+                    "Run 'spanserve --help' for what each does.\n", prog, cmd);
+    return 2;
 }

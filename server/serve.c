@@ -4,6 +4,7 @@
  */
 #define _GNU_SOURCE
 #include "server.h"
+#include "cli.h"
 #include "jobs.h"
 #include "report.h"
 
@@ -311,17 +312,6 @@ static int parse_duration(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
-static int usage(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "spanserve serve: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n\n%s", serve_usage);
-    va_end(ap);
-    return 2;
-}
-
 /* Appends a copy of K to the list *V of *N strings (keys, hosts). */
 static int list_add(char ***v, int *n, const char *k)
 {
@@ -441,44 +431,45 @@ int cmd_serve(int argc, char **argv)
     int n_models = 0, ch;
     double d;
     size_t z;
+    opterr = 0;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
         case 'l': c->listen_addr = optarg; break;
         case 'm':
-            if (n_models == 64 || !strchr(optarg, '=')) return usage("--model takes NAME=PATH (at most 64)");
+            if (n_models == 64 || !strchr(optarg, '=')) return cli_usage_error("serve", "--model takes NAME=PATH (at most 64)");
             models[n_models++] = optarg;
             break;
         case 'D': c->model_dir = optarg; break;
         case 's': c->state_dir = optarg; break;
         case 'k':
-            if (!*optarg || add_key(optarg)) return usage("--api-key takes a non-empty key");
+            if (!*optarg || add_key(optarg)) return cli_usage_error("serve", "--api-key takes a non-empty key");
             break;
         case 'K':
             if (read_keys(optarg, add_key)) return 1;
             break;
         case 'J': c->jobs_listen = optarg; break;
         case 'A':
-            if (!*optarg || add_admin_key(optarg)) return usage("--admin-key takes a non-empty key");
+            if (!*optarg || add_admin_key(optarg)) return cli_usage_error("serve", "--admin-key takes a non-empty key");
             break;
         case 'F':
             if (read_keys(optarg, add_admin_key)) return 1;
             break;
         case 'x': c->data_dir = optarg; break;
         case 'j':
-            if (parse_num(optarg, 1, 1024, &d)) return usage("--max-jobs takes 1 to 1024");
+            if (parse_num(optarg, 1, 1024, &d)) return cli_usage_error("serve", "--max-jobs takes 1 to 1024");
             c->max_jobs = (int)d;
             break;
         case 'u':
-            if (parse_size(optarg, &c->max_upload) || c->max_upload < 1) return usage("--max-upload takes a byte count");
+            if (parse_size(optarg, &c->max_upload) || c->max_upload < 1) return cli_usage_error("serve", "--max-upload takes a byte count");
             break;
         case 'g':
-            if (parse_duration(optarg, 0, 86400, &c->cancel_grace)) return usage("--cancel-grace takes 0 to 86400 seconds");
+            if (parse_duration(optarg, 0, 86400, &c->cancel_grace)) return cli_usage_error("serve", "--cancel-grace takes 0 to 86400 seconds");
             break;
         case 'R':
-            if (parse_duration(optarg, 0, 1e10, &c->job_retention)) return usage("--job-retention takes a duration (0: keep)");
+            if (parse_duration(optarg, 0, 1e10, &c->job_retention)) return cli_usage_error("serve", "--job-retention takes a duration (0: keep)");
             break;
         case 'E':
-            if (parse_duration(optarg, 0, 3600, &c->sse_keepalive)) return usage("--sse-keepalive takes 0 to 3600 seconds");
+            if (parse_duration(optarg, 0, 3600, &c->sse_keepalive)) return cli_usage_error("serve", "--sse-keepalive takes 0 to 3600 seconds");
             break;
         case 'C':
             if (access(optarg, R_OK) != 0)
@@ -487,87 +478,87 @@ int cmd_serve(int argc, char **argv)
             break;
         case 'a':
             if (!valid_fetch_host(optarg) || list_add(&c->fetch_allow, &c->n_fetch_allow, optarg))
-                return usage("--fetch-allow takes a host name or an IP address, without a port");
+                return cli_usage_error("serve", "--fetch-allow takes a host name or an IP address, without a port");
             break;
         case 'S':
-            if (parse_size(optarg, &c->session_memory)) return usage("--session-memory takes a byte count");
+            if (parse_size(optarg, &c->session_memory)) return cli_usage_error("serve", "--session-memory takes a byte count");
             break;
         case 'q':
-            if (parse_num(optarg, 1, 1e6, &d)) return usage("--max-queue takes 1 to 1000000");
+            if (parse_num(optarg, 1, 1e6, &d)) return cli_usage_error("serve", "--max-queue takes 1 to 1000000");
             c->max_queue = (int)d;
             break;
         case 'b':
-            if (parse_size(optarg, &z) || z < 1024 || z > (1ull << 32)) return usage("--max-body takes 1k to 4G");
+            if (parse_size(optarg, &z) || z < 1024 || z > (1ull << 32)) return cli_usage_error("serve", "--max-body takes 1k to 4G");
             c->max_body = z;
             break;
         case 't':
-            if (parse_num(optarg, 1, 1e6, &d)) return usage("--max-tokens takes 1 to 1000000");
+            if (parse_num(optarg, 1, 1e6, &d)) return cli_usage_error("serve", "--max-tokens takes 1 to 1000000");
             c->max_tokens = (int)d;
             break;
         case 'p':
-            if (parse_num(optarg, 1, 1e9, &d)) return usage("--max-prompt takes 1 to 1000000000");
+            if (parse_num(optarg, 1, 1e9, &d)) return cli_usage_error("serve", "--max-prompt takes 1 to 1000000000");
             c->max_prompt = (int)d;
             break;
         case 'd':
-            if (parse_size(optarg, &c->max_download)) return usage("--max-download takes a byte count");
+            if (parse_size(optarg, &c->max_download)) return cli_usage_error("serve", "--max-download takes a byte count");
             break;
         case 'T':
-            if (parse_duration(optarg, 0, 1e7, &c->request_timeout)) return usage("--request-timeout takes seconds");
+            if (parse_duration(optarg, 0, 1e7, &c->request_timeout)) return cli_usage_error("serve", "--request-timeout takes seconds");
             break;
         case 'r':
-            if (parse_duration(optarg, 0, 1e7, &c->drain_timeout)) return usage("--drain-timeout takes seconds");
+            if (parse_duration(optarg, 0, 1e7, &c->drain_timeout)) return cli_usage_error("serve", "--drain-timeout takes seconds");
             break;
         case 'M':
             if (strcmp(optarg, "exact") == 0) c->mem_mode = MEM_EXACT;
             else if (strcmp(optarg, "span") == 0) c->mem_mode = MEM_SPAN;
-            else return usage("--memory takes exact or span");
+            else return cli_usage_error("serve", "--memory takes exact or span");
             break;
         case 'Y':
             if (strcmp(optarg, "fsync") == 0) c->durability = DURABLE_FSYNC;
             else if (strcmp(optarg, "write") == 0) c->durability = DURABLE_WRITE;
             else if (strcmp(optarg, "off") == 0) c->durability = DURABLE_OFF;
-            else return usage("--durability takes fsync, write or off");
+            else return cli_usage_error("serve", "--durability takes fsync, write or off");
             break;
         case 'B':
             if (parse_size(optarg, &c->max_session_bytes) || c->max_session_bytes < 1)
-                return usage("--max-session-bytes takes a byte count");
+                return cli_usage_error("serve", "--max-session-bytes takes a byte count");
             break;
         case 'W':
-            if (parse_num(optarg, 1e-6, 1e9, &d)) return usage("--max-step-gflop takes a number of GFLOP");
+            if (parse_num(optarg, 1e-6, 1e9, &d)) return cli_usage_error("serve", "--max-step-gflop takes a number of GFLOP");
             c->max_step_flops = d * 1e9;
             break;
         case 'O':
-            if (parse_duration(optarg, 0.5, 3600, &c->header_timeout)) return usage("--header-timeout takes 0.5 to 3600 seconds");
+            if (parse_duration(optarg, 0.5, 3600, &c->header_timeout)) return cli_usage_error("serve", "--header-timeout takes 0.5 to 3600 seconds");
             break;
         case 'N':
-            if (parse_num(optarg, 1, 100000, &d)) return usage("--max-connections takes 1 to 100000");
+            if (parse_num(optarg, 1, 100000, &d)) return cli_usage_error("serve", "--max-connections takes 1 to 100000");
             c->max_connections = (int)d;
             break;
         case 'I':
-            if (parse_num(optarg, 0, 100000, &d)) return usage("--max-connections-per-client takes 0 to 100000");
+            if (parse_num(optarg, 0, 100000, &d)) return cli_usage_error("serve", "--max-connections-per-client takes 0 to 100000");
             c->max_conn_per_client = (int)d;
             break;
         case 'h':
-            if (parse_num(optarg, 1, 64, &d)) return usage("--http-threads takes 1 to 64");
+            if (parse_num(optarg, 1, 64, &d)) return cli_usage_error("serve", "--http-threads takes 1 to 64");
             c->http_threads = (int)d;
             break;
         case 'v':
             if (strcmp(optarg, "cpu") != 0 && strcmp(optarg, "auto") != 0 && strcmp(optarg, "cuda") != 0)
-                return usage("--device takes cpu, cuda or auto");
+                return cli_usage_error("serve", "--device takes cpu, cuda or auto");
             device = optarg;
             break;
         case 'P':
             if (strcmp(optarg, "bf16") == 0) c->bf16 = 1;
             else if (strcmp(optarg, "fp32") == 0) c->bf16 = 0;
-            else return usage("--precision takes bf16 or fp32");
+            else return cli_usage_error("serve", "--precision takes bf16 or fp32");
             break;
         case 'H': fputs(serve_usage, stdout); return 0;
-        default: return usage("unknown option");
+        default: return cli_bad_option("serve", opts, argv, optind);
         }
     }
-    if (optind != argc) return usage("unexpected argument '%s'", argv[optind]);
+    if (optind != argc) return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
     const char *colon = strrchr(c->listen_addr, ':');
-    if (!colon || parse_num(colon + 1, 1, 65535, &d)) return usage("--listen takes HOST:PORT");
+    if (!colon || parse_num(colon + 1, 1, 65535, &d)) return cli_usage_error("serve", "--listen takes HOST:PORT");
     c->port = (int)d;
     char derr[ERR_LEN];
     if (strcmp(device, "cpu") != 0) {
@@ -581,10 +572,10 @@ int cmd_serve(int argc, char **argv)
     if (envadmin && *envadmin && add_admin_key(envadmin)) return 1;
     if (c->jobs_listen) {
         const char *jc = strrchr(c->jobs_listen, ':');
-        if (!jc || parse_num(jc + 1, 1, 65535, &d)) return usage("--jobs-listen takes HOST:PORT");
+        if (!jc || parse_num(jc + 1, 1, 65535, &d)) return cli_usage_error("serve", "--jobs-listen takes HOST:PORT");
         c->jobs_port = (int)d;
         if (c->n_admin_keys == 0)
-            return usage("--jobs-listen needs an admin key (--admin-key, --admin-key-file or SPANSERVE_ADMIN_KEY)");
+            return cli_usage_error("serve", "--jobs-listen needs an admin key (--admin-key, --admin-key-file or SPANSERVE_ADMIN_KEY)");
     }
     if (c->model_dir) {
         char *real = realpath(c->model_dir, NULL);
@@ -627,7 +618,6 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "spanserve serve: cannot listen on %s\n", c->listen_addr);
         return 1;
     }
-    log_line("listening on http://%s", c->listen_addr);
     pthread_mutex_lock(&srv.lock);
     for (int i = 0; i < n_models; i++) {
         char name[128], err[512];
@@ -643,6 +633,9 @@ int cmd_serve(int argc, char **argv)
     }
     int restored = sess_load_all(NULL);
     if (restored) log_line("state: %d sessions found in %s", restored, c->state_dir);
+    /* said once the models are in: a model that fails to load stops the server before it ever said so
+     * (meanwhile /healthz answers and /readyz says 503) */
+    log_line("listening on http://%s", c->listen_addr);
     srv.ready = 1;
     pthread_mutex_unlock(&srv.lock);
     if (sess_writer_start() || sched_start()) {

@@ -418,5 +418,6 @@ void route_stream_final(task_t *t);
 /* The serve flags' defaults (what `spanserve serve --help` says). */
 void serve_defaults(config_t *c);
 int cmd_serve(int argc, char **argv);
+int cmd_train(int argc, char **argv);   /* cmd_train.c */
 
 #endif

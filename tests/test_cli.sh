@@ -30,6 +30,47 @@ for c in score spans generate; do
     expect 2 "$bin" $c --model "$A" --no-such-flag
 done
 expect 2 "$bin" score --model "$A"
+# a usage error: the problem and where the options are, two lines, not the whole usage
+expect 2 "$bin" score --modle "$A" "$tmp/text.txt"; contains "$tmp/err" "unknown option '--modle' (did you mean --model?)"
+contains "$tmp/err" "Run 'spanserve score --help' for the options."
+[ "$(wc -l <"$tmp/err")" = 2 ] && ok || bad "a usage error is two lines: $(cat "$tmp/err")"
+expect 2 "$bin" generate --model "$A" --temprature 1; contains "$tmp/err" "did you mean --temperature?"
+expect 2 "$bin" score --model; contains "$tmp/err" "--model needs a value"
+expect 2 "$bin" serve --max-queue x; contains "$tmp/err" "--max-queue takes"
+[ "$(wc -l <"$tmp/err")" = 2 ] && ok || bad "serve's usage error is two lines: $(head -c 300 "$tmp/err")"
+expect 2 "$bin" serve --bogus-flag; contains "$tmp/err" "unknown option '--bogus-flag'"
+expect 1 "$bin" score --model "$A" "$tmp/no-such-file"; contains "$tmp/err" "no-such-file: No such file or directory"
+[ "$(wc -l <"$tmp/err")" = 1 ] && ok || bad "a missing file is one line: $(cat "$tmp/err")"
+# --device: auto falls back to the CPU quietly; cuda says why it cannot; a bad value is a usage error
+expect 0 "$bin" score --json --device auto --model "$A" "$tmp/text.txt"; contains "$tmp/out" '"tokens":1999'
+expect 0 "$bin" score --device cpu --precision fp32 --model "$A" "$tmp/text.txt"; contains "$tmp/err" "on cpu (fp32)"
+expect 2 "$bin" score --device tpu --model "$A" "$tmp/text.txt"; contains "$tmp/err" "--device must be cpu, cuda or auto"
+expect 2 "$bin" generate --precision fp16 --model "$A"; contains "$tmp/err" "--precision must be bf16 or fp32"
+if ! "$bin" score --device cuda --model "$A" "$tmp/text.txt" >"$tmp/out" 2>"$tmp/err"; then
+    contains "$tmp/err" "--device cuda: "
+fi
+# a progress line on a terminal (stderr a tty), none otherwise
+head -c 60000 "$shared/data/tiny_shakespeare.txt" >"$tmp/long.txt"
+python3 - "$bin" "$A" "$tmp/long.txt" <<'PY' && ok || bad "score's progress line on a terminal"
+import os, pty, subprocess, sys
+bin, model, text = sys.argv[1:]
+m, s = pty.openpty()
+p = subprocess.run([bin, "score", "--device", "cpu", "--model", model, text], stdout=subprocess.PIPE, stderr=s, timeout=120)
+os.close(s)
+got = b""
+try:
+    while True:
+        d = os.read(m, 65536)
+        if not d:
+            break
+        got += d
+except OSError:
+    pass
+assert p.returncode == 0 and b"tokens  59999" in p.stdout, p
+assert b"\rscoring" in got.replace(b"\x1b[K", b"") and b"tokens/s  ETA" in got, got[:400]
+PY
+expect 0 "$bin" score --model "$A" "$tmp/long.txt"
+grep -q "ETA" "$tmp/err" && bad "a progress line when stderr is not a terminal" || ok
 expect 2 "$bin" generate --model "$A" --top-p 1.5; contains "$tmp/err" "top-p"
 expect 2 "$bin" generate --model "$A" --max-tokens -3
 expect 2 "$bin" generate --model "$A" --temperature abc

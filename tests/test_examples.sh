@@ -427,7 +427,14 @@ expect 0 "$ctl" models delete par3; contains "$tmp/out" "deleted par3"
 expect 1 "$ctl" models delete par3; contains "$tmp/err" "404 not_found"
 
 expect 0 "$ctl" spans aspan
-check "spanctl spans aspan" "$tmp/out" "$tmp/cli-spans-a.json" <<'PY'
+check "spanctl spans aspan: the table of spanserve spans" "$tmp/out" "$tmp/cli-spans-a.json" <<'PY'
+import json, sys
+got, want = open(sys.argv[1]).read(), json.load(open(sys.argv[2]))
+assert got.startswith("adaptive-span: maximum span"), got[:200]
+assert str(want["memory"]["bytes_per_stream"]) in got and len([l for l in got.splitlines() if l[:5].strip().isdigit()]) == len(want["layers"]), got
+PY
+expect 0 "$ctl" spans aspan --json
+check "spanctl spans aspan --json" "$tmp/out" "$tmp/cli-spans-a.json" <<'PY'
 import json, sys
 got, want = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert got["memory"] == want["memory"] and len(got["layers"]) == len(want["layers"])

@@ -125,6 +125,10 @@ PY
     cmp -s "$tmp/n1" "$tmp/n2" && ok || bad "$fam: the same seed gave other numbers: $(diff "$tmp/n1" "$tmp/n2" | head -c 300)"
     cmp -s "$ck" "$tmp/$fam-again.safetensors" && ok || bad "$fam: the same seed gave another checkpoint"
     expect 0 "$bin" train --config "$cfg" --seed 7 --steps 10 --out "$tmp/$fam-s7.safetensors" --log "$tmp/$fam-s7.log"
+    expect 0 "$bin" train --config "$cfg" --seed 7 --steps 10 --out "$tmp/$fam-human.safetensors"
+    contains "$tmp/out" "training at step 0 of 10 on cpu"
+    grep -Eq '^step +10/10  loss [0-9.]+  bpc [0-9.]+  val_bpc [0-9.]+  lr [0-9.e-]+  [0-9]+ tokens/s  ETA ' "$tmp/out" && ok ||
+        bad "$fam: the readable step line: $(cat "$tmp/out")"
     numbers "$tmp/$fam-s7.log" >"$tmp/n7"
     head -n 1 "$tmp/n7" >"$tmp/n3"
     head -n 1 "$tmp/n1" >"$tmp/n4"
@@ -141,8 +145,13 @@ PY
     cmp -s "$tmp/n5" "$tmp/n6" && ok || bad "$fam: the resumed run differs: $(diff "$tmp/n5" "$tmp/n6" | head -c 400)"
     cmp -s "$ck" "$tmp/$fam-r.safetensors" && ok || bad "$fam: the resumed run's checkpoint differs"
     # resuming a finished run does no step and says so
-    expect 0 "$bin" train --config "$cfg" --resume --out "$tmp/$fam-r.safetensors"
+    expect 0 "$bin" train --config "$cfg" --resume --json --out "$tmp/$fam-r.safetensors"
     contains "$tmp/out" '"event":"done","step":60'
+    # without --json: one readable line an event
+    expect 0 "$bin" train --config "$cfg" --resume --out "$tmp/$fam-r.safetensors"
+    contains "$tmp/out" "resuming at step 60 of 60 on cpu"
+    contains "$tmp/out" "done at step 60 in "
+    grep -q '"event"' "$tmp/out" && bad "$fam: JSON on stdout without --json" || ok
     # a changed key that enters the numbers is refused, naming it
     expect 1 "$bin" train --config "$cfg" --resume --steps 80 --seed 3 --out "$tmp/$fam-r.safetensors"
     contains "$tmp/err" "config 'seed' is 3 now but 1"
@@ -200,12 +209,23 @@ badcfg 1 "1 distinct characters" "{\"family\": \"adaptive-span\", \"data\": \"$t
 printf 'ab\377cd' >"$tmp/bin.txt"
 badcfg 1 "invalid UTF-8 at byte 2" "{\"family\": \"adaptive-span\", \"data\": \"$tmp/bin.txt\", \"out\": \"$tmp/x\"}"
 # the command line
-expect 2 "$bin" train --config "$tmp/aspan.json" --device tpu; contains "$tmp/err" "--device must be cpu or cuda"
+expect 2 "$bin" train --config "$tmp/aspan.json" --device tpu; contains "$tmp/err" "--device must be cpu, cuda or auto"
+contains "$tmp/err" "Run 'spanserve train --help' for the options."
+expect 2 "$bin" train --config "$tmp/aspan.json" --stpes 3; contains "$tmp/err" "unknown option '--stpes' (did you mean --steps?)"
+expect 2 "$bin" train --config "$tmp/aspan.json" --precision bf16; contains "$tmp/err" "fp32 (or tf32 on the GPU) for now"
+expect 2 "$bin" train --config "$tmp/aspan.json" --precision tf32 --device cpu; contains "$tmp/err" "TF32 is the CUDA trainer's"
 # --device cuda: trains on a GPU; else says why not (a build without nvcc: 2, no device: 1)
-"$bin" train --config "$tmp/aspan.json" --out "$tmp/cuda.safetensors" --steps 10 --device cuda >"$tmp/out" 2>"$tmp/err"
+# the checkpoint's config records the trainer and the device it truly ran on
+trainer_of() {
+    python3 -c 'import json, struct, sys; f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]
+print(json.loads(json.loads(f.read(n))["__metadata__"]["config"])["trainer"])' "$1"
+}
+[ "$(trainer_of "$tmp/aspan.safetensors")" = "spanserve train (cpu)" ] && ok || bad "trainer: $(trainer_of "$tmp/aspan.safetensors")"
+"$bin" train --config "$tmp/aspan.json" --out "$tmp/cuda.safetensors" --steps 10 --device cuda --json >"$tmp/out" 2>"$tmp/err"
 rc=$?
 case $rc in
-0) contains "$tmp/out" '"device":"cuda"' ;;
+0) contains "$tmp/out" '"device":"cuda"'
+   [ "$(trainer_of "$tmp/cuda.safetensors")" = "spanserve train (cuda)" ] && ok || bad "trainer: $(trainer_of "$tmp/cuda.safetensors")" ;;
 1) contains "$tmp/err" "no CUDA device" ;;
 2) contains "$tmp/err" "this build has no CUDA trainer (built without nvcc); train with --device cpu" ;;
 *) bad "--device cuda exited $rc: $(head -c 300 "$tmp/err")" ;;
