@@ -580,6 +580,18 @@ def full_disk_test():
 # ================================================================ slow clients
 
 
+def trickle(s, byte, wait):
+    """Sends one more header byte on S: whether the server still holds the connection."""
+    try:
+        s.sendall(byte)
+        s.settimeout(wait)
+        return s.recv(1) != b""
+    except socket.timeout:
+        return True
+    except OSError:
+        return False
+
+
 def slow_headers(S):
     """60 connections from one address (127.0.0.2) sending a header byte every 0.3 s, with
     --max-connections-per-client 20 and --header-timeout 2: at most 20 are held, and for at most ~2 s; a client
@@ -593,18 +605,7 @@ def slow_headers(S):
         except OSError:
             refused += 1
     time.sleep(0.3)
-    alive = 0
-    for s in socks:
-        try:
-            s.sendall(b"E")
-            s.settimeout(0.05)
-            if s.recv(1) == b"":
-                continue
-            alive += 1
-        except socket.timeout:
-            alive += 1
-        except OSError:
-            pass
+    alive = sum(trickle(s, b"E", 0.05) for s in socks)
     check("one address holds at most --max-connections-per-client", alive <= 20, f"{alive} open, {refused} refused")
     t0 = time.time()
     r = S.call("GET", "/v1/models", timeout=5)
@@ -613,19 +614,7 @@ def slow_headers(S):
     t0 = time.time()
     open_ = list(socks)
     while open_ and time.time() - t0 < 8:
-        still = []
-        for s in open_:
-            try:
-                s.sendall(b"T")
-                s.settimeout(0.01)
-                if s.recv(1) == b"":
-                    continue
-                still.append(s)
-            except socket.timeout:
-                still.append(s)
-            except OSError:
-                pass
-        open_ = still
+        open_ = [s for s in open_ if trickle(s, b"T", 0.01)]
         time.sleep(0.3)
     check("slow headers are cut after --header-timeout", not open_ and time.time() - t0 < 6,
           f"{len(open_)} still open after {time.time() - t0:.1f}s")
