@@ -1,6 +1,9 @@
 /*
  * route_models.c - /v1/models: list, describe, load at run time (a path in
  * --model-dir, or an https URL), unload, and the spans report or picture.
+ * The list and the model objects have OpenAI's shape ({"object": "list",
+ * "data": [...]}; id, object, created, owned_by), so that OpenAI clients
+ * read them, with spanserve's fields beside.
  *
  * A download never writes over a file of the model directory: it goes to a
  * hidden temporary file there, is loaded from it (a file that is not a valid
@@ -31,7 +34,7 @@ enum MHD_Result route_models_list(request_t *r)
     pthread_mutex_lock(&srv.lock);
     for (smodel_t *m = srv.models; m; m = m->next) json_array_append_new(a, models_json(m));
     pthread_mutex_unlock(&srv.lock);
-    return reply_json(r, 200, json_pack("{s:o}", "models", a));
+    return reply_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", a));   /* OpenAI's list */
 }
 
 enum MHD_Result route_models_get(request_t *r)

@@ -78,6 +78,7 @@ typedef struct smodel {
     char *path;
     model_t *m;
     model_cost cost;             /* what a session and a step of it cost (report.h) */
+    time_t created;              /* when it was loaded (the OpenAI model object's "created") */
     int tasks;                   /* tasks holding it, from task_bind to task_release (srv.lock):
                                   * while any does, DELETE /v1/models answers 409 */
     struct smodel *next;

@@ -579,9 +579,12 @@ def metrics_counts(S):
 
 def model_obj_ok(label, m, name, family, config, block_len, numel, mem):
     check(f"{label} fields", isinstance(m, dict) and {"name", "family", "parameters", "vocab_size", "block_len",
-                                                        "config", "memory"} <= set(m), f"{m}")
+                                                        "config", "memory", "id", "object", "created", "owned_by"} <= set(m),
+          f"{m}")
     if not isinstance(m, dict):
         return
+    check(f"{label} OpenAI's id and object", m.get("id") == name and m.get("object") == "model"
+          and m.get("owned_by") == "spanserve", f"{m.get('id')} {m.get('object')} {m.get('owned_by')}")
     check(f"{label} name/family", m.get("name") == name and m.get("family") == family, f"{m.get('name')} {m.get('family')}")
     check(f"{label} vocab_size/block_len", m.get("vocab_size") == 65 and m.get("block_len") == block_len,
           f"{m.get('vocab_size')} {m.get('block_len')}")
@@ -596,9 +599,13 @@ def models(S):
     sa = cli_json("spans", "--json", "--model", A_PATH)
     sp = cli_json("spans", "--json", "--model", P_PATH)
     r = S.call("GET", "/v1/models")
-    ms = (r.json or {}).get("models")
-    check("list", r.status == 200 and isinstance(ms, list) and sorted(m.get("name") for m in ms) == ["aspan", "par"],
-          f"{r}")
+    ms = (r.json or {}).get("data")
+    check("list: OpenAI's shape", r.status == 200 and (r.json or {}).get("object") == "list" and isinstance(ms, list)
+          and sorted(m.get("name") for m in ms) == ["aspan", "par"], f"{r}")
+    for m in ms or []:
+        check(f"{m.get('name')}: OpenAI's model fields", m.get("id") == m.get("name") and m.get("object") == "model"
+              and m.get("owned_by") == "spanserve" and isinstance(m.get("created"), int)
+              and abs(m["created"] - time.time()) < 3600, f"{ {k: m.get(k) for k in ('id', 'object', 'created', 'owned_by')} }")
     by = {m.get("name"): m for m in ms or []}
     model_obj_ok("aspan in list", by.get("aspan"), "aspan", "adaptive-span", A_CONFIG, 64, A_NUMEL, sa["memory"])
     model_obj_ok("par in list", by.get("par"), "par", "par-transformer-xl", P_CONFIG, 48, P_NUMEL, sp["memory"])
@@ -660,7 +667,7 @@ def model_dir(S):
     check("add from --model-dir is 201", r.status == 201, f"{r}")
     model_obj_ok("added model", r.json, name, "par-transformer-xl", P_CONFIG, 48, P_NUMEL, sp["memory"])
     r = S.call("GET", "/v1/models")
-    check("listed", name in [m.get("name") for m in (r.json or {}).get("models", [])], f"{r}")
+    check("listed", name in [m.get("name") for m in (r.json or {}).get("data", [])], f"{r}")
     a = score(S, T2000[:300], model=name)
     b = score(S, T2000[:300], model="par")
     check("the copy scores as the original", a.status == 200 and b.status == 200
@@ -1634,6 +1641,26 @@ def completions_errors(S):
     expect_error(S, "text/plain", S.call("POST", "/v1/completions", '{"model":"aspan","prompt":"R"}', ctype="text/plain"), 415)
 
 
+@test("main")
+@needs_openai
+def openai_models(S):
+    c = oa_client(S)
+    raw = [m.get("name") for m in (S.call("GET", "/v1/models").json or {}).get("data", [])]
+    ids = [m.id for m in c.models.list()]
+    check("models.list: every model's id", sorted(ids) == sorted(raw) and {"aspan", "par"} <= set(ids), f"{ids} vs {raw}")
+    m = c.models.retrieve("aspan")
+    check("models.retrieve: id, object, owned_by, created", m.id == "aspan" and m.object == "model"
+          and m.owned_by == "spanserve" and isinstance(m.created, int) and abs(m.created - time.time()) < 3600, f"{m}")
+    d = m.to_dict()
+    check("models.retrieve: spanserve's fields kept", d.get("name") == "aspan" and d.get("family") == "adaptive-span"
+          and d.get("vocab_size") == 65 and "memory" in d and "config" in d, f"{d}")
+    try:
+        c.models.retrieve("nope")
+        check("models.retrieve of an unknown model", False, "no error")
+    except openai.NotFoundError:
+        check("models.retrieve of an unknown model", True)
+
+
 # ================================================================ sessions
 
 
@@ -2192,7 +2219,7 @@ def auth(S):
     expect_error(S, "empty bearer", call(S.port, "GET", "/v1/models", headers={"Authorization": "Bearer "}), 401)
     for label, k in (("first --api-key", k1), ("second --api-key", k2), ("--api-key-file", k3)):
         r = call(S.port, "GET", "/v1/models", key=k)
-        check(f"{label} accepted", r.status == 200 and len((r.json or {}).get("models", [])) == 2, f"{r}")
+        check(f"{label} accepted", r.status == 200 and len((r.json or {}).get("data", [])) == 2, f"{r}")
     r = call(S.port, "POST", "/v1/generate", {"model": "aspan", "prompt": "R", "max_tokens": 2}, key=k2)
     check("generate with a key", r.status == 200, f"{r}")
     for path, want in (("/healthz", {"status": "ok"}), ("/readyz", {"status": "ready"})):

@@ -103,7 +103,10 @@ PY
 expect 0 sh $ex/models-list.sh
 check "models-list.sh: $(head -c 300 "$tmp/out")" "$tmp/out" <<'PY'
 import json, sys
-m = {x["name"]: x for x in json.load(open(sys.argv[1]))["models"]}
+j = json.load(open(sys.argv[1]))
+assert j["object"] == "list", j.keys()
+m = {x["name"]: x for x in j["data"]}
+assert all(x["id"] == x["name"] and x["object"] == "model" and x["owned_by"] == "spanserve" for x in m.values()), m
 assert set(m) == {"aspan", "par"}, m.keys()
 assert m["aspan"]["family"] == "adaptive-span" and m["par"]["family"] == "par-transformer-xl"
 assert m["aspan"]["vocab_size"] == 65 and m["par"]["vocab_size"] == 65
@@ -415,7 +418,7 @@ import sys
 rows = {l.split()[0]: l.split() for l in open(sys.argv[1]).read().splitlines()[1:]}
 assert set(rows) == {"aspan", "par"} and rows["aspan"][1] == "adaptive-span" and rows["par"][1] == "par-transformer-xl", rows
 PY
-expect 0 "$ctl" models list --json; contains "$tmp/out" '"models"'
+expect 0 "$ctl" models list --json; contains "$tmp/out" '"object":"list","data":'
 expect 0 "$ctl" models get par; contains "$tmp/out" '"name": "par"'
 expect 1 "$ctl" models get nope
 msg=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["error"]["message"])' "$tmp/notfound.json")
