@@ -125,7 +125,7 @@ typedef struct task {
     /* generate */
     gen_params gp;
     char *stop_buf[16];
-    int top_n, echo;
+    int top_n, echo;             /* top_n -1: no logprobs object (OpenAI APIs) */
     gen_state g;
     int prefill_done;
     gen_result res;              /* when done: a view of g's result, valid until release */
@@ -134,6 +134,9 @@ typedef struct task {
     char *sse;
     size_t sse_len, sse_cap;
     int reader_waiting;          /* the connection is suspended waiting for events */
+    int echo_sent;               /* completions: the echoed prompt's chunk went out */
+    size_t sent_bytes;           /* OpenAI streams: bytes of text sent, the echoed prompt's included */
+    size_t lp_sent, lp_off;      /* tokens whose logprobs were sent, and the bytes of their text */
     char cmpl_id[40];
     time_t created;
     /* state */
@@ -413,8 +416,44 @@ enum MHD_Result route_jobs_svg(request_t *r);
 int files_upload_open(request_t *r);
 /* Called again after the task finished. */
 enum MHD_Result route_task_done(request_t *r);
+/* The events of a streaming task's settled text PIECE (srv.lock held). */
+void route_stream_piece(task_t *t, const char *piece, size_t len);
 /* The last event of a streaming task (srv.lock held). */
 void route_stream_final(task_t *t);
+
+/* The building blocks of the routes that run the model (route_infer.c):
+ * a task is made, its fields parsed, bound to its model or session, given
+ * its prompt, then submitted; until submitted, task_refuse undoes it. */
+task_t *task_new(task_kind kind, api_kind api);
+/* max_tokens (under the name MAX_KEY, default DFLT), temperature, top_k,
+ * top_p, seed, stop. */
+int task_sampling(json_t *b, task_t *t, const char *max_key, long long dflt, char *err);
+/* The model and stream: the session's (busy until the task ends) or a
+ * fresh memory. Takes srv.lock. 0, or an HTTP status with ERR. */
+int task_bind(task_t *t, const char *model, const char *session, char *err);
+/* The N tokens of the prompt (t->toks, t->n, set by the caller) are within
+ * --max-prompt (413) and the positions the stream may still take, counting
+ * the MORE a generation adds (400). 0, or an HTTP status with ERR. */
+int task_fits(task_t *t, int more, char *err);
+/* PROMPT -> t->toks (422 outside the vocabulary), task_fits, then the
+ * generation begun on it. 0, or an HTTP status with ERR. */
+int task_generate_begin(task_t *t, const char *prompt, int session, char *err);
+/* The generation begun on t->toks, which the caller set (400 when there are
+ * none and the stream has no token to go on from). */
+int task_generate_start(task_t *t, int session, char *err);
+/* Queues T and waits for it, or opens its event stream. Takes B. */
+enum MHD_Result task_submit(request_t *r, task_t *t, json_t *b);
+/* Fails T before it was queued: the error answer. Takes B. */
+enum MHD_Result task_refuse(request_t *r, task_t *t, json_t *b, int status, const char *err);
+/* The I-th token of T's answer (its echoed prompt, then what it generated):
+ * id, logprob (NAN: none, the first token of a prompt), and its top_n
+ * alternatives. */
+void task_token(const task_t *t, size_t i, int32_t *id, float *lp, const int32_t **top, const float **top_lp);
+/* The tokens whose text a stream has sent (t->sent_bytes) and whose
+ * logprobs it has not: [*from, return value). Advances t->lp_sent. */
+size_t task_stream_tokens(task_t *t, size_t *from);
+json_t *task_usage(const task_t *t);
+const char *task_finish(const task_t *t);
 
 /* The serve flags' defaults (what `spanserve serve --help` says). */
 void serve_defaults(config_t *c);

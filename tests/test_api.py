@@ -1661,6 +1661,56 @@ def openai_models(S):
         check("models.retrieve of an unknown model", True)
 
 
+def lp_lists(lp):
+    """(tokens, token_logprobs, top_logprobs, text_offset) of a legacy logprobs object."""
+    return (lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset) if lp is not None else ([], [], [], [])
+
+
+def num_eq(a, b, tol=1e-6):
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(num_eq(a[k], b[k], tol) for k in a)
+    return abs(a - b) <= tol
+
+
+@test("main")
+@needs_openai
+def completions_stream_logprobs(S):
+    """With stream and logprobs each chunk carries the logprobs of exactly its tokens (text held back while it may
+    begin a stop string keeps its tokens' logprobs back with it), and together they are the answer's."""
+    c = oa_client(S)
+    cases = (("generated, 2 alternatives, stops", dict(prompt="ROMEO:", max_tokens=80, seed=7, logprobs=2,
+                                                       stop=["\n\n", "e t", "ou"])),
+             ("echo and generated", dict(prompt="ROMEO:", max_tokens=20, seed=3, logprobs=1, echo=True)),
+             ("echo + logprobs + max_tokens 0: scoring", dict(prompt=T2000[:300], max_tokens=0, logprobs=1, echo=True)),
+             ("logprobs 0", dict(prompt="JULIET:", max_tokens=30, seed=5, logprobs=0)))
+    for label, kw in cases:
+        whole = c.completions.create(model="aspan", **kw).choices[0]
+        chunks = [ch for ch in c.completions.create(model="aspan", stream=True, **kw) if ch.choices]
+        got = ([], [], [], [])
+        exact = True
+        for ch in chunks:
+            lp = ch.choices[0].logprobs
+            parts = lp_lists(lp)
+            exact &= lp is not None and "".join(parts[0]) == ch.choices[0].text
+            for acc, part in zip(got, parts):
+                acc.extend(part)
+        want = lp_lists(whole.logprobs)
+        check(f"{label}: the text is the answer's", "".join(ch.choices[0].text for ch in chunks) == whole.text,
+              f"{''.join(ch.choices[0].text for ch in chunks)!r} vs {whole.text!r}")
+        check(f"{label}: each chunk's logprobs are its text's tokens", exact and len(chunks) >= 2, f"{len(chunks)} chunks")
+        check(f"{label}: tokens and offsets as the answer's", got[0] == want[0] and got[3] == want[3] and len(want[0]) > 0,
+              f"{got[0][:20]} {got[3][:20]} vs {want[0][:20]} {want[3][:20]}")
+        check(f"{label}: logprobs and alternatives as the answer's", len(got[1]) == len(want[1])
+              and all(num_eq(a, b) for a, b in zip(got[1], want[1])) and len(got[2]) == len(want[2])
+              and all(num_eq(a, b) for a, b in zip(got[2], want[2])), f"{got[1][:5]} vs {want[1][:5]}")
+    r = S.call("POST", "/v1/completions", {"model": "aspan", "prompt": "ROMEO:", "max_tokens": 3, "seed": 7, "stream": True})
+    chunks = [json.loads(d) for _, d in sse_events(r.body)[:-1]]
+    check("without logprobs every chunk's logprobs is null", chunks and all(
+        ch["choices"][0]["logprobs"] is None for ch in chunks), f"{chunks[:2]}")
+
+
 # ================================================================ sessions
 
 
