@@ -3,7 +3,9 @@
  * the OpenAI-compatible /v1/completions. Each validates its request, builds
  * a task (with the session's memory, or a fresh one), queues it for the
  * scheduler and suspends the connection (or opens an event stream); when
- * the task is done the connection is resumed here to answer.
+ * the task is done the connection is resumed here to answer. The blocks of
+ * that path (task_*) serve /v1/chat/completions too (route_chat.c), and the
+ * OpenAI APIs' answers and stream chunks are built here or there.
  */
 #define _GNU_SOURCE
 #include "server.h"
@@ -111,7 +113,8 @@ int task_generate_begin(task_t *t, const char *prompt, int session, char *err)
     return status ? status : task_generate_start(t, session, err);
 }
 
-/* The sampling fields shared by /v1/generate and /v1/completions. */
+/* The sampling fields shared by /v1/generate, /v1/completions and
+ * /v1/chat/completions. */
 int task_sampling(json_t *b, task_t *t, const char *max_key, long long dflt, char *err)
 {
     long long mt, top_k, seed;
@@ -448,6 +451,7 @@ enum MHD_Result route_task_done(request_t *r)
     if (!status) {
         if (t->kind == TASK_SCORE) j = score_json(t);
         else if (t->api == API_NATIVE) j = generate_json(t);
+        else if (t->api == API_CHAT) j = chat_json(t);
         else j = completion_json(t);
     }
     pthread_mutex_unlock(&srv.lock);
@@ -460,7 +464,7 @@ void route_stream_piece(task_t *t, const char *piece, size_t len)
     if (t->api == API_OPENAI && t->echo && !t->echo_sent) stream_echo(t);
     if (!len) return;
     t->sent_bytes += len;
-    task_event(t, NULL, completion_chunk(t, piece, len, NULL));
+    task_event(t, NULL, t->api == API_CHAT ? chat_chunk(t, piece, len) : completion_chunk(t, piece, len, NULL));
 }
 
 void route_stream_final(task_t *t)
@@ -479,9 +483,13 @@ void route_stream_final(task_t *t)
         size_t len;
         gen_take_text(&t->g, &piece, &len);
         route_stream_piece(t, piece, len);
-        json_t *j = completion_chunk(t, "", 0, task_finish(t));
-        json_object_set_new(j, "usage", task_usage(t));
-        task_event(t, NULL, j);
+        if (t->api == API_CHAT) {
+            chat_stream_final(t);
+        } else {
+            json_t *j = completion_chunk(t, "", 0, task_finish(t));
+            json_object_set_new(j, "usage", task_usage(t));
+            task_event(t, NULL, j);
+        }
     }
     task_sse_append(t, "data: [DONE]\n\n", 14);
 }

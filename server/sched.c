@@ -69,7 +69,7 @@ void task_release(task_t *t)
         gen_end(&t->g, &r);
         gen_result_free(&r);
     }
-    for (int i = 0; i < 16; i++) free(t->stop_buf[i]);
+    for (int i = 0; i < TASK_MAX_STOP; i++) free(t->stop_buf[i]);
     if (!t->sess) mem_free(t->mem);
     free(t->toks);
     free(t->lps);
