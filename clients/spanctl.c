@@ -867,7 +867,7 @@ static int cmd_models(ctl_t *c, int argc, char **argv)
     int n = argc - optind;
     if (strcmp(action, "list") == 0) {
         if (n) return usage_error(models_usage, "'list' takes no arguments");
-        return list_objects(c, "/v1/models", "models", as_json, print_model_table);
+        return list_objects(c, "/v1/models", "data", as_json, print_model_table);   /* OpenAI's list */
     }
     if (as_json) return usage_error(models_usage, "--json is for 'list' (the others print JSON)");
     if (strcmp(action, "get") == 0) {

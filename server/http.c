@@ -46,6 +46,7 @@ static const route_t routes[] = {
     {"POST", "/v1/generate", route_generate, 0, 1, 0},
     {"POST", "/v1/score", route_score, 0, 1, 0},
     {"POST", "/v1/completions", route_completions, 0, 1, 0},
+    {"POST", "/v1/chat/completions", route_chat_completions, 0, 1, 0},
     {"POST", "/v1/sessions", route_sessions_post, 0, 1, 0},
     {"GET", "/v1/sessions", route_sessions_list, 0, 0, 0},
     {"GET", "/v1/sessions/*", route_sessions_get, 0, 0, 0},

@@ -3,7 +3,9 @@
  * the OpenAI-compatible /v1/completions. Each validates its request, builds
  * a task (with the session's memory, or a fresh one), queues it for the
  * scheduler and suspends the connection (or opens an event stream); when
- * the task is done the connection is resumed here to answer.
+ * the task is done the connection is resumed here to answer. The blocks of
+ * that path (task_*) serve /v1/chat/completions too (route_chat.c), and the
+ * OpenAI APIs' answers and stream chunks are built here or there.
  */
 #define _GNU_SOURCE
 #include "server.h"
@@ -16,10 +18,19 @@
 
 /* ------------------------------------------------------------ building tasks */
 
-/* The model and stream of a request: the session's (acquired: busy until the
- * task ends) or a fresh memory. srv.lock held. Returns 0, or an HTTP status
- * with ERR. */
-static int task_bind(task_t *t, const char *model, const char *session, char *err)
+task_t *task_new(task_kind kind, api_kind api)
+{
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->kind = kind;
+    t->api = api;
+    t->fd = -1;
+    t->created = time(NULL);
+    return t;
+}
+
+/* task_bind under srv.lock. */
+static int bind_locked(task_t *t, const char *model, const char *session, char *err)
 {
     int status = 400;
     if (session) {
@@ -48,6 +59,14 @@ static int task_bind(task_t *t, const char *model, const char *session, char *er
     return 0;
 }
 
+int task_bind(task_t *t, const char *model, const char *session, char *err)
+{
+    pthread_mutex_lock(&srv.lock);
+    int status = bind_locked(t, model, session, err);
+    pthread_mutex_unlock(&srv.lock);
+    return status;
+}
+
 /* Undoes task_bind for a task that never reached the scheduler (the model
  * is let go with the task). */
 static void task_unbind(task_t *t)
@@ -55,14 +74,10 @@ static void task_unbind(task_t *t)
     if (t->sess) sess_release(t->sess);
 }
 
-/* Text -> tokens under the limits: 422 outside the vocabulary, 413 too long,
- * 400 past the positions a stream may hold (MEM_MAX_POS: only a state
- * imported near it gets there), counting the MORE tokens a generation adds. */
-static int encode(task_t *t, const char *text, int more, char *err)
+/* (The positions' bound, MEM_MAX_POS, is reached only by a state imported
+ * near it.) */
+int task_fits(task_t *t, int more, char *err)
 {
-    char e2[ERR_LEN];
-    if (vocab_encode(&t->sm->m->vocab, text, strlen(text), &t->toks, &t->n, e2))
-        return snprintf(err, 512, "%s", e2), 422;
     if (t->n > (size_t)srv.cfg.max_prompt)
         return snprintf(err, 512, "%zu tokens is over the limit of %d (--max-prompt)", t->n, srv.cfg.max_prompt), 413;
     if ((int64_t)t->n + more > mem_room(t->mem))
@@ -72,12 +87,39 @@ static int encode(task_t *t, const char *text, int more, char *err)
     return 0;
 }
 
-/* The sampling fields shared by /v1/generate and /v1/completions. */
-static int parse_sampling(json_t *b, task_t *t, long long dflt_tokens, char *err)
+/* Text -> tokens under the limits: 422 outside the vocabulary, then
+ * task_fits. */
+static int encode(task_t *t, const char *text, int more, char *err)
+{
+    char e2[ERR_LEN];
+    if (vocab_encode(&t->sm->m->vocab, text, strlen(text), &t->toks, &t->n, e2))
+        return snprintf(err, 512, "%s", e2), 422;
+    return task_fits(t, more, err);
+}
+
+int task_generate_start(task_t *t, int session, char *err)
+{
+    if (t->n == 0 && t->mem->pending < 0)
+        return snprintf(err, 512, "%s", session ? "the prompt is empty and the session has seen no tokens" : "prompt must not be empty"), 400;
+    char e2[ERR_LEN];
+    if (gen_begin(&t->g, t->sm->m, t->mem, t->toks, t->n, &t->gp, t->top_n > 0 ? t->top_n : 0, t->echo, e2))
+        return snprintf(err, 512, "%s", e2), 503;
+    return 0;
+}
+
+int task_generate_begin(task_t *t, const char *prompt, int session, char *err)
+{
+    int status = encode(t, prompt, t->gp.max_tokens, err);
+    return status ? status : task_generate_start(t, session, err);
+}
+
+/* The sampling fields shared by /v1/generate, /v1/completions and
+ * /v1/chat/completions. */
+int task_sampling(json_t *b, task_t *t, const char *max_key, long long dflt, char *err)
 {
     long long mt, top_k, seed;
     double temp, top_p;
-    if (field_int(b, "max_tokens", 0, srv.cfg.max_tokens, dflt_tokens, &mt, err) ||
+    if (field_int(b, max_key, 0, srv.cfg.max_tokens, dflt < srv.cfg.max_tokens ? dflt : srv.cfg.max_tokens, &mt, err) ||
         field_num(b, "temperature", 0, 100, 1.0, &temp, err) || field_int(b, "top_k", 0, 1 << 20, 0, &top_k, err) ||
         field_num(b, "top_p", 0, 1, 1.0, &top_p, err))
         return -1;
@@ -124,11 +166,11 @@ static int client_fd(struct MHD_Connection *c)
     return ci ? ci->connect_fd : -1;
 }
 
-/* Queues T and waits (or streams). On failure answers with the error. */
-static enum MHD_Result submit(request_t *r, task_t *t)
+enum MHD_Result task_submit(request_t *r, task_t *t, json_t *b)
 {
     char err[512];
     int status;
+    json_decref(b);
     t->conn = r->conn;
     t->fd = client_fd(r->conn);
     t->refs = 1;   /* the request's, dropped when the request completes */
@@ -151,8 +193,7 @@ static enum MHD_Result submit(request_t *r, task_t *t)
     return reply_stream(r, t);
 }
 
-/* Fails a task before it was queued. */
-static enum MHD_Result refuse(request_t *r, task_t *t, json_t *b, int status, const char *err)
+enum MHD_Result task_refuse(request_t *r, task_t *t, json_t *b, int status, const char *err)
 {
     pthread_mutex_lock(&srv.lock);
     task_unbind(t);
@@ -169,62 +210,37 @@ static enum MHD_Result generate_common(request_t *r, api_kind api)
 {
     json_t *b = body_json(r);
     if (!b) return MHD_YES;
-    task_t *t = calloc(1, sizeof *t);
+    task_t *t = task_new(TASK_GENERATE, api);
     if (!t) { json_decref(b); return reply_error(r, 503, "out of memory"); }
-    t->kind = TASK_GENERATE;
-    t->api = api;
-    t->fd = -1;
-    t->created = time(NULL);
     char err[512];
     const char *model, *session, *prompt = NULL;
-    int status = 400;
+    int status;
     if (field_str(b, "model", &model, err) || field_str(b, "session", &session, err) ||
         field_bool(b, "stream", 0, &t->stream, err) ||
-        parse_sampling(b, t, api == API_OPENAI ? 16 : 64, err))
-        return refuse(r, t, b, 400, err);
+        task_sampling(b, t, "max_tokens", api == API_OPENAI ? 16 : 64, err))
+        return task_refuse(r, t, b, 400, err);
     json_t *jp = json_object_get(b, "prompt");
     if (json_is_array(jp) && api == API_OPENAI) {
         if (json_array_size(jp) != 1 || !json_is_string(json_array_get(jp, 0)))
-            return refuse(r, t, b, 400, "prompt must be a string (or an array of one string)");
+            return task_refuse(r, t, b, 400, "prompt must be a string (or an array of one string)");
         jp = json_array_get(jp, 0);
     }
-    if (jp && !json_is_null(jp) && !json_is_string(jp)) return refuse(r, t, b, 400, "prompt must be a string");
+    if (jp && !json_is_null(jp) && !json_is_string(jp)) return task_refuse(r, t, b, 400, "prompt must be a string");
     prompt = jp ? json_string_value(jp) : NULL;
     if (!prompt) prompt = "";
     if (api == API_OPENAI) {
         long long lp, n;
         json_t *jl = json_object_get(b, "logprobs");
-        if (json_is_boolean(jl)) return refuse(r, t, b, 400, "logprobs must be an integer in [0, 5] or null");
+        if (json_is_boolean(jl)) return task_refuse(r, t, b, 400, "logprobs must be an integer in [0, 5] or null");
         if (field_int(b, "logprobs", 0, GEN_MAX_TOP, -1, &lp, err) || field_bool(b, "echo", 0, &t->echo, err) ||
             field_int(b, "n", 1, 1, 1, &n, err))
-            return refuse(r, t, b, 400, err);
-        t->top_n = lp < 0 ? 0 : (int)lp;
-        if (lp < 0) t->top_n = -1;   /* no logprobs object */
+            return task_refuse(r, t, b, 400, err);
+        t->top_n = (int)lp;   /* -1: no logprobs object */
         snprintf(t->cmpl_id, sizeof t->cmpl_id, "cmpl-%016llx", (unsigned long long)t->gp.seed ^ (unsigned long long)(now_s() * 1e6));
     }
-    pthread_mutex_lock(&srv.lock);
-    status = task_bind(t, model, session, err);
-    pthread_mutex_unlock(&srv.lock);
-    if (status) return refuse(r, t, b, status, err);
-    if ((status = encode(t, prompt, t->gp.max_tokens, err))) return refuse(r, t, b, status, err);
-    if (t->n == 0 && t->mem->pending < 0)
-        return refuse(r, t, b, 400, session ? "the prompt is empty and the session has seen no tokens" : "prompt must not be empty");
-    char e2[ERR_LEN];
-    if (gen_begin(&t->g, t->sm->m, t->mem, t->toks, t->n, &t->gp, t->top_n > 0 ? t->top_n : 0, t->echo, e2))
-        return refuse(r, t, b, 503, e2);
-    json_decref(b);
-    if (t->stream && api == API_OPENAI && t->echo) {   /* the echoed prompt is the first piece */
-        char *text = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&text, &len);
-        for (size_t i = 0; f && i < t->n; i++) fputs(t->sm->m->vocab.tok[t->toks[i]], f);
-        if (f) fclose(f);
-        task_event(t, NULL, json_pack("{s:s, s:s, s:I, s:s, s:[{s:s%, s:i, s:n, s:n}]}", "id", t->cmpl_id, "object",
-                                      "text_completion", "created", (json_int_t)t->created, "model", t->sm->name,
-                                      "choices", "text", text ? text : "", len, "index", 0, "logprobs", "finish_reason"));
-        free(text);
-    }
-    return submit(r, t);
+    if ((status = task_bind(t, model, session, err)) || (status = task_generate_begin(t, prompt, session != NULL, err)))
+        return task_refuse(r, t, b, status, err);
+    return task_submit(r, t, b);
 }
 
 enum MHD_Result route_generate(request_t *r) { return generate_common(r, API_NATIVE); }
@@ -236,27 +252,21 @@ enum MHD_Result route_score(request_t *r)
 {
     json_t *b = body_json(r);
     if (!b) return MHD_YES;
-    task_t *t = calloc(1, sizeof *t);
+    task_t *t = task_new(TASK_SCORE, API_NATIVE);
     if (!t) { json_decref(b); return reply_error(r, 503, "out of memory"); }
-    t->kind = TASK_SCORE;
-    t->fd = -1;
     char err[512];
     const char *model, *session, *text;
     int status;
     if (field_str(b, "model", &model, err) || field_str(b, "session", &session, err) ||
         field_str(b, "text", &text, err) || field_bool(b, "per_token", 0, &t->per_token, err))
-        return refuse(r, t, b, 400, err);
-    if (!text) return refuse(r, t, b, 400, "text is required");
-    pthread_mutex_lock(&srv.lock);
-    status = task_bind(t, model, session, err);
-    pthread_mutex_unlock(&srv.lock);
-    if (status) return refuse(r, t, b, status, err);
-    if ((status = encode(t, text, 0, err))) return refuse(r, t, b, status, err);
+        return task_refuse(r, t, b, 400, err);
+    if (!text) return task_refuse(r, t, b, 400, "text is required");
+    if ((status = task_bind(t, model, session, err)) || (status = encode(t, text, 0, err)))
+        return task_refuse(r, t, b, status, err);
     if (t->n == 0 || (t->n == 1 && t->mem->pending < 0))
-        return refuse(r, t, b, 400, "the text has nothing to predict: it needs 2 characters (or 1 in a session that has seen text)");
-    if (t->per_token && !(t->lps = malloc(t->n * sizeof *t->lps))) return refuse(r, t, b, 503, "out of memory");
-    json_decref(b);
-    return submit(r, t);
+        return task_refuse(r, t, b, 400, "the text has nothing to predict: it needs 2 characters (or 1 in a session that has seen text)");
+    if (t->per_token && !(t->lps = malloc(t->n * sizeof *t->lps))) return task_refuse(r, t, b, 503, "out of memory");
+    return task_submit(r, t, b);
 }
 
 /* ------------------------------------------------------------ answers */
@@ -269,13 +279,13 @@ static json_t *timings(const task_t *t, int n_tokens)
                      "total_ms", total * 1e3, "tokens_per_second", decode > 0 ? n_tokens / decode : 0.0);
 }
 
-static json_t *usage(const task_t *t)
+json_t *task_usage(const task_t *t)
 {
     return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)t->n, "completion_tokens", t->res.n_tokens,
                      "total_tokens", (int)t->n + t->res.n_tokens);
 }
 
-static const char *finish_str(const task_t *t)
+const char *task_finish(const task_t *t)
 {
     return t->res.finish == FINISH_STOP ? "stop" : "length";
 }
@@ -285,45 +295,85 @@ static json_t *generate_json(const task_t *t)
     json_t *toks = json_array();   /* the tokens of the text: a stop string's are left out with it */
     for (int i = 0; i < t->res.n_text_tokens; i++) json_array_append_new(toks, json_integer(t->res.tokens[i]));
     json_t *j = json_pack("{s:s, s:s%, s:o, s:s, s:I}", "model", t->sm->name, "text", t->res.text ? t->res.text : "",
-                          t->res.text_len, "tokens", toks, "finish_reason", finish_str(t), "seed", (json_int_t)t->gp.seed);
+                          t->res.text_len, "tokens", toks, "finish_reason", task_finish(t), "seed", (json_int_t)t->gp.seed);
     if (t->sess) json_object_set_new(j, "session", json_string(t->sess_id));
-    json_object_set_new(j, "usage", usage(t));
+    json_object_set_new(j, "usage", task_usage(t));
     json_object_set_new(j, "timings", timings(t, t->res.n_tokens));
     return j;
 }
 
-/* OpenAI's logprobs object over the echoed prompt (if any) and the completion. */
-static json_t *openai_logprobs(const task_t *t, const gen_state *g)
+/* The echoed prompt's tokens of an answer (they come first). */
+static size_t echoed(const task_t *t)
 {
-    const model_t *m = t->sm->m;
+    return t->echo ? t->n : 0;
+}
+
+void task_token(const task_t *t, size_t i, int32_t *id, float *lp, const int32_t **top, const float **top_lp)
+{
+    const gen_state *g = &t->g;
+    size_t k = (size_t)g->top_n, e = echoed(t);
+    if (i < e) {
+        *id = t->toks[i];
+        *lp = g->prompt_lp[i];
+        *top = g->prompt_top + i * k;
+        *top_lp = g->prompt_top_lp + i * k;
+    } else {
+        i -= e;
+        *id = g->res.tokens[i];
+        *lp = g->res.logprobs[i];
+        *top = g->top + i * k;
+        *top_lp = g->top_lp + i * k;
+    }
+}
+
+size_t task_stream_tokens(task_t *t, size_t *from)
+{
+    const vocab_t *v = &t->sm->m->vocab;
+    size_t total = echoed(t) + (size_t)t->g.res.n_text_tokens;
+    *from = t->lp_sent;
+    while (t->lp_sent < total) {
+        int32_t id;
+        float lp;
+        const int32_t *top;
+        const float *top_lp;
+        task_token(t, t->lp_sent, &id, &lp, &top, &top_lp);
+        size_t len = strlen(v->tok[id]);
+        if (t->lp_off + len > t->sent_bytes) break;   /* held back with its text */
+        t->lp_off += len;
+        t->lp_sent++;
+    }
+    return t->lp_sent;
+}
+
+/* OpenAI's legacy logprobs object over the tokens [FROM, TO) of the answer,
+ * the first at byte OFF of its text. */
+static json_t *completion_logprobs(const task_t *t, size_t from, size_t to, size_t off)
+{
+    const vocab_t *v = &t->sm->m->vocab;
     json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-    size_t off = 0;
-    int n_top = t->top_n;
-    for (int pass = 0; pass < 2; pass++) {
-        int n = pass == 0 ? (t->echo ? (int)t->n : 0) : t->res.n_text_tokens;
-        for (int i = 0; i < n; i++) {
-            int32_t id = pass == 0 ? t->toks[i] : t->res.tokens[i];
-            float lp = pass == 0 ? g->prompt_lp[i] : t->res.logprobs[i];
-            const int32_t *ti = pass == 0 ? g->prompt_top + (size_t)i * n_top : g->top + (size_t)i * n_top;
-            const float *tl = pass == 0 ? g->prompt_top_lp + (size_t)i * n_top : g->top_lp + (size_t)i * n_top;
-            json_array_append_new(toks, json_string(m->vocab.tok[id]));
-            json_array_append_new(offs, json_integer((json_int_t)off));
-            off += strlen(m->vocab.tok[id]);
-            if (isnan(lp)) {
-                json_array_append_new(lps, json_null());
-                json_array_append_new(tops, json_null());
-                continue;
-            }
-            json_array_append_new(lps, json_real(lp));
-            json_t *o = json_object();
-            for (int k = 0; k < n_top; k++) json_object_set_new(o, m->vocab.tok[ti[k]], json_real(tl[k]));
-            json_array_append_new(tops, o);
+    for (size_t i = from; i < to; i++) {
+        int32_t id;
+        float lp;
+        const int32_t *ti;
+        const float *tl;
+        task_token(t, i, &id, &lp, &ti, &tl);
+        json_array_append_new(toks, json_string(v->tok[id]));
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += strlen(v->tok[id]);
+        if (isnan(lp)) {
+            json_array_append_new(lps, json_null());
+            json_array_append_new(tops, json_null());
+            continue;
         }
+        json_array_append_new(lps, json_real(lp));
+        json_t *o = json_object();
+        for (int k = 0; k < t->g.top_n; k++) json_object_set_new(o, v->tok[ti[k]], json_real(tl[k]));
+        json_array_append_new(tops, o);
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
 }
 
-static json_t *completion_json(const task_t *t, const gen_state *g)
+static json_t *completion_json(const task_t *t)
 {
     char *text = NULL;
     size_t len = 0;
@@ -333,13 +383,47 @@ static json_t *completion_json(const task_t *t, const gen_state *g)
         for (size_t i = 0; i < t->n; i++) fputs(t->sm->m->vocab.tok[t->toks[i]], f);
     if (t->res.text) fwrite(t->res.text, 1, t->res.text_len, f);
     fclose(f);
-    json_t *choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", text ? text : "", len, "finish_reason", finish_str(t));
+    json_t *choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", text ? text : "", len, "finish_reason", task_finish(t));
     free(text);
-    json_object_set_new(choice, "logprobs", t->top_n >= 0 ? openai_logprobs(t, g) : json_null());
+    json_object_set_new(choice, "logprobs", t->top_n >= 0 ? completion_logprobs(t, 0, echoed(t) + (size_t)t->res.n_text_tokens, 0)
+                                                          : json_null());
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", t->cmpl_id, "object", "text_completion", "created",
                           (json_int_t)t->created, "model", t->sm->name, "choices", choice);
-    json_object_set_new(j, "usage", usage(t));
+    json_object_set_new(j, "usage", task_usage(t));
     return j;
+}
+
+/* A chunk of a completions stream: the text TEXT (just counted in
+ * t->sent_bytes) with the logprobs of exactly its tokens (generation holds
+ * back text that may begin a stop string, and its tokens' logprobs with
+ * it), and FINISH on the last. */
+static json_t *completion_chunk(task_t *t, const char *text, size_t len, const char *finish)
+{
+    json_t *lp = json_null();
+    if (t->top_n >= 0) {
+        size_t off = t->lp_off, from, to = task_stream_tokens(t, &from);
+        lp = completion_logprobs(t, from, to, off);
+    }
+    return json_pack("{s:s, s:s, s:I, s:s, s:[{s:s%, s:i, s:o, s:s?}]}", "id", t->cmpl_id, "object", "text_completion",
+                     "created", (json_int_t)t->created, "model", t->sm->name, "choices", "text", text, len, "index", 0,
+                     "logprobs", lp, "finish_reason", finish);
+}
+
+/* The echoed prompt, the first piece of a completions stream: sent once the
+ * prompt is read, when its logprobs are known. */
+static void stream_echo(task_t *t)
+{
+    t->echo_sent = 1;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    for (size_t i = 0; f && i < t->n; i++) fputs(t->sm->m->vocab.tok[t->toks[i]], f);
+    if (f) fclose(f);
+    if (text && len) {
+        t->sent_bytes += len;
+        task_event(t, NULL, completion_chunk(t, text, len, NULL));
+    }
+    free(text);
 }
 
 static json_t *score_json(const task_t *t)
@@ -367,31 +451,45 @@ enum MHD_Result route_task_done(request_t *r)
     if (!status) {
         if (t->kind == TASK_SCORE) j = score_json(t);
         else if (t->api == API_NATIVE) j = generate_json(t);
-        else j = completion_json(t, &t->g);
+        else if (t->api == API_CHAT) j = chat_json(t);
+        else j = completion_json(t);
     }
     pthread_mutex_unlock(&srv.lock);
     if (status) return reply_error(r, status, "%s", err);
     return reply_json(r, 200, j);
 }
 
-void route_stream_final(task_t *t)
+void route_stream_piece(task_t *t, const char *piece, size_t len)
 {
-    json_t *j;
-    if (t->status) {
-        j = json_pack("{s:{s:i, s:s, s:s}}", "error", "code", t->status, "type", error_type(t->status), "message", t->err);
-    } else if (t->api == API_NATIVE) {
-        j = generate_json(t);
-    } else {
-        j = json_pack("{s:s, s:s, s:I, s:s, s:[{s:s, s:i, s:n, s:s}]}", "id", t->cmpl_id, "object", "text_completion",
-                      "created", (json_int_t)t->created, "model", t->sm->name, "choices", "text", "", "index", 0,
-                      "logprobs", "finish_reason", finish_str(t));
-        json_object_set_new(j, "usage", usage(t));
-    }
-    if (t->api == API_NATIVE) {
-        task_event(t, t->status ? "error" : "done", j);
-    } else {
-        task_event(t, NULL, j);
-        task_sse_append(t, "data: [DONE]\n\n", 14);
-    }
+    if (t->api == API_OPENAI && t->echo && !t->echo_sent) stream_echo(t);
+    if (!len) return;
+    t->sent_bytes += len;
+    task_event(t, NULL, t->api == API_CHAT ? chat_chunk(t, piece, len) : completion_chunk(t, piece, len, NULL));
 }
 
+void route_stream_final(task_t *t)
+{
+    if (t->api == API_NATIVE) {
+        task_event(t, t->status ? "error" : "done", t->status ? json_pack("{s:{s:i, s:s, s:s}}", "error", "code", t->status,
+                                                                          "type", error_type(t->status), "message", t->err)
+                                                              : generate_json(t));
+        return;
+    }
+    if (t->status) {
+        task_event(t, NULL, json_pack("{s:{s:i, s:s, s:s}}", "error", "code", t->status, "type", error_type(t->status),
+                                      "message", t->err));
+    } else {
+        const char *piece;   /* whatever text is left: all of it is settled now */
+        size_t len;
+        gen_take_text(&t->g, &piece, &len);
+        route_stream_piece(t, piece, len);
+        if (t->api == API_CHAT) {
+            chat_stream_final(t);
+        } else {
+            json_t *j = completion_chunk(t, "", 0, task_finish(t));
+            json_object_set_new(j, "usage", task_usage(t));
+            task_event(t, NULL, j);
+        }
+    }
+    task_sse_append(t, "data: [DONE]\n\n", 14);
+}

@@ -1,6 +1,9 @@
 /*
  * route_models.c - /v1/models: list, describe, load at run time (a path in
- * --model-dir, or an https URL), unload, and the spans report or picture.
+ * --model-dir, or an https URL; with a chat template), unload, and the spans
+ * report or picture. The list and the model objects have OpenAI's shape
+ * ({"object": "list", "data": [...]}; id, object, created, owned_by), so
+ * that OpenAI clients read them, with spanserve's fields beside.
  *
  * A download never writes over a file of the model directory: it goes to a
  * hidden temporary file there, is loaded from it (a file that is not a valid
@@ -31,7 +34,7 @@ enum MHD_Result route_models_list(request_t *r)
     pthread_mutex_lock(&srv.lock);
     for (smodel_t *m = srv.models; m; m = m->next) json_array_append_new(a, models_json(m));
     pthread_mutex_unlock(&srv.lock);
-    return reply_json(r, 200, json_pack("{s:o}", "models", a));
+    return reply_json(r, 200, json_pack("{s:s, s:o}", "object", "list", "data", a));   /* OpenAI's list */
 }
 
 enum MHD_Result route_models_get(request_t *r)
@@ -130,6 +133,7 @@ typedef struct {
     char name[NAME_MAX_LEN + 1];
     char *url;
     int replace;
+    chat_template_t chat;
     char tmp[PATH_MAX];          /* the temporary file, in the model directory */
     int status;
     json_t *result;
@@ -147,6 +151,16 @@ static enum MHD_Result download_done(request_t *r)
     return rc;
 }
 
+/* M, loaded, with the chat template CT, which its vocabulary must be able
+ * to write (422, and M unloaded). */
+static int template_fits(model_t *m, const chat_template_t *ct, char *err, int *status)
+{
+    if (chat_template_check(ct, &m->vocab, err) == 0) return 0;
+    models_unload(m);
+    *status = 422;
+    return -1;
+}
+
 /* The download, valid, as the model D->name in the file NAME.safetensors.
  * Under srv.lock: no other load of the name comes between the checks and
  * the move. */
@@ -154,7 +168,7 @@ static smodel_t *download_install(download_t *d)
 {
     if (models_name_free(d->name, d->err, &d->status)) return NULL;
     model_t *m = models_load(d->name, d->tmp, "the downloaded file", d->err, &d->status);
-    if (!m) return NULL;
+    if (!m || template_fits(m, &d->chat, d->err, &d->status)) return NULL;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s.safetensors", srv.cfg.model_dir, d->name);
     if ((d->replace ? rename(d->tmp, path) : link(d->tmp, path)) != 0) {
@@ -169,7 +183,9 @@ static smodel_t *download_install(download_t *d)
         models_unload(m);
         return NULL;
     }
-    return models_insert(d->name, m, path, d->err, &d->status);
+    smodel_t *sm = models_insert(d->name, m, path, d->err, &d->status);
+    if (sm) sm->chat = d->chat;
+    return sm;
 }
 
 static void *download_main(void *arg)
@@ -190,7 +206,8 @@ static void *download_main(void *arg)
     return NULL;
 }
 
-static enum MHD_Result start_download(request_t *r, const char *name, const char *url, int replace, char *err, int *status)
+static enum MHD_Result start_download(request_t *r, const char *name, const char *url, int replace,
+                                      const chat_template_t *chat, char *err, int *status)
 {
     download_t *d = calloc(1, sizeof *d);
     if (!d || !(d->url = strdup(url))) {
@@ -201,6 +218,7 @@ static enum MHD_Result start_download(request_t *r, const char *name, const char
     }
     d->r = r;
     d->replace = replace;
+    d->chat = *chat;
     snprintf(d->name, sizeof d->name, "%s", name);
     char tmp[64];
     random_id(DOWNLOAD_PREFIX, tmp, sizeof tmp);
@@ -235,8 +253,9 @@ enum MHD_Result route_models_post(request_t *r)
     const char *name, *p, *url;
     int status = 400, replace;
     enum MHD_Result rc;
+    chat_template_t chat;
     if (field_str(b, "name", &name, err) || field_str(b, "path", &p, err) || field_str(b, "url", &url, err) ||
-        field_bool(b, "replace", 0, &replace, err))
+        field_bool(b, "replace", 0, &replace, err) || chat_template_parse(json_object_get(b, "chat_template"), &chat, err))
         goto bad;
     if (!name || !valid_name(name)) { snprintf(err, sizeof err, "name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)"); goto bad; }
     if (!p == !url) { snprintf(err, sizeof err, "give either path or url"); goto bad; }
@@ -252,12 +271,17 @@ enum MHD_Result route_models_post(request_t *r)
         if (strncmp(url, "https://", 8) != 0) { snprintf(err, sizeof err, "url must be https://"); goto bad; }
         /* before the download, to spare it; download_install decides */
         if (!replace && model_file_taken(name, err, &status)) goto bad;
-        rc = start_download(r, name, url, replace, err, &status);
+        rc = start_download(r, name, url, replace, &chat, err, &status);
         json_decref(b);
         return rc == MHD_YES ? MHD_YES : reply_error(r, status, "%s", err);
     }
     pthread_mutex_lock(&srv.lock);
-    smodel_t *sm = models_add(name, path, p, err, &status);
+    smodel_t *sm = NULL;
+    if (!models_name_free(name, err, &status)) {   /* models_add, with the template checked before it serves */
+        model_t *m = models_load(name, path, p, err, &status);
+        if (m && !template_fits(m, &chat, err, &status) && (sm = models_insert(name, m, path, err, &status)))
+            sm->chat = chat;
+    }
     json_t *j = sm ? models_json(sm) : NULL;
     pthread_mutex_unlock(&srv.lock);
     json_decref(b);

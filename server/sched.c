@@ -69,7 +69,7 @@ void task_release(task_t *t)
         gen_end(&t->g, &r);
         gen_result_free(&r);
     }
-    for (int i = 0; i < 16; i++) free(t->stop_buf[i]);
+    for (int i = 0; i < TASK_MAX_STOP; i++) free(t->stop_buf[i]);
     if (!t->sess) mem_free(t->mem);
     free(t->toks);
     free(t->lps);
@@ -123,14 +123,11 @@ static void emit_token(task_t *t, const char *piece, size_t len)
 {
     const gen_result *r = &t->g.res;
     int i = r->n_tokens - 1;
-    if (t->api == API_NATIVE) {
+    if (t->api == API_NATIVE)
         task_event(t, "token", json_pack("{s:i, s:i, s:s%, s:f}", "index", i, "token", r->tokens[i], "text", piece, len,
                                          "logprob", (double)r->logprobs[i]));
-    } else if (len) {
-        task_event(t, NULL, json_pack("{s:s, s:s, s:I, s:s, s:[{s:s%, s:i, s:n, s:n}]}", "id", t->cmpl_id, "object",
-                                     "text_completion", "created", (json_int_t)t->created, "model", t->sm->name,
-                                     "choices", "text", piece, len, "index", 0, "logprobs", "finish_reason"));
-    }
+    else
+        route_stream_piece(t, piece, len);   /* the OpenAI APIs' chunks: their shapes are the routes' */
     wake_reader(t);
 }
 

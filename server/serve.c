@@ -138,6 +138,8 @@ smodel_t *models_insert(const char *name, model_t *m, const char *path, char *er
     }
     snprintf(sm->name, sizeof sm->name, "%s", name);
     sm->m = m;
+    sm->created = time(NULL);
+    chat_template_default(&sm->chat);
     model_cost_of(m, &sm->cost);
     smodel_t **p = &srv.models;
     while (*p) p = &(*p)->next;
@@ -185,13 +187,20 @@ int models_remove(const char *name, char *err, int *status)
     return 0;
 }
 
+/* OpenAI's model object (id, object, created, owned_by: what its clients
+ * read), then spanserve's fields. */
 json_t *models_json(const smodel_t *sm)
 {
-    json_t *j = report_model(sm->m);
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s}", "id", sm->name, "object", "model", "created", (json_int_t)sm->created,
+                          "owned_by", "spanserve");
+    json_t *rep = report_model(sm->m);
+    json_object_update(j, rep);
+    json_decref(rep);
     json_object_set_new(j, "name", json_string(sm->name));
     json_object_set_new(j, "device", json_string(device_name(sm->m)));
     json_object_set_new(j, "precision", json_string(device_precision(sm->m)));
     json_object_set_new(j, "cost", report_cost(&sm->cost));
+    json_object_set_new(j, "chat_template", chat_template_json(&sm->chat));
     if (sm->m->backend) {
         json_t *mem = json_object_get(j, "memory");
         if (mem) json_object_set_new(mem, "device_bytes_per_stream", json_integer((json_int_t)device_session_bytes(sm->m)));

@@ -73,11 +73,25 @@ typedef struct {
 
 /* ------------------------------------------------------------ models */
 
+/* How /v1/chat/completions writes a conversation as a prompt for a model
+ * (route_chat.c): each message is its speaker's name, speaker_end, its
+ * content and turn_end; then the assistant's name and speaker_end; the
+ * reply stops at turn_end. Set by POST /v1/models "chat_template", else
+ * chat_template_default. Each string at most CHAT_FIELD_MAX bytes. */
+#define CHAT_FIELD_MAX 64
+typedef struct {
+    char system[CHAT_FIELD_MAX + 1], user[CHAT_FIELD_MAX + 1], assistant[CHAT_FIELD_MAX + 1];   /* speaker names */
+    char speaker_end[CHAT_FIELD_MAX + 1];
+    char turn_end[CHAT_FIELD_MAX + 1];   /* never empty: it ends the reply */
+} chat_template_t;
+
 typedef struct smodel {
     char name[NAME_MAX_LEN + 1];
     char *path;
     model_t *m;
     model_cost cost;             /* what a session and a step of it cost (report.h) */
+    chat_template_t chat;        /* its conversations' prompts (/v1/chat/completions) */
+    time_t created;              /* when it was loaded (the OpenAI model object's "created") */
     int tasks;                   /* tasks holding it, from task_bind to task_release (srv.lock):
                                   * while any does, DELETE /v1/models answers 409 */
     struct smodel *next;
@@ -104,7 +118,10 @@ typedef struct session {
 /* ------------------------------------------------------------ tasks */
 
 typedef enum { TASK_SCORE, TASK_GENERATE } task_kind;
-typedef enum { API_NATIVE, API_OPENAI } api_kind;
+typedef enum { API_NATIVE, API_OPENAI, API_CHAT } api_kind;
+
+/* Stop strings of a generation: the client's 16, and a chat template's turn end. */
+#define TASK_MAX_STOP 17
 
 typedef struct task {
     task_kind kind;
@@ -123,8 +140,8 @@ typedef struct task {
     score_t sc;
     /* generate */
     gen_params gp;
-    char *stop_buf[16];
-    int top_n, echo;
+    char *stop_buf[TASK_MAX_STOP];
+    int top_n, echo;             /* top_n -1: no logprobs object (OpenAI APIs) */
     gen_state g;
     int prefill_done;
     gen_result res;              /* when done: a view of g's result, valid until release */
@@ -133,6 +150,10 @@ typedef struct task {
     char *sse;
     size_t sse_len, sse_cap;
     int reader_waiting;          /* the connection is suspended waiting for events */
+    int include_usage;           /* chat: a last chunk with the usage (stream_options) */
+    int echo_sent;               /* completions: the echoed prompt's chunk went out */
+    size_t sent_bytes;           /* OpenAI streams: bytes of text sent, the echoed prompt's included */
+    size_t lp_sent, lp_off;      /* tokens whose logprobs were sent, and the bytes of their text */
     char cmpl_id[40];
     time_t created;
     /* state */
@@ -384,6 +405,7 @@ enum MHD_Result route_models_delete(request_t *r);
 enum MHD_Result route_models_spans(request_t *r);
 enum MHD_Result route_generate(request_t *r);
 enum MHD_Result route_completions(request_t *r);
+enum MHD_Result route_chat_completions(request_t *r);
 enum MHD_Result route_score(request_t *r);
 enum MHD_Result route_sessions_post(request_t *r);
 enum MHD_Result route_sessions_list(request_t *r);
@@ -412,8 +434,57 @@ enum MHD_Result route_jobs_svg(request_t *r);
 int files_upload_open(request_t *r);
 /* Called again after the task finished. */
 enum MHD_Result route_task_done(request_t *r);
+/* The events of a streaming task's settled text PIECE (srv.lock held). */
+void route_stream_piece(task_t *t, const char *piece, size_t len);
 /* The last event of a streaming task (srv.lock held). */
 void route_stream_final(task_t *t);
+
+/* The building blocks of the routes that run the model (route_infer.c),
+ * shared with /v1/chat/completions (route_chat.c). A task is made, its
+ * fields parsed, bound to its model or session, given its prompt, then
+ * submitted; until submitted, task_refuse undoes it. */
+task_t *task_new(task_kind kind, api_kind api);
+/* max_tokens (under the name MAX_KEY, default DFLT), temperature, top_k,
+ * top_p, seed, stop. */
+int task_sampling(json_t *b, task_t *t, const char *max_key, long long dflt, char *err);
+/* The model and stream: the session's (busy until the task ends) or a
+ * fresh memory. Takes srv.lock. 0, or an HTTP status with ERR. */
+int task_bind(task_t *t, const char *model, const char *session, char *err);
+/* The N tokens of the prompt (t->toks, t->n, set by the caller) are within
+ * --max-prompt (413) and the positions the stream may still take, counting
+ * the MORE a generation adds (400). 0, or an HTTP status with ERR. */
+int task_fits(task_t *t, int more, char *err);
+/* PROMPT -> t->toks (422 outside the vocabulary), task_fits, then the
+ * generation begun on it. 0, or an HTTP status with ERR. */
+int task_generate_begin(task_t *t, const char *prompt, int session, char *err);
+/* The generation begun on t->toks, which the caller set (400 when there are
+ * none and the stream has no token to go on from). */
+int task_generate_start(task_t *t, int session, char *err);
+/* Queues T and waits for it, or opens its event stream. Takes B. */
+enum MHD_Result task_submit(request_t *r, task_t *t, json_t *b);
+/* Fails T before it was queued: the error answer. Takes B. */
+enum MHD_Result task_refuse(request_t *r, task_t *t, json_t *b, int status, const char *err);
+/* The I-th token of T's answer (its echoed prompt, then what it generated):
+ * id, logprob (NAN: none, the first token of a prompt), and its top_n
+ * alternatives. */
+void task_token(const task_t *t, size_t i, int32_t *id, float *lp, const int32_t **top, const float **top_lp);
+/* The tokens whose text a stream has sent (t->sent_bytes) and whose
+ * logprobs it has not: [*from, return value). Advances t->lp_sent. */
+size_t task_stream_tokens(task_t *t, size_t *from);
+json_t *task_usage(const task_t *t);
+const char *task_finish(const task_t *t);
+
+/* /v1/chat/completions (route_chat.c) */
+void chat_template_default(chat_template_t *c);
+/* A "chat_template" object of POST /v1/models over the default; 400 with ERR. */
+int chat_template_parse(json_t *j, chat_template_t *c, char *err);
+/* Every character of C is in M's vocabulary; else 422 with ERR. */
+int chat_template_check(const chat_template_t *c, const vocab_t *v, char *err);
+json_t *chat_template_json(const chat_template_t *c);
+/* The answer of a chat task, the chunk of a streamed piece, its last events. */
+json_t *chat_json(const task_t *t);
+json_t *chat_chunk(task_t *t, const char *piece, size_t len);
+void chat_stream_final(task_t *t);
 
 /* The serve flags' defaults (what `spanserve serve --help` says). */
 void serve_defaults(config_t *c);

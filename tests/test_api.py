@@ -493,7 +493,7 @@ def service(S):
           and isinstance(j.get("paths"), dict), f"{r}")
     paths = {re.sub(r"\{[^}]*\}", "{}", p) for p in (j.get("paths") or {})}
     for p in ("/healthz", "/readyz", "/metrics", "/v1/models", "/v1/models/{name}", "/v1/models/{name}/spans",
-              "/v1/generate", "/v1/score", "/v1/completions", "/v1/sessions", "/v1/sessions/{id}",
+              "/v1/generate", "/v1/score", "/v1/completions", "/v1/chat/completions", "/v1/sessions", "/v1/sessions/{id}",
               "/v1/sessions/{id}/state"):
         check(f"openapi.json documents {p}", re.sub(r"\{[^}]*\}", "{}", p) in paths, f"paths: {sorted(paths)}")
     # keep-alive: several requests on one connection
@@ -579,9 +579,12 @@ def metrics_counts(S):
 
 def model_obj_ok(label, m, name, family, config, block_len, numel, mem):
     check(f"{label} fields", isinstance(m, dict) and {"name", "family", "parameters", "vocab_size", "block_len",
-                                                        "config", "memory"} <= set(m), f"{m}")
+                                                        "config", "memory", "id", "object", "created", "owned_by",
+                                                        "chat_template"} <= set(m), f"{m}")
     if not isinstance(m, dict):
         return
+    check(f"{label} OpenAI's id and object", m.get("id") == name and m.get("object") == "model"
+          and m.get("owned_by") == "spanserve", f"{m.get('id')} {m.get('object')} {m.get('owned_by')}")
     check(f"{label} name/family", m.get("name") == name and m.get("family") == family, f"{m.get('name')} {m.get('family')}")
     check(f"{label} vocab_size/block_len", m.get("vocab_size") == 65 and m.get("block_len") == block_len,
           f"{m.get('vocab_size')} {m.get('block_len')}")
@@ -596,9 +599,16 @@ def models(S):
     sa = cli_json("spans", "--json", "--model", A_PATH)
     sp = cli_json("spans", "--json", "--model", P_PATH)
     r = S.call("GET", "/v1/models")
-    ms = (r.json or {}).get("models")
-    check("list", r.status == 200 and isinstance(ms, list) and sorted(m.get("name") for m in ms) == ["aspan", "par"],
-          f"{r}")
+    ms = (r.json or {}).get("data")
+    check("list: OpenAI's shape", r.status == 200 and (r.json or {}).get("object") == "list" and isinstance(ms, list)
+          and sorted(m.get("name") for m in ms) == ["aspan", "par"], f"{r}")
+    for m in ms or []:
+        check(f"{m.get('name')}: OpenAI's model fields", m.get("id") == m.get("name") and m.get("object") == "model"
+              and m.get("owned_by") == "spanserve" and isinstance(m.get("created"), int)
+              and abs(m["created"] - time.time()) < 3600, f"{ {k: m.get(k) for k in ('id', 'object', 'created', 'owned_by')} }")
+        check(f"{m.get('name')}: the default chat template", m.get("chat_template") == {
+            "roles": {"system": "SYSTEM", "user": "USER", "assistant": "ASSISTANT"}, "speaker_end": ":\n",
+            "turn_end": "\n\n"}, f"{m.get('chat_template')}")
     by = {m.get("name"): m for m in ms or []}
     model_obj_ok("aspan in list", by.get("aspan"), "aspan", "adaptive-span", A_CONFIG, 64, A_NUMEL, sa["memory"])
     model_obj_ok("par in list", by.get("par"), "par", "par-transformer-xl", P_CONFIG, 48, P_NUMEL, sp["memory"])
@@ -660,7 +670,7 @@ def model_dir(S):
     check("add from --model-dir is 201", r.status == 201, f"{r}")
     model_obj_ok("added model", r.json, name, "par-transformer-xl", P_CONFIG, 48, P_NUMEL, sp["memory"])
     r = S.call("GET", "/v1/models")
-    check("listed", name in [m.get("name") for m in (r.json or {}).get("models", [])], f"{r}")
+    check("listed", name in [m.get("name") for m in (r.json or {}).get("data", [])], f"{r}")
     a = score(S, T2000[:300], model=name)
     b = score(S, T2000[:300], model="par")
     check("the copy scores as the original", a.status == 200 and b.status == 200
@@ -1035,7 +1045,14 @@ def fetch_allowed(S):
     expect_error(S, "an allowed host's 404 is reported", r, 400, r"^cannot fetch the URL: the host answered HTTP 404$")
     r = download(S, "big", WEB.url("/big.safetensors"))
     expect_error(S, "past --max-download: 413", r, 413, "--max-download")
+    r = download(S, "dl-chat", WEB.url("/a.safetensors"), chat_template={"roles": {"assistant": "B\u00e9atrice"}})
+    expect_error(S, "a downloaded model with a chat_template its vocabulary lacks: 422", r, 422, r"roles\.assistant")
     check("nothing left by the refusals", model_files(S) == ["dl-a.safetensors"], f"{model_files(S)}")
+    r = download(S, "dl-chat", WEB.url("/a.safetensors"), chat_template={"roles": {"assistant": "JULIET"}})
+    check("a download with a chat_template", r.status == 201
+          and ((r.json or {}).get("chat_template") or {}).get("roles", {}).get("assistant") == "JULIET", f"{r}")
+    S.call("DELETE", "/v1/models/dl-chat")
+    os.unlink(os.path.join(S.model_dir, "dl-chat.safetensors"))
 
 
 @test("fetch")
@@ -1634,6 +1651,359 @@ def completions_errors(S):
     expect_error(S, "text/plain", S.call("POST", "/v1/completions", '{"model":"aspan","prompt":"R"}', ctype="text/plain"), 415)
 
 
+@test("main")
+@needs_openai
+def openai_models(S):
+    c = oa_client(S)
+    raw = [m.get("name") for m in (S.call("GET", "/v1/models").json or {}).get("data", [])]
+    ids = [m.id for m in c.models.list()]
+    check("models.list: every model's id", sorted(ids) == sorted(raw) and {"aspan", "par"} <= set(ids), f"{ids} vs {raw}")
+    m = c.models.retrieve("aspan")
+    check("models.retrieve: id, object, owned_by, created", m.id == "aspan" and m.object == "model"
+          and m.owned_by == "spanserve" and isinstance(m.created, int) and abs(m.created - time.time()) < 3600, f"{m}")
+    d = m.to_dict()
+    check("models.retrieve: spanserve's fields kept", d.get("name") == "aspan" and d.get("family") == "adaptive-span"
+          and d.get("vocab_size") == 65 and "memory" in d and "config" in d, f"{d}")
+    try:
+        c.models.retrieve("nope")
+        check("models.retrieve of an unknown model", False, "no error")
+    except openai.NotFoundError:
+        check("models.retrieve of an unknown model", True)
+
+
+def lp_lists(lp):
+    """(tokens, token_logprobs, top_logprobs, text_offset) of a legacy logprobs object."""
+    return (lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset) if lp is not None else ([], [], [], [])
+
+
+def num_eq(a, b, tol=1e-6):
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(num_eq(a[k], b[k], tol) for k in a)
+    return abs(a - b) <= tol
+
+
+@test("main")
+@needs_openai
+def completions_stream_logprobs(S):
+    """With stream and logprobs each chunk carries the logprobs of exactly its tokens (text held back while it may
+    begin a stop string keeps its tokens' logprobs back with it), and together they are the answer's."""
+    c = oa_client(S)
+    cases = (("generated, 2 alternatives, stops", dict(prompt="ROMEO:", max_tokens=80, seed=7, logprobs=2,
+                                                       stop=["\n\n", "e t", "ou"])),
+             ("echo and generated", dict(prompt="ROMEO:", max_tokens=20, seed=3, logprobs=1, echo=True)),
+             ("echo + logprobs + max_tokens 0: scoring", dict(prompt=T2000[:300], max_tokens=0, logprobs=1, echo=True)),
+             ("logprobs 0", dict(prompt="JULIET:", max_tokens=30, seed=5, logprobs=0)))
+    for label, kw in cases:
+        whole = c.completions.create(model="aspan", **kw).choices[0]
+        chunks = [ch for ch in c.completions.create(model="aspan", stream=True, **kw) if ch.choices]
+        got = ([], [], [], [])
+        exact = True
+        for ch in chunks:
+            lp = ch.choices[0].logprobs
+            parts = lp_lists(lp)
+            exact &= lp is not None and "".join(parts[0]) == ch.choices[0].text
+            for acc, part in zip(got, parts):
+                acc.extend(part)
+        want = lp_lists(whole.logprobs)
+        check(f"{label}: the text is the answer's", "".join(ch.choices[0].text for ch in chunks) == whole.text,
+              f"{''.join(ch.choices[0].text for ch in chunks)!r} vs {whole.text!r}")
+        check(f"{label}: each chunk's logprobs are its text's tokens", exact and len(chunks) >= 2, f"{len(chunks)} chunks")
+        check(f"{label}: tokens and offsets as the answer's", got[0] == want[0] and got[3] == want[3] and len(want[0]) > 0,
+              f"{got[0][:20]} {got[3][:20]} vs {want[0][:20]} {want[3][:20]}")
+        check(f"{label}: logprobs and alternatives as the answer's", len(got[1]) == len(want[1])
+              and all(num_eq(a, b) for a, b in zip(got[1], want[1])) and len(got[2]) == len(want[2])
+              and all(num_eq(a, b) for a, b in zip(got[2], want[2])), f"{got[1][:5]} vs {want[1][:5]}")
+    r = S.call("POST", "/v1/completions", {"model": "aspan", "prompt": "ROMEO:", "max_tokens": 3, "seed": 7, "stream": True})
+    chunks = [json.loads(d) for _, d in sse_events(r.body)[:-1]]
+    check("without logprobs every chunk's logprobs is null", chunks and all(
+        ch["choices"][0]["logprobs"] is None for ch in chunks), f"{chunks[:2]}")
+
+
+CHAT_DEFAULT = {"roles": {"system": "SYSTEM", "user": "USER", "assistant": "ASSISTANT"}, "speaker_end": ":\n",
+                "turn_end": "\n\n"}
+
+
+def chat_prompt(messages, t=CHAT_DEFAULT):
+    """The prompt docs/API.md says a conversation is written as."""
+    out = ""
+    for m in messages:
+        c = m["content"] if isinstance(m["content"], str) else "".join(p["text"] for p in m["content"])
+        out += m.get("name", t["roles"][m["role"]]) + t["speaker_end"] + c + t["turn_end"]
+    return out + t["roles"]["assistant"] + t["speaker_end"]
+
+
+CONVO = [{"role": "system", "content": "A scene in Verona."},
+         {"role": "user", "content": "What light through yonder window breaks?"},
+         {"role": "assistant", "content": "It is the east."},
+         {"role": "user", "content": "And Juliet is the sun!"}]
+
+
+@test("main")
+@needs_openai
+def chat(S):
+    c = oa_client(S)
+    prompt = chat_prompt(CONVO)
+    r = c.chat.completions.create(model="aspan", messages=CONVO, max_tokens=200, seed=11)
+    ch = r.choices[0]
+    check("object", r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == "aspan"
+          and abs(r.created - time.time()) < 300 and len(r.choices) == 1 and ch.index == 0, f"{r}")
+    check("the assistant speaks", ch.message.role == "assistant" and isinstance(ch.message.content, str)
+          and ch.finish_reason in ("stop", "length"), f"{ch}")
+    check("usage: the prompt is the template's transcript", r.usage.prompt_tokens == len(prompt)
+          and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens, f"{r.usage} vs {len(prompt)}")
+    # the same seed through /v1/completions on the documented transcript, stopped at the turn end: the same reply
+    cm = c.completions.create(model="aspan", prompt=prompt, max_tokens=200, seed=11, stop=["\n\n"])
+    check("the reply is the completion of the documented transcript", cm.choices[0].text == ch.message.content
+          and cm.choices[0].finish_reason == ch.finish_reason and cm.usage.completion_tokens == r.usage.completion_tokens,
+          f"{cm.choices[0].text!r} vs {ch.message.content!r}")
+    for seed in range(1, 40):   # a reply the turn end ends (greedy, this small model repeats itself to the end)
+        g = c.chat.completions.create(model="aspan", messages=CONVO, max_tokens=400, seed=seed, temperature=0.8)
+        if g.choices[0].finish_reason == "stop":
+            break
+    check("one turn: the reply ends at the turn end", "\n\n" not in g.choices[0].message.content
+          and g.choices[0].finish_reason == "stop" and g.usage.completion_tokens == len(g.choices[0].message.content) + 2,
+          f"{g.choices[0]} {g.usage}")
+    r2 = c.chat.completions.create(model="aspan", messages=CONVO, max_completion_tokens=200, seed=11)
+    check("max_completion_tokens as max_tokens", r2.choices[0].message.content == ch.message.content, f"{r2.choices[0]}")
+    r3 = c.chat.completions.create(model="aspan", messages=CONVO, max_tokens=5, seed=11)
+    check("max_tokens ends it", r3.choices[0].finish_reason == "length" and r3.usage.completion_tokens == 5
+          and ch.message.content.startswith(r3.choices[0].message.content), f"{r3.choices[0]}")
+    parts = [dict(m, content=[{"type": "text", "text": m["content"][:4]}, {"type": "text", "text": m["content"][4:]}])
+             for m in CONVO]
+    r4 = c.chat.completions.create(model="aspan", messages=parts, max_tokens=200, seed=11)
+    check("content as text parts", r4.choices[0].message.content == ch.message.content
+          and r4.usage.prompt_tokens == len(prompt), f"{r4.choices[0]} {r4.usage}")
+    named = [{"role": "user", "name": "ROMEO", "content": "But soft!"}]
+    r5 = c.chat.completions.create(model="aspan", messages=named, max_tokens=30, seed=2)
+    cm5 = c.completions.create(model="aspan", prompt="ROMEO:\nBut soft!\n\nASSISTANT:\n", max_tokens=30, seed=2, stop=["\n\n"])
+    check("a message's name is its speaker", r5.usage.prompt_tokens == len(chat_prompt(named))
+          and r5.choices[0].message.content == cm5.choices[0].text, f"{r5.choices[0]} {r5.usage}")
+    r6 = c.chat.completions.create(model="aspan", messages=CONVO, max_tokens=200, seed=11, stop=["e"])
+    want = ch.message.content.split("e")[0]
+    check("stop: the client's and the turn end", r6.choices[0].message.content == want, f"{r6.choices[0]} want {want!r}")
+    check("no logprobs unless asked", ch.logprobs is None, f"{ch.logprobs}")
+    # logprobs: the tokens of the reply, with the completion's logprobs
+    r7 = c.chat.completions.create(model="aspan", messages=CONVO, max_tokens=200, seed=11, logprobs=True, top_logprobs=3)
+    lc = (r7.choices[0].logprobs.content or []) if r7.choices[0].logprobs else []
+    cl = c.completions.create(model="aspan", prompt=prompt, max_tokens=200, seed=11, stop=["\n\n"], logprobs=3).choices[0].logprobs
+    check("logprobs: a token per character of the reply", "".join(e.token for e in lc) == ch.message.content
+          and len(lc) == len(ch.message.content) and len(lc) > 0, f"{[e.token for e in lc][:10]}")
+    check("logprobs: bytes", all(e.bytes == list(e.token.encode()) for e in lc), "")
+    check("logprobs: the completion's", len(lc) == len(cl.token_logprobs)
+          and all(abs(e.logprob - x) < 1e-6 for e, x in zip(lc, cl.token_logprobs)), "")
+    check("top_logprobs: three, most likely first, the completion's",
+          all(len(e.top_logprobs) == 3 and [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs),
+                                                                                        reverse=True)
+              and {t.token: t.logprob for t in e.top_logprobs}.keys() == tops.keys()
+              and e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e, tops in zip(lc, cl.top_logprobs)), "")
+    r8 = c.chat.completions.create(model="aspan", messages=CONVO, max_tokens=10, seed=11, logprobs=True)
+    lc8 = r8.choices[0].logprobs.content if r8.choices[0].logprobs else None
+    check("logprobs without top_logprobs: no alternatives", lc8 is not None and len(lc8) == 10
+          and all(e.top_logprobs == [] for e in lc8), f"{lc8}")
+    # a session continues: the next request sends only the new message
+    new_session(S, "aspan", "chat-s1")
+    a = c.chat.completions.create(model="aspan", messages=CONVO[:2], max_tokens=300, temperature=0,
+                                  extra_body={"session": "chat-s1"})
+    s = S.call("GET", "/v1/sessions/chat-s1").json or {}
+    check("session: it saw the transcript and the reply", s.get("tokens_seen") == a.usage.total_tokens, f"{s} {a.usage}")
+    b = c.chat.completions.create(model="aspan", messages=CONVO[3:], max_tokens=30, temperature=0,
+                                  extra_body={"session": "chat-s1"})
+    whole = chat_prompt(CONVO[:2]) + a.choices[0].message.content + ("\n\n" if a.choices[0].finish_reason == "stop" else "") \
+        + chat_prompt(CONVO[3:])
+    w = c.completions.create(model="aspan", prompt=whole, max_tokens=30, temperature=0, stop=["\n\n"])
+    check("session: the second turn continues the first", b.usage.prompt_tokens == len(chat_prompt(CONVO[3:]))
+          and b.choices[0].message.content == w.choices[0].text, f"{b.choices[0]} vs {w.choices[0].text!r}")
+    S.call("DELETE", "/v1/sessions/chat-s1")
+
+
+@test("main")
+@needs_openai
+def chat_stream(S):
+    c = oa_client(S)
+    for seed in range(1, 40):   # a reply the turn end ends: its held-back newline never goes out
+        kw = dict(model="aspan", messages=CONVO, max_tokens=300, seed=seed, temperature=0.8, logprobs=True, top_logprobs=2)
+        whole = c.chat.completions.create(**kw)
+        if whole.choices[0].finish_reason == "stop" and "\n" in whole.choices[0].message.content:
+            break
+    check("a reply that ends at the turn end", whole.choices[0].finish_reason == "stop", f"{whole.choices[0]}")
+    chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    body = [ch for ch in chunks if ch.choices]
+    check("the first chunk says who speaks", body and body[0].choices[0].delta.role == "assistant"
+          and not body[0].choices[0].delta.content, f"{body[:1]}")
+    text = "".join(ch.choices[0].delta.content or "" for ch in body)
+    check("stream: the text is the answer's", text == whole.choices[0].message.content, f"{text!r} vs {whole.choices[0]}")
+    check("stream: chunks", all(ch.object == "chat.completion.chunk" and ch.id == chunks[0].id for ch in chunks)
+          and len(body) >= 3, f"{len(body)}")
+    check("stream: finish_reason on the last choice only", body[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+          and all(ch.choices[0].finish_reason is None for ch in body[:-1]), f"{[ch.choices[0].finish_reason for ch in body]}")
+    check("stream: usage last, null before", chunks[-1].choices == [] and chunks[-1].usage is not None
+          and chunks[-1].usage.model_dump() == whole.usage.model_dump() and all(ch.usage is None for ch in chunks[:-1]),
+          f"{chunks[-1]}")
+    lps, exact = [], True
+    for ch in body:
+        lp = ch.choices[0].logprobs
+        toks = [e.token for e in (lp.content or [])] if lp else []
+        exact &= "".join(toks) == (ch.choices[0].delta.content or "")
+        lps += (lp.content or []) if lp else []
+    want = whole.choices[0].logprobs.content
+    check("stream: each chunk's logprobs are its text's tokens", exact, "")
+    check("stream: logprobs as the answer's", [e.token for e in lps] == [e.token for e in want]
+          and all(abs(a.logprob - b.logprob) < 1e-6 and [t.token for t in a.top_logprobs] == [t.token for t in b.top_logprobs]
+                  for a, b in zip(lps, want)), "")
+    plain = [ch for ch in c.chat.completions.create(model="aspan", messages=CONVO, max_tokens=20, seed=11, stream=True)]
+    check("stream without include_usage: no usage chunk", plain and all(ch.choices for ch in plain)
+          and all(ch.usage is None for ch in plain), f"{plain[-1]}")
+    # raw: the events and their JSON
+    r = S.call("POST", "/v1/chat/completions", {"model": "aspan", "messages": CONVO, "max_tokens": 5, "seed": 1,
+                                                 "stream": True, "stream_options": {"include_usage": True}})
+    evs = sse_events(r.body)
+    check("raw stream: event-stream, ends with [DONE]", r.status == 200 and evs and evs[-1][1] == "[DONE]"
+          and r.headers.get("content-type", "").startswith("text/event-stream"), f"{r}")
+    js = [json.loads(d) for _, d in evs[:-1]]
+    keys = {"id", "object", "created", "model", "choices", "usage"}
+    check("raw stream: chunk keys", js and all(set(j) == keys for j in js), f"{js[:2]}")
+    check("raw stream: choice keys", all(set(j["choices"][0]) == {"index", "delta", "logprobs", "finish_reason"}
+                                         for j in js[:-1]) and js[-1]["choices"] == [], f"{js[:2]}")
+    check("raw stream: role, 5 pieces, finish, usage", [list(j["choices"][0]["delta"]) for j in js[:-1]]
+          == [["role", "content"]] + [["content"]] * 5 + [[]] and js[-2]["choices"][0]["finish_reason"] == "length"
+          and js[-1]["usage"] == {"prompt_tokens": len(chat_prompt(CONVO)), "completion_tokens": 5,
+                                  "total_tokens": len(chat_prompt(CONVO)) + 5}, f"{js}")
+
+
+@test("main")
+def chat_raw(S):
+    """The JSON of a chat answer, key by key, and the chat template given at load."""
+    r = S.call("POST", "/v1/chat/completions", {"model": "par", "messages": [{"role": "user", "content": "Hark"}],
+                                                 "max_tokens": 4, "seed": 1, "logprobs": True, "top_logprobs": 1})
+    j = r.json or {}
+    check("200 and keys", r.status == 200 and set(j) == {"id", "object", "created", "model", "choices", "usage"}
+          and j.get("object") == "chat.completion" and j.get("model") == "par", f"{r}")
+    ch = (j.get("choices") or [{}])[0]
+    check("choice keys", set(ch) == {"index", "message", "logprobs", "finish_reason"}
+          and ch.get("message", {}).get("role") == "assistant" and set(ch.get("message", {})) == {"role", "content"}, f"{ch}")
+    lc = (ch.get("logprobs") or {}).get("content") or []
+    check("logprobs entries", len(lc) == 4 and all(set(e) == {"token", "logprob", "bytes", "top_logprobs"}
+                                                    and len(e["top_logprobs"]) == 1
+                                                    and set(e["top_logprobs"][0]) == {"token", "logprob", "bytes"} for e in lc),
+          f"{lc[:1]}")
+    check("usage", j.get("usage") == {"prompt_tokens": len("USER:\nHark\n\nASSISTANT:\n"), "completion_tokens": 4,
+                                      "total_tokens": len("USER:\nHark\n\nASSISTANT:\n") + 4}, f"{j.get('usage')}")
+    r = S.call("POST", "/v1/chat/completions", {"model": "aspan", "max_tokens": 1, "messages": [
+        {"role": "user", "content": ""}, {"role": "assistant", "content": []}, {"role": "system", "content": None, "name": None}]})
+    expect_error(S, "content null", r, 400, r"messages\[2\]\.content")
+    r = S.call("POST", "/v1/chat/completions", {"model": "aspan", "max_tokens": 1, "messages": [
+        {"role": "user", "content": ""}, {"role": "assistant", "content": [], "name": None}]})
+    check("empty contents", r.status == 200 and (r.json or {}).get("usage", {}).get("prompt_tokens")
+          == len("USER:\n\n\nASSISTANT:\n\n\nASSISTANT:\n"), f"{r}")
+    # a chat template given at load: the speakers of a play
+    shutil.copy(A_PATH, os.path.join(S.model_dir, "play.safetensors"))
+    tpl = {"roles": {"user": "ROMEO", "assistant": "JULIET"}, "turn_end": "\n\n"}
+    r = S.call("POST", "/v1/models", {"name": "play", "path": "play.safetensors", "chat_template": tpl})
+    want = {"roles": {"system": "SYSTEM", "user": "ROMEO", "assistant": "JULIET"}, "speaker_end": ":\n", "turn_end": "\n\n"}
+    check("load with a chat_template", r.status == 201 and (r.json or {}).get("chat_template") == want, f"{r}")
+    check("the model shows its template", (S.call("GET", "/v1/models/play").json or {}).get("chat_template") == want, "")
+    msgs = [{"role": "system", "content": "Verona."}, {"role": "user", "content": "Good night!"}]
+    a = S.call("POST", "/v1/chat/completions", {"model": "play", "messages": msgs, "max_tokens": 40, "seed": 4}).json or {}
+    b = S.call("POST", "/v1/completions", {"model": "play", "prompt": "SYSTEM:\nVerona.\n\nROMEO:\nGood night!\n\nJULIET:\n",
+                                           "max_tokens": 40, "seed": 4, "stop": "\n\n"}).json or {}
+    check("the template renders as documented", (a.get("usage") or {}).get("prompt_tokens") == len(chat_prompt(msgs, want))
+          and ((a.get("choices") or [{}])[0].get("message") or {}).get("content") == (b.get("choices") or [{}])[0].get("text"),
+          f"{a} {b}")
+    odd = {"roles": {"user": ""}, "speaker_end": "", "turn_end": "&"}
+    r = S.call("POST", "/v1/models", {"name": "plain", "path": "play.safetensors", "chat_template": odd})
+    c = S.call("POST", "/v1/chat/completions", {"model": "plain", "messages": [{"role": "user", "content": "To be"}],
+                                                 "max_tokens": 300, "temperature": 0}).json or {}
+    d = S.call("POST", "/v1/completions", {"model": "plain", "prompt": "To be&ASSISTANT", "max_tokens": 300,
+                                           "temperature": 0, "stop": "&"}).json or {}
+    check("empty names and speaker end, another turn end", r.status == 201
+          and ((c.get("choices") or [{}])[0].get("message") or {}).get("content") == (d.get("choices") or [{}])[0].get("text")
+          and (c.get("usage") or {}).get("prompt_tokens") == len("To be&ASSISTANT"), f"{c} {d}")
+    r = S.call("POST", "/v1/chat/completions", {"model": "plain", "messages": [{"role": "user", "content": "a"}] * 1024,
+                                                 "max_tokens": 1})
+    check("1024 messages", r.status == 200 and (r.json or {}).get("usage", {}).get("prompt_tokens") == 1024 * 2 + 9, f"{r}")
+    for label, t, st in (("an unknown setting", {"turn_ends": "\n"}, 400),
+                         ("an unknown role", {"roles": {"narrator": "CHORUS"}}, 400),
+                         ("an empty turn end", {"turn_end": ""}, 400),
+                         ("a name of 65 bytes", {"roles": {"user": "U" * 65}}, 400),
+                         ("a name that is not a string", {"roles": {"user": 5}}, 400),
+                         ("roles not an object", {"roles": ["USER"]}, 400),
+                         ("not an object", "USER", 400),
+                         ("a character outside the vocabulary", {"roles": {"user": "B\u00e9atrice"}}, 422)):
+        r = S.call("POST", "/v1/models", {"name": "bad-tpl", "path": "play.safetensors", "chat_template": t})
+        expect_error(S, f"chat_template: {label}", r, st)
+        check(f"chat_template: {label}: not loaded", S.call("GET", "/v1/models/bad-tpl").status == 404, "")
+    S.call("DELETE", "/v1/models/play")
+    S.call("DELETE", "/v1/models/plain")
+
+
+@test("main")
+@needs_openai
+def chat_errors(S):
+    c = oa_client(S)
+    user = [{"role": "user", "content": "R"}]
+    cases = (("role tool", dict(messages=[{"role": "tool", "content": "R", "tool_call_id": "x"}]), openai.BadRequestError),
+             ("role robot", dict(messages=[{"role": "robot", "content": "R"}]), openai.BadRequestError),
+             ("no role", dict(messages=[{"content": "R"}]), openai.BadRequestError),
+             ("empty messages", dict(messages=[]), openai.BadRequestError),
+             ("n 2", dict(messages=user, n=2), openai.BadRequestError),
+             ("top_logprobs 6", dict(messages=user, logprobs=True, top_logprobs=6), openai.BadRequestError),
+             ("top_logprobs without logprobs", dict(messages=user, top_logprobs=2), openai.BadRequestError),
+             ("an image part", dict(messages=[{"role": "user", "content": [
+                 {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}}]}]), openai.BadRequestError),
+             ("content null", dict(messages=[{"role": "assistant", "content": None}]), openai.BadRequestError),
+             ("stream_options without stream", dict(messages=user, stream_options={"include_usage": True}),
+              openai.BadRequestError),
+             ("negative max_tokens", dict(messages=user, max_tokens=-1), openai.BadRequestError),
+             ("character outside the vocabulary", dict(messages=[{"role": "system", "content": "Verona"},
+                                                                 {"role": "user", "content": "caf\u00e9"}]),
+              openai.UnprocessableEntityError),
+             ("a name outside the vocabulary", dict(messages=[{"role": "user", "name": "Zo\u00eb", "content": "R"}]),
+              openai.UnprocessableEntityError),
+             ("a prompt over --max-prompt", dict(messages=[{"role": "user", "content": "a" * MAX_PROMPT}]),
+              openai.APIStatusError),
+             ("unknown model", dict(model="nope", messages=user), openai.NotFoundError))
+    for label, kw, exc in cases:
+        kw.setdefault("model", "aspan")
+        try:
+            r = c.chat.completions.create(max_tokens=kw.pop("max_tokens", 2), **kw)
+            check(label, False, f"no error: {r}")
+        except exc as e:
+            resp = Resp(e.status_code, {k.lower(): v for k, v in e.response.headers.items()}, e.response.content)
+            check(label, has_error_shape(resp, e.status_code), f"{resp}")
+            if label == "character outside the vocabulary":
+                check(f"{label}: the message names where", "messages[1].content" in str(e) and "U+00E9" in str(e), f"{e}")
+            if label == "a prompt over --max-prompt":
+                check(f"{label}: 413", e.status_code == 413, f"{e}")
+        except Exception as e:
+            check(label, False, f"{type(e).__name__}: {e}")
+    check("alive", S.healthy(), "")
+    many = [{"role": "user", "content": "a"}] * 1025
+    for label, body in (("messages not an array", {"model": "aspan", "messages": "hello"}),
+                        ("no messages", {"model": "aspan"}),
+                        ("a message not an object", {"model": "aspan", "messages": ["hello"]}),
+                        ("1025 messages", {"model": "aspan", "messages": many}),
+                        ("content a number", {"model": "aspan", "messages": [{"role": "user", "content": 5}]}),
+                        ("a part without text", {"model": "aspan", "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+                        ("257 parts", {"model": "aspan", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 257}]}),
+                        ("an empty name", {"model": "aspan", "messages": [{"role": "user", "name": "", "content": "a"}]}),
+                        ("a name of 65 bytes", {"model": "aspan", "messages": [{"role": "user", "name": "N" * 65, "content": "a"}]}),
+                        ("max_tokens and max_completion_tokens", {"model": "aspan", "messages": user, "max_tokens": 2,
+                                                                  "max_completion_tokens": 2}),
+                        ("logprobs not a bool", {"model": "aspan", "messages": user, "logprobs": 1}),
+                        ("stream_options not an object", {"model": "aspan", "messages": user, "stream": True, "stream_options": 1}),
+                        ("include_usage not a bool", {"model": "aspan", "messages": user, "stream": True,
+                                                      "stream_options": {"include_usage": "yes"}}),
+                        ("max_tokens past --max-tokens", {"model": "aspan", "messages": user, "max_tokens": MAX_TOKENS + 1}),
+                        ("no model", {"messages": user})):
+        expect_error(S, label, S.call("POST", "/v1/chat/completions", body), 400)
+    expect_error(S, "an unknown session", S.call("POST", "/v1/chat/completions", {"session": "none", "messages": user}), 404)
+    expect_error(S, "text/plain", S.call("POST", "/v1/chat/completions", json.dumps({"model": "aspan", "messages": user}),
+                                         ctype="text/plain"), 415)
+    expect_error(S, "GET", S.call("GET", "/v1/chat/completions"), 405)
+
+
 # ================================================================ sessions
 
 
@@ -2192,7 +2562,7 @@ def auth(S):
     expect_error(S, "empty bearer", call(S.port, "GET", "/v1/models", headers={"Authorization": "Bearer "}), 401)
     for label, k in (("first --api-key", k1), ("second --api-key", k2), ("--api-key-file", k3)):
         r = call(S.port, "GET", "/v1/models", key=k)
-        check(f"{label} accepted", r.status == 200 and len((r.json or {}).get("models", [])) == 2, f"{r}")
+        check(f"{label} accepted", r.status == 200 and len((r.json or {}).get("data", [])) == 2, f"{r}")
     r = call(S.port, "POST", "/v1/generate", {"model": "aspan", "prompt": "R", "max_tokens": 2}, key=k2)
     check("generate with a key", r.status == 200, f"{r}")
     for path, want in (("/healthz", {"status": "ok"}), ("/readyz", {"status": "ready"})):

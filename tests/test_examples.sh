@@ -103,7 +103,10 @@ PY
 expect 0 sh $ex/models-list.sh
 check "models-list.sh: $(head -c 300 "$tmp/out")" "$tmp/out" <<'PY'
 import json, sys
-m = {x["name"]: x for x in json.load(open(sys.argv[1]))["models"]}
+j = json.load(open(sys.argv[1]))
+assert j["object"] == "list", j.keys()
+m = {x["name"]: x for x in j["data"]}
+assert all(x["id"] == x["name"] and x["object"] == "model" and x["owned_by"] == "spanserve" for x in m.values()), m
 assert set(m) == {"aspan", "par"}, m.keys()
 assert m["aspan"]["family"] == "adaptive-span" and m["par"]["family"] == "par-transformer-xl"
 assert m["aspan"]["vocab_size"] == 65 and m["par"]["vocab_size"] == 65
@@ -299,6 +302,34 @@ assert all(c["object"] == "text_completion" for c in chunks)
 assert "".join(c["choices"][0]["text"] for c in chunks) == json.load(open(sys.argv[2]))["choices"][0]["text"]
 PY
 
+# ------------------------------------------------------------ chat
+expect 0 env SEED=7 MAX_TOKENS=60 SYSTEM="A street in Verona." sh $ex/chat.sh aspan "Wherefore art thou?"; cp "$tmp/out" "$tmp/chat.json"
+check "chat.sh: $(head -c 300 "$tmp/out")" "$tmp/out" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["object"] == "chat.completion" and r["model"] == "aspan" and r["id"].startswith("chatcmpl-"), r
+c = r["choices"]
+assert len(c) == 1 and c[0]["message"]["role"] == "assistant" and c[0]["finish_reason"] in ("stop", "length"), c
+assert "\n\n" not in c[0]["message"]["content"], c
+prompt = "SYSTEM:\nA street in Verona.\n\nUSER:\nWherefore art thou?\n\nASSISTANT:\n"   # docs/API.md's template
+assert r["usage"]["prompt_tokens"] == len(prompt), (r["usage"], len(prompt))
+PY
+expect 0 env SEED=7 MAX_TOKENS=60 SYSTEM="A street in Verona." sh $ex/chat-stream.sh aspan "Wherefore art thou?"
+check "chat-stream.sh: $(head -c 300 "$tmp/out")" "$tmp/out" "$tmp/chat.json" <<'PY'
+import json, sys
+data = [l[5:].strip() for l in open(sys.argv[1]).read().split("\n") if l.startswith("data:")]
+assert data[-1] == "[DONE]", data[-3:]
+chunks = [json.loads(d) for d in data[:-1]]
+whole = json.load(open(sys.argv[2]))
+assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}, chunks[0]
+text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+assert text == whole["choices"][0]["message"]["content"], (text, whole)
+assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"], chunks[-1]
+PY
+expect 22 sh $ex/chat.sh aspan "caf$(printf '\303\251')"; check_error "chat.sh with an accent" 422 unprocessable
+contains "$tmp/out" "messages\[0\].content"
+
 # ------------------------------------------------------------ sessions
 expect 0 sh $ex/sessions-create.sh aspan doc1
 check "sessions-create.sh aspan doc1: $(cat "$tmp/out")" "$tmp/out" "$tmp/cli-spans-a.json" <<'PY'
@@ -415,7 +446,7 @@ import sys
 rows = {l.split()[0]: l.split() for l in open(sys.argv[1]).read().splitlines()[1:]}
 assert set(rows) == {"aspan", "par"} and rows["aspan"][1] == "adaptive-span" and rows["par"][1] == "par-transformer-xl", rows
 PY
-expect 0 "$ctl" models list --json; contains "$tmp/out" '"models"'
+expect 0 "$ctl" models list --json; contains "$tmp/out" '"object":"list","data":'
 expect 0 "$ctl" models get par; contains "$tmp/out" '"name": "par"'
 expect 1 "$ctl" models get nope
 msg=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["error"]["message"])' "$tmp/notfound.json")
