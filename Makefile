@@ -169,13 +169,13 @@ fuzz: deps $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%) $(BUILD)/fuzz/state_seeds
 	$(BUILD)/fuzz/state_seeds $(BUILD)/fuzz/corpus/state
 	cp tests/fuzz/configs/*.json $(BUILD)/fuzz/corpus/config/
 	for f in tests/fuzz/models/*.safetensors; do python3 tests/fuzz/vocab_seed.py $$f $(BUILD)/fuzz/corpus/vocab; done
-	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_st -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/st
-	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_model -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/model
-	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_state -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/state
-	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_config -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=tests/fuzz/config.dict $(BUILD)/fuzz/corpus/config
-	$(BUILD)/fuzz/fuzz_vocab -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/corpus/vocab
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_st -artifact_prefix=$(BUILD)/fuzz/ -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/st
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_model -artifact_prefix=$(BUILD)/fuzz/ -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/model
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_state -artifact_prefix=$(BUILD)/fuzz/ -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(BUILD)/fuzz/corpus/state
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_config -artifact_prefix=$(BUILD)/fuzz/ -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -dict=tests/fuzz/config.dict $(BUILD)/fuzz/corpus/config
+	$(BUILD)/fuzz/fuzz_vocab -artifact_prefix=$(BUILD)/fuzz/ -max_total_time=$(FUZZ_SECONDS) -max_len=4096 $(BUILD)/fuzz/corpus/vocab
 	cp tests/fuzz/http/* $(BUILD)/fuzz/corpus/http/
-	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_http -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -dict=tests/fuzz/http.dict $(BUILD)/fuzz/corpus/http
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_http -artifact_prefix=$(BUILD)/fuzz/ -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -dict=tests/fuzz/http.dict $(BUILD)/fuzz/corpus/http
 
 # Serves the default model (an adaptive-span model of tiny Shakespeare) on
 # 127.0.0.1:8080; PORT=, MODEL= and ARGS= override.
