@@ -1168,14 +1168,18 @@ def score_alone_or_batched(S):
     blocks meet others' at different points. Its last block is short (5 inputs: 2885 = 5 mod both block
     lengths, 48 and 64), where a product over several streams' rows takes other kernels than over
     one's; texts cut like it (as long, or a block longer or shorter, started a block apart; one in a
-    session, with one input more) give that block company."""
+    session, with one input more) give that block company. A generation (a seeded completion with its
+    prompt echoed), read and decoded beside the others and three more generations, answers as alone
+    too: its prompt's logprobs, its tokens and theirs."""
     text = TEXT[20000:22886]
     for model, other in (("aspan", "par"), ("par", "aspan")):
         L = (S.call("GET", f"/v1/models/{model}").json or {}).get("block_len", 1)
         lens = (150, 700, 2500, 3900, len(text) - L, len(text), len(text) - 1, len(text) + L)
-        a = score(S, text, model=model, per_token=True, timeout=120)
-        ja = a.json or {}
-        if not check(f"{model}: alone", a.status == 200 and len(ja.get("token_logprobs") or []) == 2885, f"{a}"):
+        cmpl = {"model": model, "prompt": TEXT[70000:71000], "max_tokens": 64, "seed": 7, "echo": True, "logprobs": 1}
+        a, g = score(S, text, model=model, per_token=True, timeout=120), S.call("POST", "/v1/completions", cmpl, timeout=120)
+        ja, jg = a.json or {}, (g.json or {}).get("choices", [{}])[0]
+        if not check(f"{model}: alone", a.status == 200 and len(ja.get("token_logprobs") or []) == 2885
+                     and g.status == 200 and jg.get("text"), f"{a} {g}"):
             continue
         for rnd, (t_text, t_others) in enumerate(((0, 0), (0.1, 0), (0, 0.1))):
             fns, sids = [], []
@@ -1188,7 +1192,11 @@ def score_alone_or_batched(S):
                     score(S, TEXT[40000 + 100 * i:40000 + 100 * i + 37 * i + 2], session=sids[-1])
                 fns.append(lambda n=n, i=i, body=body: score(S, TEXT[30000 + 4000 * i:30000 + 4000 * i + n], timeout=120,
                                                              **body))
-            fns.append(lambda: gen(S, model=model, prompt=TEXT[70000:71000], max_tokens=64, seed=rnd, timeout=120))
+            gi = len(fns)
+            fns.append(lambda: S.call("POST", "/v1/completions", cmpl, timeout=120))
+            for i in range(3):   # its decode steps go with others'
+                fns.append(lambda i=i: gen(S, model=model, prompt=TEXT[75000 + 300 * i:75000 + 300 * i + 50 * i + 1],
+                                           max_tokens=80, seed=i, timeout=120))
             fns.append(lambda: score(S, TEXT[72000:74000], model=other, timeout=120))
             res = [None] * (len(fns) + 1)
 
@@ -1214,6 +1222,10 @@ def score_alone_or_batched(S):
             check(f"{model} round {rnd}: bpc, nll and tokens as alone, exactly",
                   all(jb.get(k) == ja.get(k) for k in ("bpc", "nll", "ppl", "tokens")),
                   f"bpc {jb.get('bpc')!r} vs {ja.get('bpc')!r}, nll {jb.get('nll')!r} vs {ja.get('nll')!r}")
+            jh = ((res[gi].json or {}) if res[gi] else {}).get("choices", [{}])[0]
+            check(f"{model} round {rnd}: the generation's text and logprobs as alone, exactly",
+                  jh.get("text") == jg.get("text") and jh.get("logprobs") == jg.get("logprobs"),
+                  f"{jh.get('text')!r} vs {jg.get('text')!r}")
             for sid in sids:
                 S.call("DELETE", f"/v1/sessions/{sid}")
 
