@@ -34,7 +34,9 @@ void ops_gemm_nn(float *C, int ldc, const float *A, int lda, const float *B, int
  * small-matrix kernels up to m*n*k = 100^3 on x86-64, GEMV for a single row
  * on arm64, the blocked kernel past those), the kernels round differently,
  * and one product over every stream's rows gave a stream other bits beside
- * others than alone (logprobs a few 1e-6 apart). */
+ * others than alone (logprobs a few 1e-6 apart). Sharing only the products
+ * that take the blocked kernel either way is not enough: OpenBLAS's Haswell
+ * kernels still round a row by the rows around it. */
 void ops_linear(float *y, const float *x, const float *W, const float *b, int B, int M, int in, int out)
 {
     for (int s = 0; s < B; s++)

@@ -326,13 +326,13 @@ static void check_alone_or_batched(const char *name, model_t *m)
     uint64_t r = 7;
     for (size_t i = 0; i < nt; i++) t[i] = (int32_t)((r = r * 6364136223846793005ULL + 1442695040888963407ULL) >> 33) % V;
     fwd_ws *ws = ws_new();
-    /* prim[b]: stream b after the first 150 + 37 b^2 % 700 tokens of its own part of the text */
+    /* prim[b]: stream b after the first 20 + 37 b^2 % 300 tokens of its own part of the text */
     mem_t *prim[CO_MAX], *run[CO_MAX], *solo = mem_new(m);
     score_t sink = {0, 0};
     for (int b = 0; b < CO_MAX; b++) {
         prim[b] = mem_new(m);
         run[b] = mem_new(m);
-        CHECK(infer_score(m, prim[b], ws, t + 100 * b, (size_t)(150 + 37 * b * b) % 700, &sink, NULL, err) == 0, "%s", err);
+        CHECK(infer_score(m, prim[b], ws, t + 100 * b, (size_t)(20 + 37 * b * b) % 300, &sink, NULL, err) == 0, "%s", err);
     }
     static const int Ms[] = {1, 2, 3, 17, 0}, Bs[] = {2, 3, 5, 16, CO_MAX};   /* 0: block_len */
     float *alone = malloc((size_t)L * V * sizeof *alone), *lp = malloc((size_t)CO_MAX * L * V * sizeof *lp);
@@ -370,7 +370,9 @@ static void check_alone_or_batched(const char *name, model_t *m)
 }
 
 /* check_alone_or_batched on random models of odd sizes (rows of any stride,
- * so a stream's rows start anywhere in memory) and on the fixtures. */
+ * so a stream's rows start anywhere in memory; small ones, and wider ones
+ * whose products are past OpenBLAS's small-matrix kernels) and on the
+ * fixtures. */
 static void check_batch_invariance(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-infer-XXXXXX";
@@ -379,21 +381,27 @@ static void check_batch_invariance(void)
     if (fd < 0) return;
     close(fd);
     float z[2 * 3] = {0.1f, 0.6f, 1.0f, 0.0f, 0.3f, 0.9f};
-    rm_aspan a = {37, 36, 3, 52, 2, 70, 20, 8, z};
-    CHECK(rm_write_aspan(p, &a, 21, err) == 0, "%s", err);
-    for (int mode = 0; mode < 2; mode++) {
-        model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
-        CHECK(m != NULL, "random aspan: %s", err);
-        if (m) check_alone_or_batched(mode ? "random aspan (span memory)" : "random aspan", m);
+    const rm_aspan as[2] = {{37, 36, 3, 52, 2, 70, 20, 8, z}, {37, 132, 3, 264, 1, 60, 48, 8, z}};
+    const rm_par ps[2] = {{37, 40, 3, 11, 56, 30, 20, 0, "afsa"}, {37, 132, 3, 44, 264, 30, 48, 0, "afsa"}};
+    static const char *an[2][2] = {{"random aspan", "random aspan (span memory)"},
+                                   {"wide random aspan", "wide random aspan (span memory)"}},
+                      *pn[2] = {"random par", "wide random par"};
+    for (int w = 0; w < 2; w++) {
+        CHECK(rm_write_aspan(p, &as[w], 21 + w, err) == 0, "%s", err);
+        for (int mode = 0; mode < 2; mode++) {
+            model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
+            CHECK(m != NULL, "%s: %s", an[w][mode], err);
+            if (m) check_alone_or_batched(an[w][mode], m);
+            model_free(m);
+        }
+        CHECK(rm_write_par(p, &ps[w], 23 + w, err) == 0, "%s", err);
+        model_t *m = model_load(p, err);
+        CHECK(m != NULL, "%s: %s", pn[w], err);
+        if (m) check_alone_or_batched(pn[w], m);
         model_free(m);
     }
-    rm_par q = {37, 40, 3, 11, 56, 30, 20, 0, "afsa"};
-    CHECK(rm_write_par(p, &q, 22, err) == 0, "%s", err);
-    model_t *m = model_load(p, err);
-    CHECK(m != NULL, "random par: %s", err);
-    if (m) check_alone_or_batched("random par", m);
-    model_free(m);
     unlink(p);
+    model_t *m;
     static const char *fx[3] = {"aspan-small", "aspan-small", "par-small"};
     for (int i = 0; i < 3; i++) {
         m = load(fx[i], i == 1 ? MEM_SPAN : MEM_EXACT);
