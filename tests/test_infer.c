@@ -275,6 +275,7 @@ static void check_feed_alone_or_batched(const char *name, model_t *m, mem_t *con
     }
     score_t ob = {0, 0};
     size_t fed = 0;   /* the text's inputs fed: all n after its pending token */
+    CHECK(sb->pending >= 0 && gb_mem->pending >= 0, "%s: the readers continue streams", name);
     while (fed < n || gen_prefill_left(&gb) > 0) {
         const size_t ls = n - fed, lg = gen_prefill_left(&gb), bs = ls < (size_t)L ? ls : (size_t)L,
                      bg = lg < (size_t)L ? lg : (size_t)L, M = bs ? bs : bg;
@@ -294,10 +295,9 @@ static void check_feed_alone_or_batched(const char *name, model_t *m, mem_t *con
     CHECK(ob.tokens == oa.tokens && ob.nll_sum == oa.nll_sum && memcmp(pa, pb, n * sizeof *pa) == 0,
           "%s: a text scored beside others: %ld predictions, nll %.17g vs %.17g alone, worst token %.3g", name,
           ob.tokens, ob.nll_sum, oa.nll_sum, worst_diff(pa, pb, n));
-    CHECK(memcmp(ga.prompt_lp + 1, gb.prompt_lp + 1, (np - 1) * sizeof *pa) == 0 &&
-              memcmp(ga.cur, gb.cur, (size_t)V * sizeof *pa) == 0,
+    CHECK(memcmp(ga.prompt_lp, gb.prompt_lp, np * sizeof *pa) == 0 && memcmp(ga.cur, gb.cur, (size_t)V * sizeof *pa) == 0,
           "%s: a prompt read beside others: worst prompt token %.3g, worst next token %.3g", name,
-          worst_diff(ga.prompt_lp + 1, gb.prompt_lp + 1, np - 1), worst_diff(ga.cur, gb.cur, (size_t)V));
+          worst_diff(ga.prompt_lp, gb.prompt_lp, np), worst_diff(ga.cur, gb.cur, (size_t)V));
     CHECK(mem_same(sa, sb) && mem_same(ga_mem, gb_mem), "%s: the memories after reading, alone and beside others", name);
     gen_result r;
     gen_state *all[3] = {&ga, &gb, &cg};
