@@ -106,6 +106,7 @@ test: deps $(BIN) $(CTL) $(TEST_BIN)
 # The GPU tests and benchmark (tests/test_gpu.c, tests/bench_gpu.c): built
 # with the CUDA core where nvcc exists; without a GPU they report a skip.
 $(BUILD)/tests/test_gpu $(BUILD)/tests/bench_gpu: tests/randmodel.h kernels/gpu.h
+$(BUILD)/tests/test_infer: tests/randmodel.h
 
 test-gpu: deps $(BUILD)/tests/test_gpu
 	SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/test_gpu

@@ -60,9 +60,9 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
 
     for (int l = 0; l < m->n_layers; l++) {
         const layer_t *y = &m->layers[l];
-        ops_linear(q, x, y->wq, NULL, (int)N, H, H);
-        ops_linear(k, x, y->wk, NULL, (int)N, H, H);
-        ops_linear(v, x, y->wv, NULL, (int)N, H, H);
+        ops_linear(q, x, y->wq, NULL, B, M, H, H);
+        ops_linear(k, x, y->wk, NULL, B, M, H, H);
+        ops_linear(v, x, y->wv, NULL, B, M, H, H);
         for (int b = 0; b < B; b++) {
             mem_t *s = mems[b];
             const int64_t p0 = s->pos;
@@ -125,14 +125,14 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                     memcpy(vr + (size_t)ring_slot(p0 + i, r) * D, vb + (size_t)i * H, (size_t)D * sizeof *vr);
             }
         }
-        ops_linear(tmp, att, y->wo, NULL, (int)N, H, H);
+        ops_linear(tmp, att, y->wo, NULL, B, M, H, H);
         ops_add_layernorm(x, tmp, y->ln1_w, y->ln1_b, (int)N, H);
-        ops_linear(ff, x, y->fc1_w, y->fc1_b, (int)N, H, I);
+        ops_linear(ff, x, y->fc1_w, y->fc1_b, B, M, H, I);
         ops_relu(ff, N * I);
-        ops_linear(tmp, ff, y->fc2_w, y->fc2_b, (int)N, I, H);
+        ops_linear(tmp, ff, y->fc2_w, y->fc2_b, B, M, I, H);
         ops_add_layernorm(x, tmp, y->ln2_w, y->ln2_b, (int)N, H);
     }
-    ops_linear(out, x, m->out_w, m->out_b, (int)N, H, V);
+    ops_linear(out, x, m->out_w, m->out_b, B, M, H, V);
     ops_log_softmax(out, (int)N, V);
     return 0;
 }

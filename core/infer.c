@@ -33,11 +33,6 @@ int infer_score_many(const model_t *m, score_job *jobs, int B, fwd_ws *ws, char 
     return infer_feed_many(m, jobs, B, NULL, 0, M, NULL, ws, err);
 }
 
-int infer_chunking_exact(const model_t *m)
-{
-    return m->fam == FAM_ASPAN;
-}
-
 void gen_result_free(gen_result *r)
 {
     free(r->text);

@@ -52,13 +52,6 @@ size_t score_inputs(const score_job *j);
  * before it and their pending tokens are unchanged. */
 int infer_score_many(const model_t *m, score_job *jobs, int B, fwd_ws *ws, char *err);
 
-/* 1 when feeding a stream in chunks of any sizes predicts what feeding it in
- * whole blocks does (to float rounding), so that a scheduler may cut a text
- * at any token: adaptive-span, whose heads reach back a fixed distance from
- * each position. 0 for Transformer-XL, whose segment attends to the memory
- * and to itself so far: its predictions depend on where a block starts. */
-int infer_chunking_exact(const model_t *m);
-
 typedef enum { FINISH_LENGTH, FINISH_STOP, FINISH_CANCELLED } finish_reason;
 const char *finish_name(finish_reason f);
 

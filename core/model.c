@@ -414,7 +414,7 @@ static int par_derive(model_t *m, char *err)
         if (y->kind != BLK_ATTN) continue;
         y->rk = malloc((size_t)T * A * sizeof *y->rk);
         if (!y->rk) { free(pos); return err_set(err, "out of memory"); }
-        ops_linear(y->rk, pos, y->rnet, NULL, T, D, A);
+        ops_linear(y->rk, pos, y->rnet, NULL, 1, T, D, A);
         y->rk_len = T;
     }
     free(pos);

@@ -182,7 +182,9 @@ void ws_free(fwd_ws *w);
 /* Feeds tokens[b*M + i] (B streams, M tokens each) through the model with
  * each stream's memory, advancing the memories. Writes log-probabilities of
  * the next token, B*M rows of V, to LOGPROBS (if not NULL). Returns 0, or -1
- * with ERR set (out of memory, bad token id). */
+ * with ERR set (out of memory, bad token id). On the CPU a stream's
+ * logprobs and memory are bit for bit what it gets forwarded alone (the
+ * same M tokens: blocks of other lengths round otherwise). */
 int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
                   float *logprobs, fwd_ws *ws, char *err);
 

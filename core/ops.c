@@ -29,12 +29,21 @@ void ops_gemm_nn(float *C, int ldc, const float *A, int lda, const float *B, int
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, A, lda, B, ldb, 0.0f, C, ldc);
 }
 
-void ops_linear(float *y, const float *x, const float *W, const float *b, int n, int in, int out)
+/* One product per stream, the very call the stream makes when forwarded
+ * alone. A BLAS picks its kernel by the product's shape (OpenBLAS:
+ * small-matrix kernels up to m*n*k = 100^3 on x86-64, GEMV for a single row
+ * on arm64, the blocked kernel past those), the kernels round differently,
+ * and one product over every stream's rows gave a stream other bits beside
+ * others than alone (logprobs a few 1e-6 apart). Sharing only the products
+ * that take the blocked kernel either way is not enough: OpenBLAS's Haswell
+ * kernels still round a row by the rows around it. */
+void ops_linear(float *y, const float *x, const float *W, const float *b, int B, int M, int in, int out)
 {
-    ops_gemm_nt(y, out, x, in, W, in, n, out, in);
+    for (int s = 0; s < B; s++)
+        ops_gemm_nt(y + (size_t)s * M * out, out, x + (size_t)s * M * in, in, W, in, M, out, in);
     if (b)
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < out; j++) y[(size_t)i * out + j] += b[j];
+        for (size_t i = 0; i < (size_t)B * M; i++)
+            for (int j = 0; j < out; j++) y[i * out + j] += b[j];
 }
 
 void ops_add_layernorm(float *x, const float *r, const float *w, const float *b, int n, int d)

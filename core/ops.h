@@ -7,8 +7,10 @@
 
 #include <stddef.h>
 
-/* y[n x out] = x[n x in] W^T (+ b), W is out x in (PyTorch's Linear layout). */
-void ops_linear(float *y, const float *x, const float *W, const float *b, int n, int in, int out);
+/* y = x W^T (+ b) for B streams of M rows each (x is B*M x in, y B*M x out),
+ * W is out x in (PyTorch's Linear layout). A stream's rows get the same bits
+ * whatever streams are beside it. */
+void ops_linear(float *y, const float *x, const float *W, const float *b, int B, int M, int in, int out);
 /* C[m x n] = A[m x k] B[n x k]^T, with leading dimensions. */
 void ops_gemm_nt(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k);
 /* C[m x n] = A[m x k] B[k x n], with leading dimensions. */

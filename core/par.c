@@ -50,13 +50,13 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
         const layer_t *y = &m->layers[l];
         if (y->kind == BLK_SKIP) continue;
         if (y->kind == BLK_FFN) {
-            ops_linear(ff, x, y->fc1_w, y->fc1_b, (int)N, D, I);
+            ops_linear(ff, x, y->fc1_w, y->fc1_b, B, M, D, I);
             ops_relu(ff, N * I);
-            ops_linear(tmp, ff, y->fc2_w, y->fc2_b, (int)N, I, D);
+            ops_linear(tmp, ff, y->fc2_w, y->fc2_b, B, M, I, D);
             ops_add_layernorm(x, tmp, y->ln2_w, y->ln2_b, (int)N, D);
             continue;
         }
-        ops_linear(qkv, x, y->qkv, NULL, (int)N, D, 3 * A);
+        ops_linear(qkv, x, y->qkv, NULL, B, M, D, 3 * A);
         /* r_t for t = 0..klen-1: the table from load, or computed here for
          * blocks longer than it covers */
         const float *rk = y->rk;
@@ -64,7 +64,7 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
             float *pos = ws_get(ws, WS_POS, (size_t)kmax * D), *r = ws_get(ws, WS_RK, (size_t)kmax * A);
             if (!pos || !r) return err_set(err, "out of memory for a block of %d tokens", M);
             for (int t = 0; t < kmax; t++) par_sinusoid(pos + (size_t)t * D, D, t);
-            ops_linear(r, pos, y->rnet, NULL, kmax, D, A);
+            ops_linear(r, pos, y->rnet, NULL, 1, kmax, D, A);
             rk = r;
         }
         for (int b = 0; b < B; b++) {
@@ -130,10 +130,10 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
                 s->len[l] = klen < ML ? klen : ML;
             }
         }
-        ops_linear(tmp, att, y->onet, NULL, (int)N, A, D);
+        ops_linear(tmp, att, y->onet, NULL, B, M, A, D);
         ops_add_layernorm(x, tmp, y->ln1_w, y->ln1_b, (int)N, D);
     }
-    ops_linear(out, x, m->out_w, m->out_b, (int)N, D, V);
+    ops_linear(out, x, m->out_w, m->out_b, B, M, D, V);
     ops_log_softmax(out, (int)N, V);
     return 0;
 }

@@ -235,11 +235,13 @@ static int is_reading(const task_t *t)
  * oldest first: the first reading task of the active list (the one that has
  * waited longest for its turn) feeds the block it would feed alone, M =
  * min(block_len, its inputs left) inputs; every later reading task of the
- * same model joins with M inputs of its own, up to SCHED_MAX_BATCH. A model
- * whose predictions do not depend on where a block starts (adaptive-span,
- * infer_chunking_exact) takes anyone with M inputs or more: cutting a text
- * anywhere scores it the same. Otherwise (PAR) only tasks whose own next
- * block is M long join, so each text is cut where it would be cut alone.
+ * same model whose own next block is M long joins, up to SCHED_MAX_BATCH.
+ * So each text is cut where it would be cut alone, into blocks of block_len
+ * from its start: a PAR segment's context depends on where it starts, and
+ * even where the math does not (adaptive-span), a block of another length
+ * rounds otherwise. With the forward's products per stream (ops_linear),
+ * each request gets the bits it gets alone, whatever else is read beside
+ * it; full blocks, most of any long text, still go through together.
  * Sessions are exclusive to one task (sess_acquire), so the memories are
  * distinct; a task with nothing to feed (M = 0) goes alone. Returns B. */
 static int reader_batch(task_t **batch, size_t *M)
@@ -249,14 +251,14 @@ static int reader_batch(task_t **batch, size_t *M)
     if (!head) return 0;
     const model_t *m = head->sm->m;
     const size_t L = (size_t)m->block_len, left = inputs_left(head);
-    const int exact = infer_chunking_exact(m), max_b = batch_cap(head->sm->cost.block_flops);
+    const int max_b = batch_cap(head->sm->cost.block_flops);
     *M = left < L ? left : L;
     batch[0] = head;
     int B = 1;
     for (task_t *t = head->next; t && *M > 0 && B < max_b; t = t->next) {
         if (t->sm != head->sm || !is_reading(t)) continue;
         size_t l = inputs_left(t);
-        if (exact ? l >= *M : (l < L ? l : L) == *M) batch[B++] = t;
+        if ((l < L ? l : L) == *M) batch[B++] = t;
     }
     return B;
 }
