@@ -18,8 +18,11 @@
  *              one copy (gpu_mem_upload / gpu_mem_download).
  *
  * Plain C11: no CUDA type appears here. A gpu_model and its memories belong
- * to one thread at a time. Errors follow core/err.h: -1 or NULL, and a
- * message in ERR (ERR_LEN bytes, may be NULL).
+ * to one thread at a time, except that gpu_mem_upload and gpu_mem_download
+ * of a memory may run beside a gpu_forward of other memories (they copy on
+ * the default stream; steps run on the model's non-blocking stream). Errors
+ * follow core/err.h: -1 or NULL, and a message in ERR (ERR_LEN bytes, may be
+ * NULL).
  */
 #ifndef SPANSERVE_GPU_H
 #define SPANSERVE_GPU_H

@@ -7,8 +7,9 @@
  * picks the gpu_model's precision (GPU_BF16 by default, GPU_FP32).
  *
  * The scheduler thread runs the steps; HTTP threads create and export
- * memories. One lock per model orders them (kernels/gpu.h: one thread at a
- * time per gpu_model).
+ * memories, the state writer writes them. One lock per model orders steps,
+ * and making and freeing memories (kernels/gpu.h: one thread at a time per
+ * gpu_model); copies of one memory need none (dev_pull).
  */
 #include "server.h"
 
@@ -76,23 +77,23 @@ static void dev_detach(void *ctx, mem_t *s)
     pthread_mutex_unlock(&d->lock);
 }
 
+/* A pull or a push touches only its own session's device memory, which no
+ * step in flight holds (a session belongs to one task at a time, and a
+ * session is pulled or pushed only while it is held or idle), and copies on
+ * the default stream while steps run on the model's non-blocking one: no
+ * lock, so that a session's state goes to disk (sessions.c's writer) while
+ * the next step runs. */
 static int dev_pull(void *ctx, mem_t *s, char *err)
 {
-    device_model *d = ctx;
-    pthread_mutex_lock(&d->lock);
+    (void)ctx;
     sync_scalars(s->dev, s);
-    int rc = gpu_mem_download(s->dev, s, err);
-    pthread_mutex_unlock(&d->lock);
-    return rc;
+    return gpu_mem_download(s->dev, s, err);
 }
 
 static int dev_push(void *ctx, mem_t *s, char *err)
 {
-    device_model *d = ctx;
-    pthread_mutex_lock(&d->lock);
-    int rc = gpu_mem_upload(s->dev, s, err);
-    pthread_mutex_unlock(&d->lock);
-    return rc;
+    (void)ctx;
+    return gpu_mem_upload(s->dev, s, err);
 }
 
 int device_cuda_usable(char *err) { return gpu_available(err) == 0; }

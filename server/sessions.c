@@ -430,8 +430,13 @@ typedef struct commit {
 
 static commit_t *commits;             /* queued (srv.lock) */
 static pthread_cond_t writer_wake = PTHREAD_COND_INITIALIZER;
-static pthread_t writer_thread;
-static int writer_running, writer_stop;
+/* Writers at once: a write is a device-to-host copy, a conversion and a
+ * file with its sync, and one thread of them fell behind a GPU's steps
+ * (about 500 sessions a second of aspan-small on an H100). */
+#define STATE_WRITERS 4
+
+static pthread_t writer_threads[STATE_WRITERS];
+static int writer_running, writer_stop, n_commits;
 
 int sess_commit(session_t *s, void (*done)(void *ctx), void *ctx)
 {
@@ -448,6 +453,7 @@ int sess_commit(session_t *s, void (*done)(void *ctx), void *ctx)
     commit_t **p = &commits;
     while (*p) p = &(*p)->next;
     *p = c;
+    n_commits++;
     srv.committing++;
     pthread_cond_signal(&writer_wake);
     return 0;
@@ -484,14 +490,17 @@ static void retry_dirty(void)
     }
 }
 
+/* One of the writers: rounds of the queued writes, a share of them each
+ * (the writers split what is queued), one sync of the directory a round.
+ * The first writer also retries the writes that failed. */
 static void *writer_main(void *arg)
 {
-    (void)arg;
+    const int first = (intptr_t)arg == 0;
     pthread_mutex_lock(&srv.lock);
     for (;;) {
         if (!commits) {
             if (writer_stop) break;
-            if (retrying && srv.cfg.durability != DURABLE_OFF) {
+            if (first && retrying && srv.cfg.durability != DURABLE_OFF) {
                 retry_dirty();
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
@@ -502,9 +511,14 @@ static void *writer_main(void *arg)
             }
             continue;
         }
-        /* a round: every queued write, then one sync of the directory */
-        commit_t *round = commits;
-        commits = NULL;
+        /* a round: this writer's share of the queue, then one sync of the directory */
+        int take = (n_commits + STATE_WRITERS - 1) / STATE_WRITERS, taken = 0;
+        commit_t *round = commits, **cut = &commits;
+        for (; taken < take && *cut; taken++) cut = &(*cut)->next;
+        commits = *cut;
+        *cut = NULL;
+        n_commits -= taken;
+        if (commits) pthread_cond_signal(&writer_wake);   /* the rest for another writer */
         int sync = srv.cfg.durability == DURABLE_FSYNC;
         pthread_mutex_unlock(&srv.lock);
         double t0 = now_s();
@@ -536,20 +550,23 @@ static void *writer_main(void *arg)
 int sess_writer_start(void)
 {
     writer_stop = 0;
-    if (pthread_create(&writer_thread, NULL, writer_main, NULL)) return -1;
-    writer_running = 1;
+    for (; writer_running < STATE_WRITERS; writer_running++)
+        if (pthread_create(&writer_threads[writer_running], NULL, writer_main, (void *)(intptr_t)writer_running)) {
+            sess_writer_stop();
+            return -1;
+        }
     return 0;
 }
 
-/* Ends the writer once the queued writes are done (their tasks complete). */
+/* Ends the writers once the queued writes are done (their tasks complete). */
 void sess_writer_stop(void)
 {
     if (!writer_running) return;
     pthread_mutex_lock(&srv.lock);
     writer_stop = 1;
-    pthread_cond_signal(&writer_wake);
+    pthread_cond_broadcast(&writer_wake);
     pthread_mutex_unlock(&srv.lock);
-    pthread_join(writer_thread, NULL);
+    for (int i = 0; i < writer_running; i++) pthread_join(writer_threads[i], NULL);
     writer_running = 0;
 }
 

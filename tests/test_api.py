@@ -402,7 +402,7 @@ def cli_score(model_path, text):
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(text)
         try:
-            _cli_cache[k] = cli_json("score", "--json", "--model", model_path, f.name)
+            _cli_cache[k] = cli_json("score", "--json", "--device", "cpu", "--model", model_path, f.name)
         finally:
             os.unlink(f.name)
     return _cli_cache[k]

@@ -41,6 +41,8 @@ from test_api import (A_PATH, P_PATH, TEXT, Server, check, expect_error, has_err
                       new_session, next_logprob, parse_http, raw_request, recv_all, score, sse_events)
 
 TESTS = []
+# more flags for every server of this file, e.g. SPANSERVE_SERVE_ARGS="--device cuda --precision fp32" on a GPU
+EXTRA = os.environ.get("SPANSERVE_SERVE_ARGS", "").split()
 
 
 def gen(S, timeout=60, **body):
@@ -190,7 +192,7 @@ def answers_outlive_their_session(S):
         sid = f"gone-{i}"
         new_session(S, "aspan", sid)
         out = {}
-        th = threading.Thread(target=lambda: out.setdefault("r", gen(S, session=sid, prompt="ab", max_tokens=6, seed=1)))
+        th = threading.Thread(target=lambda: out.setdefault("r", gen(S, session=sid, prompt="ab", max_tokens=200, seed=1)))
         th.start()
         busy_first = False
         while th.is_alive():
@@ -514,7 +516,7 @@ def full_disk_test():
         print("SKIP full_disk: cannot mount a tmpfs here")
         shutil.rmtree(vol, ignore_errors=True)
         return
-    S = Server("full", state_dir=vol, extra=["--session-memory", "2M"])
+    S = Server("full", state_dir=vol, extra=["--session-memory", "2M"] + EXTRA)
     T.CURRENT = "full_disk"
     try:
         err = S.start()
@@ -665,7 +667,7 @@ def main():
     # "small": a memory budget of one session (spills), the rest as the main server
     main_tests = [fn for fn in TESTS if pick(fn.__name__)]
     if main_tests:
-        run(Server("rel", extra=["--session-memory", "1300k", "--max-tokens", "16384"]), main_tests)
+        run(Server("rel", extra=["--session-memory", "1300k", "--max-tokens", "16384"] + EXTRA), main_tests)
     for name, extra, fn in (
             ("timeout", ["--request-timeout", "1", "--max-tokens", "16384"], timeout_test),
             ("timeout_off", ["--request-timeout", "1", "--max-tokens", "16384", "--durability", "off"], timeout_test),
@@ -673,7 +675,7 @@ def main():
             ("crash", ["--max-tokens", "16384"], crash_test),
             ("slow_headers", ["--header-timeout", "2", "--max-connections-per-client", "20"], slow_headers)):
         if pick(name):
-            S = Server(name, extra=extra)
+            S = Server(name, extra=extra + EXTRA)
             run(S, [fn])
     if pick("full_disk"):
         full_disk_test()
