@@ -5,7 +5,7 @@ build=${1:-build}
 export SPANSERVE_BIN=${2:-bin/spanserve}
 export SPANSERVE_SHARED=${SPANSERVE_SHARED:-../shared}
 if [ ! -d "$SPANSERVE_SHARED/fixtures" ]; then
-    echo "note: no reference fixtures at $SPANSERVE_SHARED/fixtures (set SPANSERVE_SHARED): the fixture tests will fail"
+    echo "note: no $SPANSERVE_SHARED (set SPANSERVE_SHARED): the small fixtures come from tests/fixtures; tests that need the larger ones say SKIP"
 fi
 pass=0; fail=0
 log=$(mktemp)

@@ -3,7 +3,8 @@
 test_api.py - the HTTP API of `spanserve serve`, as docs/API.md promises it.
 
 Starts the real server (SPANSERVE_BIN, default bin/spanserve) on free loopback
-ports with the two reference fixtures (SPANSERVE_SHARED, default ../shared),
+ports with the two reference fixtures (from SPANSERVE_SHARED, default
+../shared, when it has them, else the copies in tests/fixtures),
 speaks real HTTP to it and asserts on values: every route and field, every
 error status with the one error shape, the OpenAI-compatible completions
 through the `openai` package, sessions (export, import, the LRU spill to
@@ -48,9 +49,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.abspath(os.environ.get("SPANSERVE_BIN", "bin/spanserve"))
 SHARED = os.path.abspath(os.environ.get("SPANSERVE_SHARED", os.path.join(ROOT, "..", "shared")))
 os.chdir(ROOT)
-A_PATH = os.path.join(SHARED, "fixtures", "aspan-small", "model.safetensors")
-P_PATH = os.path.join(SHARED, "fixtures", "par-small", "model.safetensors")
-TEXT_PATH = os.path.join(SHARED, "data", "tiny_shakespeare.txt")
+
+
+def ref_path(rel):
+    """The reference data the core tests need, REL a path inside ../shared:
+    SHARED/REL when it is there, else tests/REL, the copy a clone carries
+    (tests/fixtures/README.md; the same rule as tests/harness.h's)."""
+    p = os.path.join(SHARED, rel)
+    return p if os.path.exists(p) else os.path.join(ROOT, "tests", rel)
+
+
+A_PATH = ref_path("fixtures/aspan-small/model.safetensors")
+P_PATH = ref_path("fixtures/par-small/model.safetensors")
+TEXT_PATH = ref_path("data/tiny_shakespeare.txt")
 
 try:
     import openai
@@ -2507,7 +2518,7 @@ def main():
     global CURRENT
     t_start = time.time()
     if not os.path.exists(A_PATH) or not os.path.exists(TEXT_PATH):
-        print(f"note: no reference fixtures at {SHARED} (set SPANSERVE_SHARED)")
+        print(f"note: no reference fixtures at {SHARED} or tests/ (set SPANSERVE_SHARED)")
     if openai is None:
         print("note: openai package missing: pip install openai")
     only = set(sys.argv[1:])

@@ -1029,7 +1029,7 @@ def main():
     global CURRENT
     t_start = time.time()
     if not os.path.exists(A_PATH) or not os.path.exists(TEXT_PATH):
-        print("note: no reference fixtures (set SPANSERVE_SHARED)")
+        print("note: no reference fixtures in SPANSERVE_SHARED or tests/")
     tmp = tempfile.mkdtemp(prefix="spanserve-jobs-")
     hook = Receiver(fail_first=1)
     servers = []
