@@ -44,7 +44,7 @@ import traceback
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_api import call, sse_events, free_port, has_error_shape, ROOT, BIN, A_PATH, TEXT_PATH, FETCH_FAILED  # noqa: E402
+from test_api import call, sse_events, free_port, has_error_shape, ROOT, BIN, A_PATH, TEXT_PATH, FETCH_FAILED, INSTALL  # noqa: E402
 
 CTL = os.path.join(os.path.dirname(BIN), "spanctl")
 ADMIN = "admin-key-1"
@@ -53,7 +53,7 @@ APIKEY = "api-key-1"
 
 try:
     import jsonschema
-except ImportError:   # counted as a failure below, never installed at run time
+except ImportError:   # the schema checks say SKIP; never installed at run time
     jsonschema = None
 
 PASS = FAIL = 0
@@ -88,10 +88,18 @@ def wait_for(fn, timeout=30, every=0.05):
 DOC = json.load(open(os.path.join(ROOT, "server", "openapi_jobs.json")))
 
 
+_schema_skip_said = False
+
+
 def conforms(label, r, schema_name):
-    """The body of r validates against components/schemas/NAME of the jobs document."""
+    """The body of r validates against components/schemas/NAME of the jobs
+    document (without jsonschema: one SKIP line for all of them)."""
+    global _schema_skip_said
     if jsonschema is None:
-        return check(label + " (schema)", False, "the jsonschema package is missing (it comes with schemathesis)")
+        if not _schema_skip_said:
+            print(f"SKIP test_jobs.py schemas: no jsonschema package ({INSTALL})")
+            _schema_skip_said = True
+        return True
     schema = {"$ref": f"#/components/schemas/{schema_name}", "components": DOC["components"]}
     try:
         jsonschema.Draft4Validator(schema).validate(r.json)
