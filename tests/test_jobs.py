@@ -992,8 +992,25 @@ def t_spanctl(S):
     p = ctl("jobs", "submit", cfg, "--file", fid, "--id", "ctl-1", "--name", "ctl-model", "--deploy")
     check("spanctl jobs submit, the same submission again: the job", p.returncode == 0 and p.stdout.strip() == "ctl-1",
           f"{p.stderr}")
+    files = sorted(f["id"] for f in S.j("GET", "/v1/files").json["files"])
     p = ctl("jobs", "submit", cfg, "--text", txt, "--id", "ctl-1", "--name", "ctl-model", "--deploy")
     check("spanctl jobs submit, the same id on another text: 1, 409", p.returncode == 1 and "409" in p.stderr, f"{p.stderr}")
+    after = sorted(f["id"] for f in S.j("GET", "/v1/files").json["files"])
+    check("... the text it uploaded for it deleted again", after == files and "deleted again" in p.stderr,
+          f"{files} -> {after} {p.stderr}")
+    # a `spanserve train` config as it is (README, "Training jobs"): its
+    # data, out and log left out and said so, its device the job's
+    with open(cfg, "w") as f:
+        json.dump(dict(TINY_ASPAN, family="adaptive-span", data="text.txt", out="m.safetensors", log="m.log",
+                       device="cpu"), f)
+    p = ctl("jobs", "submit", cfg, "--file", fid, "--id", "ctl-3")
+    j3 = S.job("ctl-3")
+    check("spanctl jobs submit of a trainer's config: accepted", p.returncode == 0 and p.stdout.strip() == "ctl-3"
+          and j3.get("device") == "cpu" and not {"data", "out", "log", "device", "family"} & set(j3.get("config", {})),
+          f"{p.returncode} {p.stderr} {j3}")
+    check("... the keys left out named", all(f'"{k}" is left out' in p.stderr for k in ("data", "out", "log")), p.stderr)
+    S.j("POST", "/v1/jobs/ctl-3/cancel")
+    check("ctl-3 cancelled", (S.wait_status("ctl-3", ("cancelled",), 20) or {}).get("status") == "cancelled")
     with open(cfg, "w") as f:
         json.dump(long_config(), f)
     p = ctl("jobs", "submit", cfg, "--family", "adaptive-span", "--file", FILES["text"], "--id", "ctl-2")
