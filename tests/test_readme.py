@@ -198,11 +198,13 @@ def main():
     fresh = set(subprocess.run(["bash", "-c", "compgen -v"], env=env, capture_output=True, text=True).stdout.split())
     with open(os.path.join(tmp, "fresh-vars"), "w") as f:
         f.write("\n".join(sorted(fresh)) + "\n")
-    # make run as the README says, with this build's binaries (BUILD= when
-    # they are not bin/, e.g. make asan's)
+    # make run as the README says, with this build's binaries: when they are
+    # not bin/ (make asan's, in build/asan/bin/), BUILD= names their tree and
+    # -o keeps make from remaking them with the flags of a plain build
     make_args = ["make", "run", f"PORT={port}"]
     if os.path.dirname(BIN) != os.path.join(ROOT, "bin"):
-        make_args.append("BUILD=" + os.path.relpath(os.path.dirname(os.path.dirname(BIN)), ROOT))
+        build = os.path.relpath(os.path.dirname(os.path.dirname(BIN)), ROOT)
+        make_args += [f"BUILD={build}", "-o", f"{build}/bin/spanserve", "-o", f"{build}/bin/spanctl"]
     server = None
     groups = []
     gpu = None
