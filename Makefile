@@ -1,7 +1,7 @@
 # spanserve - build, test, run.
 #
 #   make            bin/spanserve (CPU; the CUDA core too when nvcc is found), bin/spanctl
-#   make test       every test; ends with "N passed, N failed"
+#   make test       every test; ends with "N passed, N failed, N skipped"
 #   make asan       the tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make fuzz       libFuzzer on the checkpoint, session-state and config parsers,
 #                   and the HTTP request path of a whole server (FUZZ_SECONDS each)
@@ -179,11 +179,14 @@ fuzz: deps $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%) $(BUILD)/fuzz/state_seeds
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/fuzz/fuzz_http -artifact_prefix=$(BUILD)/fuzz/ -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -dict=tests/fuzz/http.dict $(BUILD)/fuzz/corpus/http
 
 # Serves the default model (an adaptive-span model of tiny Shakespeare) on
-# 127.0.0.1:8080; PORT=, MODEL= and ARGS= override.
-PORT  ?= 8080
-MODEL ?= deploy/models/aspan-shakespeare.safetensors
+# 127.0.0.1:8080, with models/ (made if missing) as the --model-dir that
+# POST /v1/models loads from; PORT=, MODEL=, MODEL_DIR= and ARGS= override.
+PORT      ?= 8080
+MODEL     ?= deploy/models/aspan-shakespeare.safetensors
+MODEL_DIR ?= models
 run: all
-	$(BIN) serve --listen 127.0.0.1:$(PORT) --model default=$(MODEL) --state-dir spanserve-state $(ARGS)
+	@mkdir -p $(MODEL_DIR)
+	$(BIN) serve --listen 127.0.0.1:$(PORT) --model default=$(MODEL) --model-dir $(MODEL_DIR) --state-dir spanserve-state $(ARGS)
 
 # 64 sessions generating for 30 s against a server on a free port (tests/load).
 LOAD_ARGS ?= --seconds 30 --sessions 64 --model aspan

@@ -185,8 +185,10 @@ static const char jobs_usage[] =
     "Training jobs on the jobs listener: the URL is --url, else $SPANSERVE_JOBS_URL,\n"
     "else http://127.0.0.1:8081; the key --api-key, else $SPANSERVE_ADMIN_KEY.\n"
     "CONFIG.json holds the trainer's config keys (README, Training), \"family\"\n"
-    "included unless --family is given; --text uploads FILE first, --url-text has\n"
-    "the server fetch an https URL. --follow\n"
+    "included unless --family is given: a `spanserve train` config as it is (its\n"
+    "\"device\" is the job's unless --device is given; \"data\", \"out\" and \"log\"\n"
+    "are left out, the job's own). --text uploads FILE first (deleted again if\n"
+    "the job is refused), --url-text has the server fetch an https URL. --follow\n"
     "streams the lines as they come and ends with the job: status 0 when it\n"
     "succeeded, 1 otherwise (its status and error on standard error); a stream\n"
     "that breaks (a server restart) is followed again after its last line, for\n"
@@ -1129,11 +1131,22 @@ static int job_submit(ctl_t *c, const char *config, const char *family, const ch
         json_decref(extra);
         return 1;
     }
+    /* A config written for `spanserve train` is taken as it is: its family
+     * and device go beside the config (the flags win), and its text,
+     * checkpoint and log are left out, being the job's own (the text is
+     * --text, --file, --path or --url-text). */
     json_t *req = extra;
-    json_t *fam = json_object_get(cfg, "family");
+    json_t *fam = json_object_get(cfg, "family"), *dev = json_object_get(cfg, "device");
     if (family) json_object_set_new(req, "family", json_string(family));
     else if (fam) json_object_set(req, "family", fam);
-    json_object_del(cfg, "family");
+    if (dev && !json_object_get(req, "device")) json_object_set(req, "device", dev);
+    static const char *own[] = {"family", "device", "data", "out", "log"};
+    for (size_t i = 0; i < sizeof own / sizeof *own; i++) {
+        if (i >= 2 && json_object_get(cfg, own[i]))
+            fprintf(stderr, "%s: note: the config's \"%s\" is left out: a job's %s is its own\n", prog, own[i],
+                    i == 2 ? "text" : i == 3 ? "checkpoint" : "log");
+        json_object_del(cfg, own[i]);
+    }
     json_object_set_new(req, "config", cfg);
     char id[128];
     if (text) {
@@ -1142,7 +1155,24 @@ static int job_submit(ctl_t *c, const char *config, const char *family, const ch
     } else if (file) json_object_set_new(req, "file", json_string(file));
     else if (path) json_object_set_new(req, "path", json_string(path));
     else json_object_set_new(req, "url", json_string(url));
-    return call_print(c, "POST", make_url(c, "/v1/jobs", NULL, NULL, NULL), req, "id", "");
+    resp_t r = {0};
+    int rc = http_json(c, "POST", make_url(c, "/v1/jobs", NULL, NULL, NULL), req, &r);
+    if (rc == 0) {
+        json_t *j = parse_body(&r);
+        const char *v = json_string_value(json_object_get(j, "id"));
+        printf("%s\n", v ? v : "?");
+        rc = j ? 0 : 1;
+        json_decref(j);
+    } else if (text && r.status >= 400 && r.status < 500) {
+        /* refused: the text uploaded for it would stay in the data
+         * directory, unused */
+        resp_t d = {0};
+        if (http_call(c, "DELETE", make_url(c, "/v1/files", id, NULL, NULL), NULL, NULL, 0, &d) == 0)
+            fprintf(stderr, "%s: the text uploaded for it (%s) is deleted again\n", prog, id);
+        buf_free(&d.body);
+    }
+    buf_free(&r.body);
+    return rc;
 }
 
 static int cmd_jobs(ctl_t *c, int argc, char **argv)

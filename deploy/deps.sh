@@ -2,8 +2,11 @@
 # Installs the system packages that building and testing spanserve need, on
 # Debian or Ubuntu: with apt-get when run as root, otherwise it prints the
 # exact command and stops. Quiet and quick when everything is there.
+#   sh deploy/deps.sh [PACKAGE...]   # also these Debian packages (tests/venv.sh
+#                                    # asks for python3-venv when it needs it)
 set -e
 need=""
+for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"; done
 have_pc() { pkg-config --exists "$1" 2>/dev/null; }
 command -v cc >/dev/null 2>&1 || need="$need build-essential"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"

@@ -1,5 +1,6 @@
 /*
- * fixtures.h - the tests' access to ../shared: fixture paths and the
+ * fixtures.h - the tests' access to the small reference fixtures (from
+ * ../shared, else tests/fixtures: ref_path in harness.h) and to the
  * validation text the reference scored.
  */
 #ifndef SPANSERVE_TEST_FIXTURES_H
@@ -12,21 +13,20 @@
 #include "harness.h"
 #include "model.h"
 
-/* SHARED/fixtures/NAME/FILE (a static buffer: use before the next call). */
+/* fixtures/NAME/FILE (a static buffer: use before the next call). */
 static inline const char *fx(const char *name, const char *file)
 {
-    static char path[1024];
-    snprintf(path, sizeof path, "%s/fixtures/%s/%s", shared_dir(), name, file);
-    return path;
+    char rel[512];
+    snprintf(rel, sizeof rel, "fixtures/%s/%s", name, file);
+    return ref_path(rel);
 }
 
 /* The validation text: the last 10% of tiny_shakespeare.txt by characters
  * (the file is ASCII, so characters are bytes), as token ids. */
 static inline int32_t *val_tokens(const model_t *m, size_t *n)
 {
-    char p[1024], err[ERR_LEN];
-    snprintf(p, sizeof p, "%s/data/tiny_shakespeare.txt", shared_dir());
-    FILE *f = fopen(p, "rb");
+    char err[ERR_LEN];
+    FILE *f = fopen(ref_path("data/tiny_shakespeare.txt"), "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
     long len = ftell(f);

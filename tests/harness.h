@@ -38,6 +38,33 @@ static inline const char *shared_dir(void)
     return s && *s ? s : "../shared";
 }
 
+/* The reference data the core tests need, REL a path inside ../shared
+ * ("fixtures/aspan-small/model.safetensors", "data/tiny_shakespeare.txt"):
+ * SHARED/REL when it is there, else tests/REL, the copy a clone carries
+ * (tests/fixtures/README.md). A static buffer: use before the next call. */
+static inline const char *ref_path(const char *rel)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", shared_dir(), rel);
+    FILE *f = fopen(path, "rb");
+    if (f) fclose(f);
+    else snprintf(path, sizeof path, "tests/%s", rel);
+    return path;
+}
+
+/* SHARED/REL for what only ../shared has (the larger fixtures, the
+ * benchmark's files), or NULL when it is not there: the caller prints a
+ * "SKIP name: ..." line naming it. A static buffer, as ref_path's. */
+static inline const char *shared_path(const char *rel)
+{
+    static char path[1024];
+    snprintf(path, sizeof path, "%s/%s", shared_dir(), rel);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fclose(f);
+    return path;
+}
+
 static inline int test_summary(const char *name)
 {
     printf("%s: %d passed, %d failed\n", name, t_pass, t_fail);

@@ -1,14 +1,19 @@
 #!/bin/sh
 # Runs every test binary and script, adds their counts up, and ends with
-# "N passed, N failed". Usage: tests/run.sh BUILD_DIR SPANSERVE_BINARY
+# "N passed, N failed, N skipped" (each skip named above it).
+# Usage: tests/run.sh BUILD_DIR SPANSERVE_BINARY
 build=${1:-build}
 export SPANSERVE_BIN=${2:-bin/spanserve}
 export SPANSERVE_SHARED=${SPANSERVE_SHARED:-../shared}
 if [ ! -d "$SPANSERVE_SHARED/fixtures" ]; then
-    echo "note: no reference fixtures at $SPANSERVE_SHARED/fixtures (set SPANSERVE_SHARED): the fixture tests will fail"
+    echo "note: no $SPANSERVE_SHARED (set SPANSERVE_SHARED): the small fixtures come from tests/fixtures; tests that need the larger ones say SKIP"
 fi
+# The Python packages of tests/requirements.txt: python3's own, or a virtual
+# environment in build/venv
+pybin=$(sh tests/venv.sh)
+[ -n "$pybin" ] && PATH=$pybin:$PATH && export PATH
 pass=0; fail=0
-log=$(mktemp)
+log=$(mktemp); skips=$(mktemp)
 for t in "$build"/tests/test_* tests/test_*.sh; do
     [ -e "$t" ] || continue
     case "$t" in *.sh) cmd="sh $t" ;; *) cmd="$t" ;; esac
@@ -20,11 +25,14 @@ for t in "$build"/tests/test_* tests/test_*.sh; do
     [ -n "$line" ] || { p=0; f=1; }
     [ $rc -ne 0 ] && [ "$f" = 0 ] && f=1
     grep -E '^(FAIL|SKIP|note)' "$log"
+    grep -E '^SKIP' "$log" >>"$skips"
     grep -E 'ERROR: (Address|Undefined|Leak)Sanitizer|runtime error' "$log" && f=$((f + 1))
     if [ "$f" != 0 ]; then echo "--- $t (exit $rc) ---"; tail -n 30 "$log"; fi
     echo "$(basename "$t"): $p passed, $f failed"
     pass=$((pass + p)); fail=$((fail + f))
 done
-rm -f "$log"
-echo "$pass passed, $fail failed"
+s=$(($(wc -l <"$skips")))
+if [ "$s" != 0 ]; then echo "skipped:"; sed 's/^/    /' "$skips"; fi
+rm -f "$log" "$skips"
+echo "$pass passed, $fail failed, $s skipped"
 [ "$fail" = 0 ]

@@ -11,7 +11,7 @@
 #   SCHEMATHESIS_SECONDS=30 SCHEMATHESIS_EXAMPLES=10 sh tests/schemathesis.sh
 #
 # Environment: SPANSERVE_BIN (default bin/spanserve), SPANSERVE_SHARED
-# (default ../shared), SCHEMATHESIS_SECONDS (time budget, default 80),
+# (default ../shared; else the fixtures in tests/), SCHEMATHESIS_SECONDS (time budget, default 80),
 # SCHEMATHESIS_JOBS_SECONDS (the jobs listener's, default 30),
 # SCHEMATHESIS_EXAMPLES (per operation and phase, default 25),
 # SCHEMATHESIS_CHECKS (default not_a_server_error,response_schema_conformance),
@@ -30,12 +30,12 @@
 # Not named test_*.sh: tests/run.sh does not pick it up; CI calls it.
 # Ends with "schemathesis.sh: N passed, N failed".
 bin=${SPANSERVE_BIN:-bin/spanserve}
-shared=${SPANSERVE_SHARED:-../shared}
 seconds=${SCHEMATHESIS_SECONDS:-80}
 examples=${SCHEMATHESIS_EXAMPLES:-25}
 checks=${SCHEMATHESIS_CHECKS:-not_a_server_error,response_schema_conformance}
 seed=${SCHEMATHESIS_SEED:-1}
 cd "$(dirname "$0")/.." || exit 1
+. tests/fixtures.sh   # $A, $P
 
 summary() { echo "schemathesis.sh: $1 passed, $2 failed"; [ "$2" = 0 ]; exit $?; }
 if ! command -v schemathesis >/dev/null 2>&1; then
@@ -50,8 +50,7 @@ port=$(free_port)
 jport=$(free_port)
 jobs_seconds=${SCHEMATHESIS_JOBS_SECONDS:-30}
 "$bin" serve --listen "127.0.0.1:$port" --jobs-listen "127.0.0.1:$jport" --admin-key schemathesis-admin \
-    --model "aspan=$shared/fixtures/aspan-small/model.safetensors" \
-    --model "par=$shared/fixtures/par-small/model.safetensors" \
+    --model "aspan=$A" --model "par=$P" \
     --state-dir "$tmp/state" --max-tokens 64 --max-prompt 4096 --session-memory 64M \
     >"$tmp/server.log" 2>&1 &
 pid=$!

@@ -154,7 +154,7 @@ def swapper(S, stop):
 
 def main():
     if not os.path.exists(A_PATH) or not TEXT:
-        print(f"SKIP soak.py: no reference fixtures at {T.SHARED}")
+        print(f"SKIP soak.py: no reference fixtures at {T.SHARED} or tests/ (set SPANSERVE_SHARED)")
         return 0
     S = Server("soak", extra=["--session-memory", "64M", "--max-queue", "1024", "--max-connections-per-client", "1000"])
     import shutil

@@ -2,9 +2,7 @@
 # test_cli.sh - the spanserve command line as a user types it: every
 # subcommand's output, --help, and the exit status of wrong arguments.
 bin=${SPANSERVE_BIN:-bin/spanserve}
-shared=${SPANSERVE_SHARED:-../shared}
-A=$shared/fixtures/aspan-small/model.safetensors
-P=$shared/fixtures/par-small/model.safetensors
+. tests/fixtures.sh   # $A, $P, $TEXT, ref_path
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0; fail=0
@@ -18,7 +16,7 @@ expect() {
 }
 contains() { grep -q -- "$2" "$1" && ok || bad "$1 lacks '$2': $(head -c 300 "$1")"; }
 
-head -c 2000 "$shared/data/tiny_shakespeare.txt" >"$tmp/text.txt"
+head -c 2000 "$TEXT" >"$tmp/text.txt"
 
 expect 0 "$bin" --help; contains "$tmp/out" "usage: spanserve COMMAND"
 expect 2 "$bin"
@@ -110,7 +108,7 @@ expect 1 "$bin" score --model "$A" "$tmp/one.txt"; contains "$tmp/err" "nothing 
 
 # spans: JSON as the reference computes; the table form
 expect 0 "$bin" spans --json --model "$A"
-python3 - "$tmp/out" "$shared/fixtures/aspan-small/expected.json" <<'PY' && ok || bad "spans --json (aspan): $(head -c 400 "$tmp/out")"
+python3 - "$tmp/out" "$(ref_path fixtures/aspan-small/expected.json)" <<'PY' && ok || bad "spans --json (aspan): $(head -c 400 "$tmp/out")"
 import json, sys
 r, e = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert r["family"] == "adaptive-span"
@@ -124,7 +122,7 @@ assert m["reference_bytes_per_stream"] == sum(s["cache_size"] for s in e["spans"
 assert m["bytes_per_stream"] > 0 and m["full_span_bytes_per_stream"] == 4 * 512 * 128 * 4
 PY
 expect 0 "$bin" spans --json --model "$P"
-python3 - "$tmp/out" "$shared/fixtures/par-small/expected.json" <<'PY' && ok || bad "spans --json (par): $(head -c 400 "$tmp/out")"
+python3 - "$tmp/out" "$(ref_path fixtures/par-small/expected.json)" <<'PY' && ok || bad "spans --json (par): $(head -c 400 "$tmp/out")"
 import json, sys
 r, e = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 assert [b["kind"] for b in r["blocks"]] == e["arch"]

@@ -12,10 +12,8 @@ if ! python3 -c 'import torch' >/dev/null 2>&1; then
     exit 0
 fi
 bin=${SPANSERVE_BIN:-bin/spanserve}
-shared=${SPANSERVE_SHARED:-../shared}
+. tests/fixtures.sh   # $A, $P, $TEXT
 conv=${SPANSERVE_CONVERT:-clients/convert}
-A=$shared/fixtures/aspan-small/model.safetensors
-P=$shared/fixtures/par-small/model.safetensors
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0; fail=0
@@ -51,7 +49,7 @@ EOF
 
 # 20000 characters of the validation text
 python3 -c "import sys; t=open(sys.argv[1]).read(); sys.stdout.write(t[int(0.9*len(t)):][:20000])" \
-    "$shared/data/tiny_shakespeare.txt" >"$tmp/text.txt"
+    "$TEXT" >"$tmp/text.txt"
 
 # ---- the reference layouts, written from the fixtures' weights
 python3 - "$A" "$P" "$tmp" "$conv" <<'EOF' || { bad "could not write the .pt files"; echo "test_convert.sh: $pass passed, $fail failed"; exit 1; }

@@ -7,10 +7,8 @@
 # port (a second one with an API key), and stops them at the end.
 bin=${SPANSERVE_BIN:-bin/spanserve}
 ctl=${SPANCTL_BIN:-$(dirname "$bin")/spanctl}
-shared=${SPANSERVE_SHARED:-../shared}
+. tests/fixtures.sh   # $A, $P, $TEXT
 ex=clients/examples
-A=$shared/fixtures/aspan-small/model.safetensors
-P=$shared/fixtures/par-small/model.safetensors
 tmp=$(mktemp -d)
 pids=""
 pass=0; fail=0
@@ -71,7 +69,7 @@ finish() {
     exit
 }
 
-head -c 2000 "$shared/data/tiny_shakespeare.txt" >"$tmp/text.txt"
+head -c 2000 "$TEXT" >"$tmp/text.txt"
 head -c 1000 "$tmp/text.txt" >"$tmp/part1.txt"
 tail -c +1001 "$tmp/text.txt" >"$tmp/part2.txt"
 printf 'hello \342\202\254 world' >"$tmp/euro.txt"
@@ -623,7 +621,7 @@ start_server jobs --model "aspan=$A" --state-dir "$tmp/state3" --model-dir "$tmp
     --jobs-listen "127.0.0.1:$jport" --admin-key adm1n || finish
 export SPANSERVE_URL="$url" SPANSERVE_JOBS_URL="http://127.0.0.1:$jport"
 unset SPANSERVE_ADMIN_KEY
-head -c 20000 "$shared/data/tiny_shakespeare.txt" >"$tmp/train.txt"
+head -c 20000 "$TEXT" >"$tmp/train.txt"
 expect 22 sh $ex/jobs-list.sh; check_error "jobs-list.sh without the admin key" 401 unauthorized
 export SPANSERVE_ADMIN_KEY=adm1n
 expect 0 sh $ex/files-upload.sh "$tmp/train.txt" shakespeare

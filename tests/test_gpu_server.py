@@ -17,7 +17,16 @@ import json, os, signal, socket, subprocess, sys, tempfile, threading, time, htt
 
 BIN = os.environ.get("SPANSERVE_BIN", "bin/spanserve")
 SHARED = os.environ.get("SPANSERVE_SHARED", "../shared")
-MODELS = [f"aspan={SHARED}/fixtures/aspan-small/model.safetensors", f"par={SHARED}/fixtures/par-small/model.safetensors"]
+
+
+def ref_path(rel):
+    """SHARED/REL when it is there, else the copy in tests/ (tests/harness.h's rule)."""
+    p = os.path.join(SHARED, rel)
+    return p if os.path.exists(p) else os.path.join("tests", rel)
+
+
+MODELS = [f"aspan={ref_path('fixtures/aspan-small/model.safetensors')}",
+          f"par={ref_path('fixtures/par-small/model.safetensors')}"]
 passed = failed = 0
 
 
@@ -81,7 +90,7 @@ class Server:
 
 
 def main():
-    text = open(f"{SHARED}/data/tiny_shakespeare.txt").read()[:4000]
+    text = open(ref_path("data/tiny_shakespeare.txt")).read()[:4000]
     state_g, state_c = tempfile.mkdtemp(), tempfile.mkdtemp()
     gpu = Server("cuda", state_g, ["--precision", "fp32"])
     if gpu.proc.poll() is not None:

@@ -17,8 +17,9 @@ static char path[1024];
 
 static model_t *load(const char *name, mem_mode mode)
 {
-    char err[ERR_LEN];
-    snprintf(path, sizeof path, "%s/fixtures/%s/model.safetensors", shared_dir(), name);
+    char err[ERR_LEN], rel[256];
+    snprintf(rel, sizeof rel, "fixtures/%s/model.safetensors", name);
+    snprintf(path, sizeof path, "%s", ref_path(rel));
     model_t *m = model_load_mode(path, mode, err);
     CHECK(m != NULL, "%s", err);
     return m;
@@ -26,9 +27,8 @@ static model_t *load(const char *name, mem_mode mode)
 
 static int32_t *text_tokens(const model_t *m, size_t want, size_t *n)
 {
-    char p[1024], err[ERR_LEN];
-    snprintf(p, sizeof p, "%s/data/tiny_shakespeare.txt", shared_dir());
-    FILE *f = fopen(p, "rb");
+    char err[ERR_LEN];
+    FILE *f = fopen(ref_path("data/tiny_shakespeare.txt"), "rb");
     char *buf = malloc(want);
     size_t got = f ? fread(buf, 1, want, f) : 0;
     if (f) fclose(f);

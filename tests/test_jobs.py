@@ -44,7 +44,7 @@ import traceback
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_api import call, sse_events, free_port, has_error_shape, ROOT, BIN, A_PATH, TEXT_PATH, FETCH_FAILED  # noqa: E402
+from test_api import call, sse_events, free_port, has_error_shape, ROOT, BIN, A_PATH, TEXT_PATH, FETCH_FAILED, INSTALL  # noqa: E402
 
 CTL = os.path.join(os.path.dirname(BIN), "spanctl")
 ADMIN = "admin-key-1"
@@ -53,7 +53,7 @@ APIKEY = "api-key-1"
 
 try:
     import jsonschema
-except ImportError:   # counted as a failure below, never installed at run time
+except ImportError:   # the schema checks say SKIP; never installed at run time
     jsonschema = None
 
 PASS = FAIL = 0
@@ -88,10 +88,18 @@ def wait_for(fn, timeout=30, every=0.05):
 DOC = json.load(open(os.path.join(ROOT, "server", "openapi_jobs.json")))
 
 
+_schema_skip_said = False
+
+
 def conforms(label, r, schema_name):
-    """The body of r validates against components/schemas/NAME of the jobs document."""
+    """The body of r validates against components/schemas/NAME of the jobs
+    document (without jsonschema: one SKIP line for all of them)."""
+    global _schema_skip_said
     if jsonschema is None:
-        return check(label + " (schema)", False, "the jsonschema package is missing (it comes with schemathesis)")
+        if not _schema_skip_said:
+            print(f"SKIP test_jobs.py schemas: no jsonschema package ({INSTALL})")
+            _schema_skip_said = True
+        return True
     schema = {"$ref": f"#/components/schemas/{schema_name}", "components": DOC["components"]}
     try:
         jsonschema.Draft4Validator(schema).validate(r.json)
@@ -984,8 +992,25 @@ def t_spanctl(S):
     p = ctl("jobs", "submit", cfg, "--file", fid, "--id", "ctl-1", "--name", "ctl-model", "--deploy")
     check("spanctl jobs submit, the same submission again: the job", p.returncode == 0 and p.stdout.strip() == "ctl-1",
           f"{p.stderr}")
+    files = sorted(f["id"] for f in S.j("GET", "/v1/files").json["files"])
     p = ctl("jobs", "submit", cfg, "--text", txt, "--id", "ctl-1", "--name", "ctl-model", "--deploy")
     check("spanctl jobs submit, the same id on another text: 1, 409", p.returncode == 1 and "409" in p.stderr, f"{p.stderr}")
+    after = sorted(f["id"] for f in S.j("GET", "/v1/files").json["files"])
+    check("... the text it uploaded for it deleted again", after == files and "deleted again" in p.stderr,
+          f"{files} -> {after} {p.stderr}")
+    # a `spanserve train` config as it is (README, "Training jobs"): its
+    # data, out and log left out and said so, its device the job's
+    with open(cfg, "w") as f:
+        json.dump(dict(TINY_ASPAN, family="adaptive-span", data="text.txt", out="m.safetensors", log="m.log",
+                       device="cpu"), f)
+    p = ctl("jobs", "submit", cfg, "--file", fid, "--id", "ctl-3")
+    j3 = S.job("ctl-3")
+    check("spanctl jobs submit of a trainer's config: accepted", p.returncode == 0 and p.stdout.strip() == "ctl-3"
+          and j3.get("device") == "cpu" and not {"data", "out", "log", "device", "family"} & set(j3.get("config", {})),
+          f"{p.returncode} {p.stderr} {j3}")
+    check("... the keys left out named", all(f'"{k}" is left out' in p.stderr for k in ("data", "out", "log")), p.stderr)
+    S.j("POST", "/v1/jobs/ctl-3/cancel")
+    check("ctl-3 cancelled", (S.wait_status("ctl-3", ("cancelled",), 20) or {}).get("status") == "cancelled")
     with open(cfg, "w") as f:
         json.dump(long_config(), f)
     p = ctl("jobs", "submit", cfg, "--family", "adaptive-span", "--file", FILES["text"], "--id", "ctl-2")
@@ -1029,7 +1054,7 @@ def main():
     global CURRENT
     t_start = time.time()
     if not os.path.exists(A_PATH) or not os.path.exists(TEXT_PATH):
-        print("note: no reference fixtures (set SPANSERVE_SHARED)")
+        print("note: no reference fixtures in SPANSERVE_SHARED or tests/")
     tmp = tempfile.mkdtemp(prefix="spanserve-jobs-")
     hook = Receiver(fail_first=1)
     servers = []

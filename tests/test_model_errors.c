@@ -622,14 +622,15 @@ int main(void)
     int ok = 1;
     for (int k = 0; k < 2; k++) {
         struct fixture *x = &fx[k];
-        snprintf(x->path, sizeof x->path, "%s/fixtures/%s/model.safetensors", shared_dir(), x->name);
+        char rel[256];
+        snprintf(rel, sizeof rel, "fixtures/%s/model.safetensors", x->name);
+        snprintf(x->path, sizeof x->path, "%s", ref_path(rel));
         x->f = st_open(x->path, err);
         CHECK(x->f != NULL, "%s", err);
         x->m = model_load(x->path, err);
         CHECK(x->m != NULL, "%s", err);
-        char vp[1100];
-        snprintf(vp, sizeof vp, "%s/fixtures/%s/vectors.safetensors", shared_dir(), x->name);
-        st_file *vf = st_open(vp, err);
+        snprintf(rel, sizeof rel, "fixtures/%s/vectors.safetensors", x->name);
+        st_file *vf = st_open(ref_path(rel), err);
         const st_tensor *tt = vf ? st_find(vf, "tokens") : NULL;
         CHECK(tt && tt->dtype == ST_I32 && tt->ndim == 2 && tt->shape[1] >= 64, "%s tokens", x->name);
         if (tt) memcpy(x->tokens, tt->data, sizeof x->tokens);

@@ -659,7 +659,7 @@ def run(server, fns):
 
 def main():
     if not os.path.exists(A_PATH) or not TEXT:
-        print(f"SKIP test_reliability.py: no reference fixtures at {T.SHARED} (set SPANSERVE_SHARED)")
+        print(f"SKIP test_reliability.py: no reference fixtures at {T.SHARED} or tests/ (set SPANSERVE_SHARED)")
         print("test_reliability.py: 0 passed, 0 failed")
         return 0
     only = set(sys.argv[1:])

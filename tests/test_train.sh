@@ -5,7 +5,7 @@
 # (every logged number and the checkpoint's bytes), the same seed gives the
 # same run and another seed another, and bad configs fail naming the key.
 bin=${SPANSERVE_BIN:-bin/spanserve}
-shared=${SPANSERVE_SHARED:-../shared}
+. tests/fixtures.sh   # $TEXT
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0; fail=0
@@ -19,7 +19,7 @@ expect() {
 }
 contains() { grep -q -- "$2" "$1" && ok || bad "$1 lacks '$2': $(head -c 300 "$1")"; }
 
-head -c 60000 "$shared/data/tiny_shakespeare.txt" >"$tmp/text.txt"
+head -c 60000 "$TEXT" >"$tmp/text.txt"
 python3 -c "import sys; t=open(sys.argv[1]).read(); open(sys.argv[2],'w').write(t[int(0.9*len(t)):])" "$tmp/text.txt" "$tmp/val.txt"
 
 cat >"$tmp/aspan.json" <<EOF

@@ -259,7 +259,7 @@ static void test_loop(void)
     char err[ERR_LEN], dir[] = "/tmp/test_train_gpu.XXXXXX";
     if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
     char src[1024], text[1100];
-    snprintf(src, sizeof src, "%s/data/tiny_shakespeare.txt", shared_dir());
+    snprintf(src, sizeof src, "%s", ref_path("data/tiny_shakespeare.txt"));
     snprintf(text, sizeof text, "%s/text.txt", dir);
     FILE *in = fopen(src, "rb"), *out = fopen(text, "wb");
     CHECK(in && out, "cannot read %s", src);

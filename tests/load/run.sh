@@ -7,8 +7,8 @@
 #   SPANSERVE_SERVE_ARGS="--device cuda" sh tests/load/run.sh    # more server flags
 #   LOAD_BIN=path/to/load ...                                      # a prebuilt generator
 bin=${SPANSERVE_BIN:-bin/spanserve}
-shared=${SPANSERVE_SHARED:-../shared}
 cd "$(dirname "$0")/../.." || exit 1
+. tests/fixtures.sh   # $A, $P
 mkdir -p build
 load=${LOAD_BIN:-build/load}
 if [ -z "$LOAD_BIN" ] && { [ ! -x build/load ] || [ tests/load/load.c -nt build/load ]; }; then
@@ -17,8 +17,7 @@ fi
 tmp=$(mktemp -d)
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$bin" serve --listen "127.0.0.1:$port" \
-    --model "aspan=$shared/fixtures/aspan-small/model.safetensors" \
-    --model "par=$shared/fixtures/par-small/model.safetensors" \
+    --model "aspan=$A" --model "par=$P" \
     --state-dir "$tmp/state" $SPANSERVE_SERVE_ARGS >"$tmp/server.log" 2>&1 &
 pid=$!
 trap 'kill "$pid" 2>/dev/null; rm -rf "$tmp"' EXIT
