@@ -18,6 +18,7 @@ extern "C" {
 #include "forward.h"   /* par_sinusoid */
 }
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -509,9 +510,50 @@ int gpu_mem_reset(gpu_mem *s, char *err)
     return 0;
 }
 
-/* GPU_BF16: a host buffer of N bfloat16 elements for a session's rings on
- * their way up or down (NULL when out of memory). */
-static bf16 *bf16_host(size_t n) { return (bf16 *)malloc((n ? n : 1) * sizeof(bf16)); }
+/* GPU_BF16: the calling thread's pinned host buffer of at least N bfloat16
+ * elements, for a session's rings on their way up or down (NULL when out of
+ * memory). Kept for the thread's next copy (the server's state writers copy
+ * one session after another: a fresh allocation each time, mapped, faulted
+ * in and unmapped, held them up), freed when the thread ends. */
+typedef struct { bf16 *p; size_t n; } stage_t;
+static pthread_key_t stage_key;
+static pthread_once_t stage_once = PTHREAD_ONCE_INIT;
+
+static void stage_free(void *v)
+{
+    stage_t *st = (stage_t *)v;
+    cudaFreeHost(st->p);
+    free(st);
+}
+
+static void stage_init(void) { pthread_key_create(&stage_key, stage_free); }
+
+static bf16 *bf16_host(size_t n)
+{
+    pthread_once(&stage_once, stage_init);
+    stage_t *st = (stage_t *)pthread_getspecific(stage_key);
+    if (!st) {
+        if (!(st = (stage_t *)calloc(1, sizeof *st))) return NULL;
+        pthread_setspecific(stage_key, st);
+    }
+    if (st->n < n) {
+        cudaFreeHost(st->p);
+        st->p = NULL;
+        st->n = 0;
+        if (cudaHostAlloc((void **)&st->p, (n ? n : 1) * sizeof(bf16), cudaHostAllocDefault) != cudaSuccess) return NULL;
+        st->n = n;
+    }
+    return st->p;
+}
+
+/* A session's copy between host and device, finished on return, on the
+ * calling thread's own stream: the server's state writers copy several
+ * sessions at once, which one default stream would take one at a time. */
+static cudaError_t copy_now(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, kind, cudaStreamPerThread);
+    return e == cudaSuccess ? cudaStreamSynchronize(cudaStreamPerThread) : e;
+}
 
 int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err)
 {
@@ -521,11 +563,9 @@ int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err)
         bf16 *h = bf16_host(src->n_floats);
         if (!h) return err_set(err, "out of memory");
         for (size_t i = 0; i < src->n_floats; i++) h[i] = __float2bfloat16(src->buf[i]);
-        cudaError_t e = cudaMemcpy(dst->buf, h, src->n_floats * sizeof(bf16), cudaMemcpyHostToDevice);
-        free(h);
-        CU_TRY(e, err, "uploading a session");
+        CU_TRY(copy_now(dst->buf, h, src->n_floats * sizeof(bf16), cudaMemcpyHostToDevice), err, "uploading a session");
     } else
-        CU_TRY(cudaMemcpy(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyHostToDevice), err,
+        CU_TRY(copy_now(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyHostToDevice), err,
                "uploading a session");
     memcpy(dst->len, src->len, (size_t)src->m->n_layers * sizeof *dst->len);
     dst->pos = src->pos;
@@ -540,13 +580,10 @@ int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err)
     if (src->g->prec == GPU_BF16) {
         bf16 *h = bf16_host(src->n_floats);
         if (!h) return err_set(err, "out of memory");
-        cudaError_t e = cudaMemcpy(h, src->buf, src->n_floats * sizeof(bf16), cudaMemcpyDeviceToHost);
-        if (e == cudaSuccess)
-            for (size_t i = 0; i < src->n_floats; i++) dst->buf[i] = __bfloat162float(h[i]);
-        free(h);
-        CU_TRY(e, err, "downloading a session");
+        CU_TRY(copy_now(h, src->buf, src->n_floats * sizeof(bf16), cudaMemcpyDeviceToHost), err, "downloading a session");
+        for (size_t i = 0; i < src->n_floats; i++) dst->buf[i] = __bfloat162float(h[i]);
     } else
-        CU_TRY(cudaMemcpy(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyDeviceToHost), err,
+        CU_TRY(copy_now(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyDeviceToHost), err,
                "downloading a session");
     memcpy(dst->len, src->len, (size_t)dst->m->n_layers * sizeof *dst->len);
     dst->pos = src->pos;
