@@ -6,9 +6,10 @@
  * exact or span memory, or PAR); the rest is the state. A refusal must come
  * with a message and leave the memory as it was. An accepted state
  * serialises back to the same bytes, and two tokens fed from it give finite
- * log-probabilities: the bounds mem_deserialize puts on a state's values are
- * what keeps a made-up state from overflowing the forward. The seeds are
- * real states (fuzz_state_seeds.c).
+ * log-probabilities (or, at the bound on positions, a refusal that says
+ * so): the bounds mem_deserialize puts on a state's values are what keeps a
+ * made-up state from overflowing the forward. The seeds are real states
+ * (fuzz_state_seeds.c).
  */
 #include "fuzz_models.h"
 
@@ -36,8 +37,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         float *lp = malloc(2 * (size_t)m->V * sizeof *lp);
         fwd_ws *ws = ws_new();
         REQUIRE(lp && ws);
-        REQUIRE(model_forward(m, &s, 1, toks, 2, lp, ws, err) == 0);
-        for (int i = 0; i < 2 * m->V; i++) REQUIRE(isfinite(lp[i]));
+        if (s->pos > MEM_MAX_POS - 2) {   /* at the bound on positions: refused, saying so */
+            REQUIRE(model_forward(m, &s, 1, toks, 2, lp, ws, err) != 0 && strstr(err, "at most"));
+        } else {
+            REQUIRE(model_forward(m, &s, 1, toks, 2, lp, ws, err) == 0);
+            for (int i = 0; i < 2 * m->V; i++) REQUIRE(isfinite(lp[i]));
+        }
         ws_free(ws);
         free(lp);
     }
