@@ -48,7 +48,7 @@ if ! "$bin" score --device cuda --model "$A" "$tmp/text.txt" >"$tmp/out" 2>"$tmp
     contains "$tmp/err" "--device cuda: "
 fi
 # a progress line on a terminal (stderr a tty), none otherwise
-head -c 60000 "$shared/data/tiny_shakespeare.txt" >"$tmp/long.txt"
+head -c 60000 "$TEXT" >"$tmp/long.txt"
 python3 - "$bin" "$A" "$tmp/long.txt" <<'PY' && ok || bad "score's progress line on a terminal"
 import os, pty, subprocess, sys
 bin, model, text = sys.argv[1:]
