@@ -61,6 +61,9 @@ static double write_seconds_sum;
 static unsigned long write_rounds;
 static int spill_blocked_logged;
 static int retrying;           /* a write failed: the writer retries the dirty sessions */
+/* Wakes the writers: a commit queued, a stop, or the first write that failed
+ * (the first writer, which retries, may be the one asleep). */
+static pthread_cond_t writer_wake = PTHREAD_COND_INITIALIZER;
 
 static void sess_path(char *buf, size_t cap, const char *id, const char *ext)
 {
@@ -184,6 +187,9 @@ static void note_write(int ok, const char *what, int err)
         return;
     }
     writes_failed++;
+    /* the failure may be another writer's, or a request thread's: the
+     * first writer must not sleep on through it (it alone retries) */
+    if (!retrying) pthread_cond_broadcast(&writer_wake);
     retrying = 1;
     if (!state_err[0]) {
         snprintf(state_err, sizeof state_err, "%s", strerror(err));
@@ -429,7 +435,6 @@ typedef struct commit {
 } commit_t;
 
 static commit_t *commits;             /* queued (srv.lock) */
-static pthread_cond_t writer_wake = PTHREAD_COND_INITIALIZER;
 /* Writers at once: a write is a device-to-host copy, a conversion and a
  * file with its sync, and one thread of them fell behind a GPU's steps
  * (about 500 sessions a second of aspan-small on an H100). */
