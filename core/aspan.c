@@ -277,6 +277,8 @@ static int aspan_mem_slots(const model_t *m) { return m->n_layers * m->n_head; }
 static int aspan_slot_krows(const model_t *m, int i) { return m->layers[i / m->n_head].krows[i % m->n_head]; }
 static int aspan_slot_vrows(const model_t *m, int i) { return m->layers[i / m->n_head].reach[i % m->n_head]; }
 static int aspan_slot_width(const model_t *m) { return m->d_head; }
+/* Rings of positions, not counted rows: mem_t.len stays 0. */
+static int64_t aspan_held_rows(const model_t *m, int l, int64_t pos) { (void)m, (void)l, (void)pos; return 0; }
 
 /* The reference keeps each layer's hidden states of its cache_size. */
 static size_t aspan_mem_reference(const model_t *m)
@@ -336,6 +338,7 @@ const family_ops family_aspan = {
     .slot_krows = aspan_slot_krows,
     .slot_vrows = aspan_slot_vrows,
     .slot_width = aspan_slot_width,
+    .held_rows = aspan_held_rows,
     .mem_reference = aspan_mem_reference,
     .mem_full = aspan_mem_full,
     .full_name = "reference at the full span",

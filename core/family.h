@@ -76,6 +76,8 @@ typedef struct family_ops {
     int (*slot_krows)(const model_t *m, int i);
     int (*slot_vrows)(const model_t *m, int i);
     int (*slot_width)(const model_t *m);
+    /* Rows block L's memory holds (mem_t.len) after POS positions (0: the family keeps no count). */
+    int64_t (*held_rows)(const model_t *m, int l, int64_t pos);
     size_t (*mem_reference)(const model_t *m);
     size_t (*mem_full)(const model_t *m);
     const char *full_name;             /* what mem_full measures, in words */
@@ -96,6 +98,7 @@ void par_free_derived(model_t *m);
 int par_mem_slots(const model_t *m);
 int par_slot_rows(const model_t *m, int i);
 int par_slot_width(const model_t *m);
+int64_t par_held_rows(const model_t *m, int l, int64_t pos);
 size_t par_mem_reference(const model_t *m);
 size_t par_mem_full(const model_t *m);
 const char *par_mem_kind(const model_t *m);

@@ -94,7 +94,8 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
     g->block = malloc((size_t)m->block_len * V * sizeof *g->block);
     g->res.tokens = malloc(((size_t)maxt + 1) * sizeof *g->res.tokens);
     g->res.logprobs = malloc(((size_t)maxt + 1) * sizeof *g->res.logprobs);
-    g->res.text = malloc((size_t)maxt * 4 + 1);
+    g->res.text = malloc((size_t)maxt * vocab_max_piece(&m->vocab) + 1);
+    g->piece = malloc(vocab_max_piece(&m->vocab) + 1);
     g->top = malloc(((size_t)maxt + 1) * tn * sizeof *g->top);
     g->top_lp = malloc(((size_t)maxt + 1) * tn * sizeof *g->top_lp);
     if (echo) {
@@ -102,7 +103,7 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
         g->prompt_top = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top);
         g->prompt_top_lp = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top_lp);
     }
-    if (!g->in || !g->cur || !g->scratch || !g->block || !g->res.tokens || !g->res.logprobs || !g->res.text ||
+    if (!g->in || !g->cur || !g->scratch || !g->block || !g->res.tokens || !g->res.logprobs || !g->res.text || !g->piece ||
         !g->top || !g->top_lp || (echo && (!g->prompt_lp || !g->prompt_top || !g->prompt_top_lp))) {
         gen_result r;
         gen_end(g, &r);
@@ -111,6 +112,7 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
     }
     if (g->has_pending_in) g->in[0] = s->pending;
     memcpy(g->in + g->has_pending_in, prompt, n_prompt * sizeof *g->in);
+    g->prev0 = g->n_in ? g->in[g->n_in - 1] : -1;
     for (size_t i = 0; echo && i < n_prompt; i++) g->prompt_lp[i] = NAN;
     g->res.text[0] = 0;
     g->res.prompt_tokens = (int)n_prompt;
@@ -277,8 +279,8 @@ int gen_sample(gen_state *g)
     r->logprobs[t] = g->cur[x];
     if (g->top_n) top_tokens(g->cur, m->V, g->top_n, g->top + (size_t)t * g->top_n, g->top_lp + (size_t)t * g->top_n);
     g->s->pending = x;
-    size_t l = strlen(m->vocab.tok[x]);
-    memcpy(r->text + r->text_len, m->vocab.tok[x], l);
+    size_t l = vocab_piece(&m->vocab, t ? r->tokens[t - 1] : g->prev0, x, g->piece);
+    memcpy(r->text + r->text_len, g->piece, l);
     r->text_len += l;
     r->text[r->text_len] = 0;
     for (int i = 0; i < g->p.n_stop; i++) {
@@ -289,11 +291,11 @@ int gen_sample(gen_state *g)
             r->finish = FINISH_STOP;
         }
     }
-    /* the tokens whose characters are in the text (each token is whole characters) */
+    /* the tokens whose characters are in the text (each token's text is whole) */
     size_t at = 0;
     r->n_text_tokens = 0;
     for (int i = 0; i < r->n_tokens; i++) {
-        size_t k = strlen(m->vocab.tok[r->tokens[i]]);
+        size_t k = vocab_piece(&m->vocab, i ? r->tokens[i - 1] : g->prev0, r->tokens[i], g->piece);
         if (at + k > r->text_len) break;
         at += k;
         r->n_text_tokens++;
@@ -332,6 +334,7 @@ void gen_end(gen_state *g, gen_result *out)
     free(g->prompt_lp);
     free(g->prompt_top);
     free(g->prompt_top_lp);
+    free(g->piece);
     memset(g, 0, sizeof *g);
 }
 

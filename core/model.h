@@ -177,6 +177,7 @@ int mem_copy(mem_t *dst, const mem_t *src);
 size_t mem_bytes(const model_t *m);             /* what this project keeps per stream */
 size_t mem_bytes_reference(const model_t *m);   /* what the reference keeps (hidden states) */
 size_t mem_bytes_full(const model_t *m);        /* the reference at the full span */
+const char *mem_full_name(const model_t *m);    /* what mem_bytes_full measures, in words */
 
 /* Serialised memory (for session export and snapshots): a header naming the
  * model's shape, then the rings. */

@@ -311,6 +311,12 @@ int par_mem_slots(const model_t *m) { return m->n_layers; }
 int par_slot_rows(const model_t *m, int i) { return m->layers[i].kind == BLK_ATTN ? m->mem_len : 0; }
 int par_slot_width(const model_t *m) { return m->n_head * m->d_head; }
 
+/* Every position passes every attention block: it holds min(pos, mem_len) rows. */
+int64_t par_held_rows(const model_t *m, int l, int64_t pos)
+{
+    return m->layers[l].kind == BLK_ATTN ? (pos < m->mem_len ? pos : m->mem_len) : 0;
+}
+
 /* The reference keeps each attention block's input of mem_len rows. */
 size_t par_mem_reference(const model_t *m)
 {
@@ -371,6 +377,7 @@ const family_ops family_par = {
     .slot_krows = par_slot_rows,
     .slot_vrows = par_slot_rows,
     .slot_width = par_slot_width,
+    .held_rows = par_held_rows,
     .mem_reference = par_mem_reference,
     .mem_full = par_mem_full,
     .full_name = "Transformer-XL, every block",

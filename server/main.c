@@ -110,7 +110,7 @@ static const char score_usage[] =
     "a progress line on stderr meanwhile.\n"
     "\n"
     "  --model PATH     checkpoint (.safetensors)\n"
-    "  --json           print {\"tokens\":N,\"nll\":x,\"bpc\":x,\"ppl\":x}\n"
+    "  --json           print {\"tokens\":N,\"nll\":x,\"bpc\":x,\"ppl\":x} (bpc for character models)\n"
     "  --memory MODE    adaptive-span memory: exact (default: keys of the whole\n"
     "                   attention window, as the reference) or span (only what\n"
     "                   each head's span reaches; least memory)\n"
@@ -216,9 +216,15 @@ static int cmd_score(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, s && ws ? err : "out of memory");
     } else {
         double dt = clock_s() - t0, nll = sc.nll_sum / (double)sc.tokens;
-        if (json) printf("{\"tokens\":%ld,\"nll\":%.9g,\"bpc\":%.9g,\"ppl\":%.9g}\n", sc.tokens, nll, nll / M_LN2, exp(nll));
+        const int chars = m->vocab.kind->per_character;   /* bits per character only where a token is one */
+        if (json && chars)
+            printf("{\"tokens\":%ld,\"nll\":%.9g,\"bpc\":%.9g,\"ppl\":%.9g}\n", sc.tokens, nll, nll / M_LN2, exp(nll));
+        else if (json)
+            printf("{\"tokens\":%ld,\"nll\":%.9g,\"ppl\":%.9g}\n", sc.tokens, nll, exp(nll));
         else {
-            printf("tokens  %ld\nnll     %.6f nats\nbpc     %.6f\nppl     %.4f\n", sc.tokens, nll, nll / M_LN2, exp(nll));
+            printf("tokens  %ld\nnll     %.6f nats\n", sc.tokens, nll);
+            if (chars) printf("bpc     %.6f\n", nll / M_LN2);
+            printf("ppl     %.4f\n", exp(nll));
             fflush(stdout);
             fprintf(stderr, "%.0f tokens/s (%.2f s) on %s (%s)\n", sc.tokens / dt, dt, device_name(m), device_precision(m));
         }
@@ -278,33 +284,49 @@ static int cmd_spans(int argc, char **argv)
         puts(s);
         free(s);
         json_decref(r);
-    } else if (m->fam == FAM_ASPAN) {
-        printf("adaptive-span: %d layers x %d heads, maximum span %d, ramp %d\n\n", m->n_layers, m->n_head, m->span, m->ramp);
-        printf("layer  max_span avg_span cache_size   spans per head (z*S; rows kept: keys/values)\n");
-        for (int l = 0; l < m->n_layers; l++) {
-            const layer_t *y = &m->layers[l];
-            printf("%5d  %8d %8d %10d  ", l, y->max_span, y->avg_span, y->cache_size);
-            for (int h = 0; h < m->n_head; h++)
-                printf(" %.1f(%d/%d)", (double)y->zfrac[h] * m->span, y->krows[h], y->reach[h]);
-            printf("\n");
-        }
-        printf("\n");
     } else {
-        printf("par-transformer-xl: %d blocks, mem_len %d\n\n", m->n_layers, m->mem_len);
-        printf("block  kind   p(attn)  p(ffn)  p(skip)\n");
-        for (int b = 0; b < m->n_layers; b++) {
-            const layer_t *y = &m->layers[b];
-            printf("%5d  %-5s", b, blk_kind_name(y->kind));
-            double e[3];
-            if (model_alpha_softmax(y, e) == 0) printf("  %7.3f %7.3f %7.3f", e[0], e[1], e[2]);
-            printf("\n");
+        /* the report, as a table: heads' spans per layer, or the blocks */
+        json_t *r = report_spans(m), *layers = json_object_get(r, "layers"), *blocks = json_object_get(r, "blocks");
+        size_t i;
+        json_t *y;
+        if (layers) {
+            printf("%s: %zu layers x %d heads, maximum span %d, ramp %d\n\n", json_string_value(json_object_get(r, "family")),
+                   json_array_size(layers), m->n_head, (int)json_integer_value(json_object_get(r, "attn_span")),
+                   (int)json_integer_value(json_object_get(r, "ramp")));
+            printf("layer  max_span avg_span cache_size   spans per head (z*S; rows kept: keys/values)\n");
+            json_array_foreach(layers, i, y) {
+                printf("%5zu  %8d %8d %10d  ", i, (int)json_integer_value(json_object_get(y, "max_span")),
+                       (int)json_integer_value(json_object_get(y, "avg_span")),
+                       (int)json_integer_value(json_object_get(y, "cache_size")));
+                size_t h;
+                json_t *hd;
+                json_array_foreach(json_object_get(y, "heads"), h, hd)
+                    printf(" %.1f(%d/%d)", json_number_value(json_object_get(hd, "span")),
+                           (int)json_integer_value(json_object_get(hd, "key_rows")),
+                           (int)json_integer_value(json_object_get(hd, "reach")));
+                printf("\n");
+            }
+        } else if (blocks) {
+            printf("%s: %zu blocks, mem_len %d, %s tokens\n\n", json_string_value(json_object_get(r, "family")),
+                   json_array_size(blocks), (int)json_integer_value(json_object_get(r, "mem_len")),
+                   json_string_value(json_object_get(r, "tokenizer")));
+            printf("block  kind   p(attn)  p(ffn)  p(skip)\n");
+            json_array_foreach(blocks, i, y) {
+                json_t *p = json_object_get(y, "alpha_softmax");
+                printf("%5zu  %-5s", i, json_string_value(json_object_get(y, "kind")));
+                if (p)
+                    printf("  %7.3f %7.3f %7.3f", json_number_value(json_object_get(p, "attn")),
+                           json_number_value(json_object_get(p, "ffn")), json_number_value(json_object_get(p, "skip")));
+                printf("\n");
+            }
         }
         printf("\n");
+        json_decref(r);
     }
     if (!json) {
         print_bytes("memory per stream (this server)", mem_bytes(m));
         print_bytes("memory per stream (reference)", mem_bytes_reference(m));
-        print_bytes(m->fam == FAM_ASPAN ? "reference at the full span" : "Transformer-XL, every block", mem_bytes_full(m));
+        print_bytes(mem_full_name(m), mem_bytes_full(m));
     }
     model_free(m);
     return 0;
@@ -399,7 +421,7 @@ static int cmd_generate(int argc, char **argv)
     int rc = 1;
     mem_t *s = mem_new(m);
     fwd_ws *ws = ws_new();
-    if (vocab_encode(&m->vocab, prompt, strlen(prompt), &toks, &n, err)) {
+    if (vocab_encode_prompt(&m->vocab, prompt, strlen(prompt), &toks, &n, err)) {
         fprintf(stderr, "%s: prompt: %s\n", prog, err);
     } else if (n == 0) {
         fprintf(stderr, "%s: the prompt is empty\n", prog);

@@ -133,6 +133,9 @@ typedef struct task {
     mem_t *mem;
     int32_t *toks;               /* text to score, or the prompt */
     size_t n;
+    char *text;                  /* that text as received (NULL: tokens made otherwise, as chat's) */
+    size_t text_len;
+    size_t *offs;                /* byte offset of each token in text */
     /* score */
     int per_token;
     float *lps;
@@ -470,6 +473,10 @@ enum MHD_Result task_refuse(request_t *r, task_t *t, json_t *b, int status, cons
  * id, logprob (NAN: none, the first token of a prompt), and its top_n
  * alternatives. */
 void task_token(const task_t *t, size_t i, int32_t *id, float *lp, const int32_t **top, const float **top_lp);
+/* The text answer token I adds when it is token ID (its own, or an
+ * alternative in its place: a word's text depends on the token before it)
+ * into BUF (vocab_max_piece + 1 bytes); its length. */
+size_t task_token_text(const task_t *t, size_t i, int32_t id, char *buf);
 /* The tokens whose text a stream has sent (t->sent_bytes) and whose
  * logprobs it has not: [*from, return value). Advances t->lp_sent. */
 size_t task_stream_tokens(task_t *t, size_t *from);
