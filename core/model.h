@@ -131,6 +131,12 @@ model_t *model_load_mode(const char *path, mem_mode mode, char *err);
 /* Reads PATH but names it NAME in every message (the server's clients see
  * them, and must not learn where its files are). */
 model_t *model_load_named(const char *path, const char *name, mem_mode mode, char *err);
+/* The same with SETTINGS (a JSON object of config keys, or NULL) over the
+ * file's config: only the keys the family lets a load set (transformer-xl:
+ * eval_tgt_len, eval_mem_len, eval_clamp_len, eval_same_length); any other
+ * is an error naming those. The model's config (and fingerprint) is the
+ * result. */
+model_t *model_load_set(const char *path, const char *name, mem_mode mode, const char *settings, char *err);
 void model_free(model_t *m);
 const char *model_family_name(model_family f);
 /* PAR: the softmax of a block's architecture logits (attn, ffn, skip);

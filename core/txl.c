@@ -200,9 +200,15 @@ static size_t txl_mem_reference(const model_t *m)
     return (size_t)(m->n_layers / 2 + 1) * m->mem_len * m->d_model * sizeof(float);
 }
 
+/* The evaluation settings: a server may serve with a longer memory than the
+ * checkpoint evaluated with (WikiText-103 models are often scored at
+ * mem_len 1600, clamp_len 1000). */
+static const char *const txl_settings[] = {"eval_tgt_len", "eval_mem_len", "eval_clamp_len", "eval_same_length", NULL};
+
 const family_ops family_txl = {
     .name = "transformer-xl",
     .id = FAM_TXL,
+    .settings = txl_settings,
     .claims = txl_claims,
     .config = txl_config,
     .tensors = txl_tensors,

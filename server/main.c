@@ -101,13 +101,15 @@ static char *read_all(const char *path, size_t *len, char *err)
 
 static const char score_usage[] =
     "usage: spanserve score --model PATH [--json] [--memory exact|span]\n"
-    "                       [--device cpu|cuda|auto] [--precision bf16|fp32] FILE\n"
+    "                       [--device cpu|cuda|auto] [--precision bf16|fp32]\n"
+    "                       [--set KEY=VALUE]... FILE\n"
     "\n"
     "Scores every prediction of the text in FILE (\"-\" for standard input):\n"
     "token i+1 given all before it, in blocks of the model's block length with\n"
     "the memory carried. Prints the tokens scored, the mean negative\n"
-    "log-likelihood (nats), bits per character and perplexity; on a terminal,\n"
-    "a progress line on stderr meanwhile.\n"
+    "log-likelihood (nats), bits per character (character models) and\n"
+    "perplexity; on a terminal, a progress line on stderr meanwhile. A word\n"
+    "model reads FILE as its trainer read a file: each line's words, then <eos>.\n"
     "\n"
     "  --model PATH     checkpoint (.safetensors)\n"
     "  --json           print {\"tokens\":N,\"nll\":x,\"bpc\":x,\"ppl\":x} (bpc for character models)\n"
@@ -117,7 +119,9 @@ static const char score_usage[] =
     "  --device D       cpu, cuda, or auto (default: the GPU when there is one and\n"
     "                   this build has the CUDA core, else the CPU)\n"
     "  --precision P    on the GPU: bf16 (default; weights and memory in bfloat16,\n"
-    "                   sums in fp32) or fp32 (the reference to 1e-4)\n";
+    "                   sums in fp32) or fp32 (the reference to 1e-4)\n"
+    "  --set KEY=VALUE  a setting over the checkpoint's (transformer-xl:\n"
+    "                   eval_tgt_len, eval_mem_len, eval_clamp_len, eval_same_length)\n";
 
 static void free_model(model_t *m)
 {
@@ -127,10 +131,13 @@ static void free_model(model_t *m)
 }
 
 /* Model PATH in MODE, on DEVICE at PRECISION (cli.h); NULL after saying why. */
-static model_t *open_model(const char *path, mem_mode mode, const char *device, const char *precision)
+static model_t *open_model(const char *path, mem_mode mode, const char *device, const char *precision, json_t *sets)
 {
     char err[ERR_LEN];
-    model_t *m = model_load_mode(path, mode, err);
+    char *settings = cli_settings_for(sets, NULL);
+    model_t *m = model_load_set(path, path, mode, settings, err);
+    free(settings);
+    json_decref(sets);
     if (m && cli_place_model(m, device, precision, err)) {
         model_free(m);
         m = NULL;
@@ -167,9 +174,11 @@ static int cmd_score(int argc, char **argv)
 {
     static const struct option opts[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, 'j'}, {"memory", 1, 0, 'M'},
                                           {"device", 1, 0, 'd'}, {"precision", 1, 0, 'p'}, {"help", 0, 0, 'h'},
-                                          {0, 0, 0, 0}};
+                                          {"set", 1, 0, 'e'}, {0, 0, 0, 0}};
     const char *model = NULL, *device = "auto", *precision = "bf16";
     int json = 0, c;
+    json_t *sets = NULL;
+    char set_err[ERR_LEN];
     mem_mode mode = MEM_EXACT;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -186,6 +195,9 @@ static int cmd_score(int argc, char **argv)
             if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) return cli_usage_error("score", "--precision must be bf16 or fp32");
             precision = optarg;
             break;
+        case 'e':
+            if (cli_settings_add(&sets, optarg, 0, set_err)) return cli_usage_error("score", "--set: %s", set_err);
+            break;
         case 'h': fputs(score_usage, stdout); return 0;
         default: return cli_bad_option("score", opts, argv, optind);
         }
@@ -199,7 +211,7 @@ static int cmd_score(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, err);
         return 1;
     }
-    model_t *m = open_model(model, mode, device, precision);
+    model_t *m = open_model(model, mode, device, precision, sets);
     int32_t *toks = NULL;
     int rc = 1;
     if (!m) goto out;
@@ -339,6 +351,7 @@ static const char generate_usage[] =
     "                          [--temperature T] [--top-k K] [--top-p P]\n"
     "                          [--seed S] [--stop STR]... [--memory exact|span]\n"
     "                          [--device cpu|cuda|auto] [--precision bf16|fp32]\n"
+    "                          [--set KEY=VALUE]...\n"
     "\n"
     "Continues PROMPT (default: a newline) and prints the text as it comes.\n"
     "\n"
@@ -350,7 +363,8 @@ static const char generate_usage[] =
     "  --stop STR       stop before STR (repeatable, up to 16)\n"
     "  --device D       cpu, cuda, or auto (default: the GPU when there is one and\n"
     "                   this build has the CUDA core, else the CPU)\n"
-    "  --precision P    on the GPU: bf16 (default) or fp32\n";
+    "  --precision P    on the GPU: bf16 (default) or fp32\n"
+    "  --set KEY=VALUE  a setting over the checkpoint's (as for score)\n";
 
 static int emit_stdout(void *ctx, const char *text, size_t len)
 {
@@ -366,9 +380,11 @@ static int cmd_generate(int argc, char **argv)
         {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},
         {"top-k", 1, 0, 'k'}, {"top-p", 1, 0, 'P'},  {"seed", 1, 0, 's'},       {"stop", 1, 0, 'S'},
         {"memory", 1, 0, 'M'}, {"device", 1, 0, 'd'}, {"precision", 1, 0, 'r'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"set", 1, 0, 'e'}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = "\n", *stop[16], *device = "auto", *precision = "bf16";
     int n_stop = 0, c;
+    json_t *sets = NULL;
+    char set_err[ERR_LEN];
     long max_tokens = 200, top_k = 0, seed = 0;
     double temp = 1.0, top_p = 1.0;
     mem_mode mode = MEM_EXACT;
@@ -407,6 +423,9 @@ static int cmd_generate(int argc, char **argv)
         case 'M':
             if (parse_memory_mode(optarg, &mode)) return cli_usage_error("generate", "--memory must be exact or span");
             break;
+        case 'e':
+            if (cli_settings_add(&sets, optarg, 0, set_err)) return cli_usage_error("generate", "--set: %s", set_err);
+            break;
         case 'h': fputs(generate_usage, stdout); return 0;
         default: return cli_bad_option("generate", opts, argv, optind);
         }
@@ -414,7 +433,7 @@ static int cmd_generate(int argc, char **argv)
     if (!model) return cli_usage_error("generate", "--model is required");
     if (optind != argc) return cli_usage_error("generate", "unexpected argument '%s'", argv[optind]);
     char err[ERR_LEN];
-    model_t *m = open_model(model, mode, device, precision);
+    model_t *m = open_model(model, mode, device, precision, sets);
     if (!m) return 1;
     int32_t *toks = NULL;
     size_t n = 0;

@@ -201,13 +201,16 @@ int models_name_free(const char *name, char *err, int *status);
 /* Reads the checkpoint PATH for the model NAME (and puts it on the GPU
  * with --device cuda); errors name the file SHOWN, which is what the client
  * may see (a path relative to --model-dir), never where the file lies. */
-model_t *models_load(const char *name, const char *path, const char *shown, char *err, int *status);
+/* SETTINGS: a JSON object's text of config keys over the file's (model_load_set), or NULL. */
+model_t *models_load(const char *name, const char *path, const char *shown, const char *settings, char *err,
+                     int *status);
 void models_unload(model_t *m);   /* a model of models_load that is not served */
 /* Serves M (taken; unloaded on failure) as NAME, a name models_name_free
  * let through under the same hold of srv.lock; PATH is its file. */
 smodel_t *models_insert(const char *name, model_t *m, const char *path, char *err, int *status);
 /* models_name_free, models_load, models_insert. */
-smodel_t *models_add(const char *name, const char *path, const char *shown, char *err, int *status);
+smodel_t *models_add(const char *name, const char *path, const char *shown, const char *settings, char *err,
+                     int *status);
 int models_remove(const char *name, char *err, int *status);
 json_t *models_json(const smodel_t *sm);
 /* Removes from --model-dir the temporary files of downloads that a crash

@@ -71,7 +71,8 @@ def main():
     G, Q = vec["nll"][1][1], vec["nll"][1][2]
     s0 = toks[:TT]
 
-    S = Server("words", extra=["--model", f"w={W_PATH}"] + os.environ.get("SPANSERVE_SERVE_ARGS", "").split())
+    S = Server("words", extra=["--model", f"w={W_PATH}", "--set", "w:eval_clamp_len=80"]
+               + os.environ.get("SPANSERVE_SERVE_ARGS", "").split())
     T.CURRENT = "words"
     err = S.start()
     check("server starts with a word model", err is None, f"{err}")
@@ -200,6 +201,63 @@ def run(S, vocab, expected, s0, nll, step_nll, G, Q, TT):
     msg = ((j.get("choices") or [{}])[0].get("message") or {})
     check("chat on a word model", r.status == 200 and isinstance(msg.get("content"), str)
           and (j.get("usage") or {}).get("completion_tokens", 0) >= 1, f"{r}")
+
+    T.CURRENT = "settings"
+    # the evaluation settings at load, over the checkpoint's
+    import shutil
+    shutil.copy(W_PATH, os.path.join(S.model_dir, "w2.safetensors"))
+    r = S.call("POST", "/v1/models", {"name": "w200", "path": "w2.safetensors",
+                                      "settings": {"eval_mem_len": 200, "eval_clamp_len": 150}})
+    j = r.json or {}
+    check("POST /v1/models with settings", r.status == 201 and (j.get("config") or {}).get("eval_mem_len") == 200
+          and (j.get("memory") or {}).get("bytes_per_stream") == 4 * 2 * 200 * 128 * 4, f"{r}")
+    a = S.call("POST", "/v1/score", {"model": "w", "text": text + text})
+    b = S.call("POST", "/v1/score", {"model": "w200", "text": text + text})
+    check("a longer memory scores otherwise", a.status == 200 and b.status == 200
+          and (a.json or {}).get("nll") != (b.json or {}).get("nll"), f"{a} {b}")
+    for bad, msg in (({"mem_len": 3}, "'mem_len' is not a setting of a transformer-xl model"),
+                     ({"eval_mem_len": "long"}, "config 'eval_mem_len' must be an integer"),
+                     ({"eval_tgt_len": 0}, "config 'eval_tgt_len' = 0 is outside"),
+                     ("640", "settings must be an object")):
+        r = S.call("POST", "/v1/models", {"name": "wbad", "path": "w2.safetensors", "settings": bad})
+        check(f"settings {bad}: 400", r.status == 400 and msg in ((r.json or {}).get("error") or {}).get("message", ""),
+              f"{r}")
+    r = S.call("POST", "/v1/models", {"name": "pbad", "path": "w2.safetensors", "settings": {}})
+    check("empty settings: the checkpoint's", r.status == 201 and (r.json or {}).get("config", {}).get("eval_mem_len") == 96,
+          f"{r}")
+
+    T.CURRENT = "cli"
+    # spanserve score --json on the validation lines (each of lines[36000:] with its newline): the reference's ppl
+    import subprocess
+    import tempfile
+    lines = T.TEXT.split("\n")[expected["val_lines_from"]:]
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("".join(line + "\n" for line in lines))
+        val = f.name
+    try:
+        p = subprocess.run([T.BIN, "score", "--json", "--model", W_PATH, val], capture_output=True, text=True, timeout=300)
+        j = json.loads(p.stdout or "{}")
+        check("score --json: the validation ppl (1e-4 relative), 21,893 predictions", p.returncode == 0
+              and j.get("tokens") == expected["val_tokens_scored"] and "bpc" not in j
+              and abs(j.get("ppl", 0) - expected["val_ppl_full_eval"]) <= 1e-4 * expected["val_ppl_full_eval"],
+              f"{p.returncode} {p.stdout} {p.stderr[-300:]}")
+        p = subprocess.run([T.BIN, "score", "--json", "--model", W_PATH, "--set", "eval_same_length=false", val],
+                           capture_output=True, text=True, timeout=300)
+        j2 = json.loads(p.stdout or "{}")
+        check("score --set: another setting, another score", p.returncode == 0 and j2.get("ppl") != j.get("ppl"),
+              f"{p.stdout} {p.stderr[-300:]}")
+        p = subprocess.run([T.BIN, "score", "--model", W_PATH, "--set", "eval_mem_len", val], capture_output=True,
+                           text=True, timeout=60)
+        check("score --set without =: usage error", p.returncode == 2 and "KEY=VALUE" in p.stderr, f"{p.stderr}")
+    finally:
+        os.unlink(val)
+    port = T.free_port()
+    for args, rc, msg in ((["--set", "v:eval_mem_len=5"], 2, "no --model v=PATH"),
+                          (["--set", "w:mem_len=5"], 1, "'mem_len' is not a setting"),
+                          (["--set", "w=5"], 2, "NAME:KEY=VALUE")):
+        p = subprocess.run([T.BIN, "serve", "--listen", f"127.0.0.1:{port}", "--model", f"w={W_PATH}",
+                            "--state-dir", os.path.join(S.tmp, "st2")] + args, capture_output=True, text=True, timeout=60)
+        check(f"serve {' '.join(args)}: exit {rc}", p.returncode == rc and msg in p.stderr, f"{p.returncode} {p.stderr[-300:]}")
 
     T.CURRENT = "sessions"
     r = S.call("GET", "/v1/sessions/ws/state")
