@@ -41,7 +41,7 @@ static int32_t lookup(const vocab_t *v, const char *s, size_t n)
         int32_t id = v->table[at];
         if (id < 0) return -1;
         const char *w = id == v->eos ? "<eos>" : v->tok[id];
-        if (strncmp(w, s, n) == 0 && w[n] == 0) return id;
+        if (strlen(w) == n && memcmp(w, s, n) == 0) return id;   /* the text may hold NUL bytes */
     }
 }
 
