@@ -40,9 +40,10 @@ static inline int ring_slot(int64_t p, int r)
     return (int)(s < 0 ? s + r : s);
 }
 
-int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
-                  fwd_ws *ws, char *err)
+int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                  float *logprobs, fwd_ws *ws, char *err)
 {
+    (void)targets;   /* the whole rows: one softmax is all the output layer has */
     const int H = m->d_model, K = m->n_head, D = m->d_head, S = m->span, I = m->d_inner, V = m->V;
     const size_t N = (size_t)B * M;
     int maxr = 0;   /* the most rows any head's window holds */

@@ -68,9 +68,9 @@ typedef struct family_ops {
     /* What the reference derives from the weights, once (spans, tables). */
     int (*derive)(model_t *m, const wantlist *L, char *err);
     void (*free_derived)(model_t *m);
-    /* The CPU forward (model_forward's contract). */
-    int (*forward)(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
-                   fwd_ws *ws, char *err);
+    /* The CPU forward (model_forward_targets' contract). */
+    int (*forward)(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                   float *logprobs, fwd_ws *ws, char *err);
     /* A stream's memory: SLOTS rings, slot I of KROWS key rows and VROWS
      * value rows of WIDTH floats; what the reference keeps per stream, and
      * the reference at its full span. */

@@ -204,12 +204,13 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
     mem_t **mems = malloc(((size_t)ns + (size_t)ng + 1) * sizeof *mems);
     if (!mems) return err_set(err, "out of memory");
     int S = feed_check(m, jobs, ns, gens, ng, M, mems, err), rc = S < 0 ? -1 : 0;
-    int32_t *in = NULL;
+    int32_t *in = NULL, *tg = NULL;
     float *own = NULL;
     if (rc == 0 && S > 0 && M > 0) {
         in = malloc((size_t)S * blk * sizeof *in);
+        tg = malloc((size_t)S * blk * sizeof *tg);
         if (!lp) lp = own = malloc((size_t)S * blk * V * sizeof *lp);
-        if (!in || !lp) rc = err_set(err, "out of memory for a block of %d x %zu tokens", S, blk);
+        if (!in || !tg || !lp) rc = err_set(err, "out of memory for a block of %d x %zu tokens", S, blk);
     }
     size_t k;
     for (size_t done = 0; rc == 0 && S > 0 && done < M; done += k) {
@@ -224,11 +225,15 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
             for (size_t i = 0; i < k; i++) {
                 size_t t = first + done + i;   /* index of the target */
                 in[(size_t)b * k + i] = t == 0 ? sj->s->pending : sj->toks[t - 1];
+                tg[(size_t)b * k + i] = sj->toks[t];   /* a score wants only these (adaptive softmax: cheaper) */
             }
             b++;
         }
-        for (int j = 0; j < ng; j++, b++) memcpy(in + (size_t)b * k, gens[j]->in + gens[j]->fed, k * sizeof *in);
-        if (model_forward(m, mems, S, in, (int)k, lp, ws, err)) {
+        for (int j = 0; j < ng; j++, b++) {   /* a prompt's rows whole (echo's top logprobs, the next token) */
+            memcpy(in + (size_t)b * k, gens[j]->in + gens[j]->fed, k * sizeof *in);
+            tg[(size_t)b * k] = -1;
+        }
+        if (model_forward_targets(m, mems, S, in, (int)k, tg, lp, ws, err)) {
             rc = -1;
             break;
         }
@@ -262,6 +267,7 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
     }
     free(mems);
     free(in);
+    free(tg);
     free(own);
     return rc;
 }

@@ -210,5 +210,14 @@ void ws_free(fwd_ws *w);
  * same M tokens: blocks of other lengths round otherwise). */
 int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
                   float *logprobs, fwd_ws *ws, char *err);
+/* The same where only some log-probabilities are wanted: a stream b whose
+ * TARGETS[b*M] is >= 0 wants, for each of its rows i, only that of token
+ * TARGETS[b*M + i] (written at LOGPROBS[(b*M + i)*V + target]; the rest of
+ * the row is left as it was); a stream whose TARGETS[b*M] is -1 wants its
+ * whole rows. An adaptive softmax then computes the head and one cluster a
+ * row (the cheap path for scoring); other output layers compute the rows.
+ * A stream's values never depend on the others in the batch. */
+int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
+                          const int32_t *targets, float *logprobs, fwd_ws *ws, char *err);
 
 #endif

@@ -35,8 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
-                fwd_ws *ws, char *err)
+int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                float *logprobs, fwd_ws *ws, char *err)
 {
     const int D = m->d_model, nh = m->n_head, dh = m->d_head, A = nh * dh, I = m->d_inner, V = m->V;
     const int ML = m->mem_len;
@@ -167,7 +167,7 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
         else
             ops_add_layernorm(x, tmp, y->ln1_w, y->ln1_b, (int)N, D);
     }
-    if (m->ada) return adaptive_logprobs(m, x, B, M, out, ws, err);
+    if (m->ada) return adaptive_logprobs(m, x, B, M, targets, out, ws, err);
     ops_linear(out, x, m->out_w, m->out_b, B, M, D, V);
     ops_log_softmax(out, (int)N, V);
     return 0;
