@@ -52,7 +52,7 @@ int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *
                 return err_set(err, "target id %d of stream %d is outside the vocabulary [0, %d)",
                                targets[(long)b * M + i], b, m->V);
     int rc;
-    if (m->backend) rc = m->backend->forward(m->backend->ctx, mems, B, tokens, M, logprobs, err);
+    if (m->backend) rc = m->backend->forward(m->backend->ctx, mems, B, tokens, M, targets, logprobs, err);
     else rc = m->family->forward(m, mems, B, tokens, M, targets, logprobs, ws, err);
     if (rc == 0)
         for (int b = 0; b < B; b++) mems[b]->pos += M;

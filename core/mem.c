@@ -27,6 +27,7 @@ size_t mem_bytes(const model_t *m) { return mem_floats(m) * sizeof(float); }
 size_t mem_bytes_reference(const model_t *m) { return m->family->mem_reference(m); }
 size_t mem_bytes_full(const model_t *m) { return m->family->mem_full(m); }
 const char *mem_full_name(const model_t *m) { return m->family->full_name; }
+int64_t mem_held_rows(const model_t *m, int l, int64_t pos) { return m->family->held_rows(m, l, pos); }
 
 mem_t *mem_new(const model_t *m)
 {

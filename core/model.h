@@ -81,7 +81,9 @@ struct adaptive;
  * date only when the host needs it (export, spill to disk). */
 typedef struct fwd_backend {
     void *ctx;
-    int (*forward)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err);
+    /* model_forward_targets' contract (TARGETS may be NULL) */
+    int (*forward)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                   float *logprobs, char *err);
     int (*attach)(void *ctx, struct mem *s, char *err);   /* make s->dev from the host copy */
     void (*detach)(void *ctx, struct mem *s);             /* free s->dev */
     int (*pull)(void *ctx, struct mem *s, char *err);     /* device -> host */
@@ -181,6 +183,8 @@ void mem_free(mem_t *s);
 void mem_reset(mem_t *s);
 int mem_copy(mem_t *dst, const mem_t *src);
 size_t mem_bytes(const model_t *m);             /* what this project keeps per stream */
+/* Rows block L's memory holds after POS positions (mem_t.len; 0 where the family counts none). */
+int64_t mem_held_rows(const model_t *m, int l, int64_t pos);
 size_t mem_bytes_reference(const model_t *m);   /* what the reference keeps (hidden states) */
 size_t mem_bytes_full(const model_t *m);        /* the reference at the full span */
 const char *mem_full_name(const model_t *m);    /* what mem_bytes_full measures, in words */

@@ -235,13 +235,13 @@ def run(S, vocab, expected, s0, nll, step_nll, G, Q, TT):
         f.write("".join(line + "\n" for line in lines))
         val = f.name
     try:
-        p = subprocess.run([T.BIN, "score", "--json", "--model", W_PATH, val], capture_output=True, text=True, timeout=300)
+        p = subprocess.run([T.BIN, "score", "--json", "--device", "cpu", "--model", W_PATH, val], capture_output=True, text=True, timeout=300)
         j = json.loads(p.stdout or "{}")
         check("score --json: the validation ppl (1e-4 relative), 21,893 predictions", p.returncode == 0
               and j.get("tokens") == expected["val_tokens_scored"] and "bpc" not in j
               and abs(j.get("ppl", 0) - expected["val_ppl_full_eval"]) <= 1e-4 * expected["val_ppl_full_eval"],
               f"{p.returncode} {p.stdout} {p.stderr[-300:]}")
-        p = subprocess.run([T.BIN, "score", "--json", "--model", W_PATH, "--set", "eval_same_length=false", val],
+        p = subprocess.run([T.BIN, "score", "--json", "--device", "cpu", "--model", W_PATH, "--set", "eval_same_length=false", val],
                            capture_output=True, text=True, timeout=300)
         j2 = json.loads(p.stdout or "{}")
         check("score --set: another setting, another score", p.returncode == 0 and j2.get("ppl") != j.get("ppl"),
