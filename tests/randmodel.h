@@ -75,7 +75,7 @@ static void rm_free(rm_file *f)
 }
 
 /* A word vocabulary of V: <eos>, <unk>, w2, w3, ... */
-static char *rm_words(int V)
+static inline char *rm_words(int V)
 {
     char *s = malloc((size_t)V * 12 + 32), *p = s;
     if (!s) return NULL;
@@ -236,7 +236,7 @@ typedef struct {
     int tie_weight, tie_projs, pre_lnorm, untie_r, tgt_len, mem_len, clamp_len, same_length, words;
 } rm_txl;
 
-static int rm_write_txl(const char *path, const rm_txl *c, uint64_t seed, char *err)
+static inline int rm_write_txl(const char *path, const rm_txl *c, uint64_t seed, char *err)
 {
     rm_file *f = rm_open(seed);
     if (!f) return err_set(err, "out of memory");
