@@ -257,8 +257,14 @@ expect 1 "$conv" "$tmp/txl_model.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.js
 contains "$tmp/err" "--mem_len 128 contradicts"
 expect 1 "$conv" "$tmp/txl_sd.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --tgt_len 48
 contains "$tmp/err" "mem_len"
-expect 1 "$conv" "$tmp/txl_adaptive.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --mem_len 96 --tgt_len 48
+expect 1 "$conv" "$tmp/txl_adaptive.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --mem_len 96 --tgt_len 48 --tokenizer chars
 contains "$tmp/err" "adaptive softmax"
+# the same file as a word-level model: its cutoffs are not in the tensors, and
+# it lacks crit.cluster_bias
+expect 1 "$conv" "$tmp/txl_adaptive.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --mem_len 96 --tgt_len 48
+contains "$tmp/err" "pass --cutoffs as trained"
+expect 1 "$conv" "$tmp/txl_adaptive.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --mem_len 96 --tgt_len 48 --cutoffs 60
+contains "$tmp/err" "missing tensor 'crit.cluster_bias'"
 expect 1 "$conv" "$tmp/aspan.pt" "$tmp/x.safetensors" --vocab "$tmp/train5.txt" --block-sz 64 --adapt-span-ramp 32
 contains "$tmp/err" "vocabulary file"
 [ ! -e "$tmp/x.safetensors" ] && ok || bad "a failed conversion left $tmp/x.safetensors"
