@@ -24,10 +24,12 @@
  * rows are zeros too, so the first block sees exactly what it sees.
  */
 #include "err.h"
+#include "family.h"
 #include "forward.h"
 #include "ops.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Ring row of absolute position P (may be negative: the zeros before the
@@ -136,3 +138,208 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
     ops_log_softmax(out, (int)N, V);
     return 0;
 }
+
+/* ------------------------------------------------------------ loading */
+
+
+static int aspan_config(model_t *m, json_t *cfg, char *err)
+{
+    const char *p = m->path;
+    if (cfg_int(p, cfg, "hidden_size", 1, MODEL_MAX_DIM, 1, 0, &m->d_model, err) ||
+        cfg_int(p, cfg, "inner_hidden_size", 1, MODEL_MAX_DIM * 8LL, 1, 0, &m->d_inner, err) ||
+        cfg_int(p, cfg, "nb_heads", 1, MODEL_MAX_HEADS, 1, 0, &m->n_head, err) ||
+        cfg_int(p, cfg, "nb_layers", 1, MODEL_MAX_LAYERS, 1, 0, &m->n_layers, err) ||
+        cfg_int(p, cfg, "attn_span", 1, MODEL_MAX_SPAN, 1, 0, &m->span, err) ||
+        cfg_int(p, cfg, "block_size", 1, MODEL_MAX_SPAN, 1, 0, &m->block_len, err) ||
+        cfg_int(p, cfg, "adapt_span_ramp", 1, MODEL_MAX_SPAN, 1, 0, &m->ramp, err))
+        return -1;
+    if (m->d_model % m->n_head)
+        return err_set(err, "%s: config hidden_size %d is not a multiple of nb_heads %d", p, m->d_model, m->n_head);
+    m->d_head = m->d_model / m->n_head;
+    if (!(m->layers = calloc((size_t)m->n_layers, sizeof *m->layers))) return err_set(err, "out of memory");
+    return 0;
+}
+
+static int aspan_tensors(model_t *m, wantlist *L)
+{
+    int64_t V = m->V, H = m->d_model, I = m->d_inner, S = m->span, K = m->n_head;
+    int bad = want(L, &m->emb, W_LOAD, 2, V, H, 0, "in_emb.weight") ||
+              want(L, &m->key_pe, W_LOAD, 3, 1, H / K, S, "key_pe") ||
+              want(L, &m->out_w, W_LOAD, 2, V, H, 0, "out_emb.weight") ||
+              want(L, &m->out_b, W_LOAD, 1, V, 0, 0, "out_emb.bias");
+    for (int l = 0; l < m->n_layers && !bad; l++) {
+        layer_t *y = &m->layers[l];
+        bad = want(L, &y->wq, W_LOAD, 2, H, H, 0, "layers.%d.attn.proj_query.weight", l) ||
+              want(L, &y->wk, W_LOAD, 2, H, H, 0, "layers.%d.attn.proj_key.weight", l) ||
+              want(L, &y->wv, W_LOAD, 2, H, H, 0, "layers.%d.attn.proj_val.weight", l) ||
+              want(L, &y->wo, W_LOAD, 2, H, H, 0, "layers.%d.attn.proj_out.weight", l) ||
+              want(L, (const float **)&y->zfrac, W_LOAD, 3, K, 1, 1,
+                   "layers.%d.attn.attn.adaptive_span._mask.current_val", l) ||
+              want(L, &y->mask_tpl, W_LOAD, 1, S, 0, 0, "layers.%d.attn.attn.adaptive_span._mask.mask_template", l) ||
+              want(L, &y->ln1_w, W_LOAD, 1, H, 0, 0, "layers.%d.norm1.weight", l) ||
+              want(L, &y->ln1_b, W_LOAD, 1, H, 0, 0, "layers.%d.norm1.bias", l) ||
+              want(L, &y->ln2_w, W_LOAD, 1, H, 0, 0, "layers.%d.norm2.weight", l) ||
+              want(L, &y->ln2_b, W_LOAD, 1, H, 0, 0, "layers.%d.norm2.bias", l) ||
+              want(L, &y->fc1_w, W_LOAD, 2, I, H, 0, "layers.%d.ff.fc1.weight", l) ||
+              want(L, &y->fc1_b, W_LOAD, 1, I, 0, 0, "layers.%d.ff.fc1.bias", l) ||
+              want(L, &y->fc2_w, W_LOAD, 2, H, I, 0, "layers.%d.ff.fc2.weight", l) ||
+              want(L, &y->fc2_b, W_LOAD, 1, H, 0, 0, "layers.%d.ff.fc2.bias", l);
+    }
+    return bad;
+}
+
+/* The reference's AdaptiveMask, evaluated once per head:
+ *   m(d) = clamp((mask_template[S-d] + current_val * S) / R + 1, 0, 1),
+ * with mask_template[S-d] = 1 - d, in float32 as PyTorch computes it. */
+static float span_mask(float zfrac, int S, int R, int d)
+{
+    float z = zfrac * (float)S;
+    float x = ((float)(1 - d) + z) / (float)R + 1.0f;
+    return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x;
+}
+
+static int aspan_derive(model_t *m, const wantlist *L, char *err)
+{
+    for (int i = 0; i < L->n; i++)
+        for (int l = 0; l < m->n_layers; l++)
+            if (L->w[i].dst == &m->layers[l].mask_tpl)
+                m->layers[l].mask_tpl_bits = L->w[i].dtype == ST_BF16 ? 8 : L->w[i].dtype == ST_F16 ? 11 : 24;
+    int S = m->span, R = m->ramp, K = m->n_head;
+    for (int l = 0; l < m->n_layers; l++) {
+        layer_t *y = &m->layers[l];
+        /* the mask template is derived, not learned: it must be linspace(1-S, 0, S) */
+        /* to the rounding of the file's dtype: bf16 holds -511 as -510 */
+        for (int j = 0; j < S; j++)
+            if (fabsf(y->mask_tpl[j] - (float)(1 - S + j)) > ldexpf((float)(S - 1 - j), -y->mask_tpl_bits))
+                return err_set(err, "%s: tensor 'layers.%d.attn.attn.adaptive_span._mask.mask_template' is not "
+                               "linspace(1-S, 0, S): [%d] = %g", m->path, l, j, (double)y->mask_tpl[j]);
+        float zmax = 0, zsum = 0;
+        for (int h = 0; h < K; h++) {
+            float z = y->zfrac[h];
+            if (!(z >= 0.0f && z <= 1.0f))
+                return err_set(err, "%s: layers.%d current_val[%d] = %g is outside [0, 1] (the reference clamps it)",
+                               m->path, l, h, (double)z);
+            zmax = z > zmax ? z : zmax;
+            zsum += z;
+        }
+        /* get_current_max_size / get_current_avg_size / get_trim_len / get_cache_size */
+        int cms = (int)ceil((double)zmax * S) + R;
+        cms = cms < 0 ? 0 : cms > S ? S : cms;
+        int cas = (int)ceil((double)(zsum / (float)K) * S) + R;
+        cas = cas < 0 ? 0 : cas > S ? S : cas;
+        int trim = (S - 1 < S - cms ? S - 1 : S - cms) / 64 * 64;
+        y->max_span = cms;
+        y->avg_span = cas;
+        y->trim_len = trim;
+        y->cache_size = S < S - trim + 64 ? S : S - trim + 64;
+        int window = S - trim;   /* distances 1..window enter the reference's softmax */
+        y->reach = calloc((size_t)K, sizeof *y->reach);
+        y->krows = calloc((size_t)K, sizeof *y->krows);
+        y->mask = calloc((size_t)K, sizeof *y->mask);
+        if (!y->reach || !y->krows || !y->mask) return err_set(err, "out of memory");
+        for (int h = 0; h < K; h++) {
+            int r = 0;
+            for (int d = 1; d <= window; d++)
+                if (span_mask(y->zfrac[h], S, R, d) > 0.0f) r = d;
+            y->reach[h] = r;
+            y->krows[h] = m->mem_mode == MEM_EXACT && r > 0 ? window : r;
+            y->mask[h] = malloc((size_t)(r ? r : 1) * sizeof(float));
+            if (!y->mask[h]) return err_set(err, "out of memory");
+            for (int d = 1; d <= r; d++) y->mask[h][d - 1] = span_mask(y->zfrac[h], S, R, d);
+        }
+    }
+    m->n_params -= (int64_t)m->n_layers * m->span;   /* mask templates are buffers, not parameters */
+    return 0;
+}
+
+
+static void aspan_free_derived(model_t *m)
+{
+    for (int l = 0; m->layers && l < m->n_layers; l++) {
+        layer_t *y = &m->layers[l];
+        for (int h = 0; y->mask && h < m->n_head; h++) free(y->mask[h]);
+        free(y->mask);
+        free(y->reach);
+        free(y->krows);
+    }
+}
+
+static int aspan_claims(const char *fam, json_t *cfg)
+{
+    (void)cfg;
+    return strcmp(fam, "adaptive-span") == 0;
+}
+
+/* ------------------------------------------------------------ memory */
+
+/* One ring per layer and head: keys of krows[h] rows, values of reach[h]. */
+static int aspan_mem_slots(const model_t *m) { return m->n_layers * m->n_head; }
+static int aspan_slot_krows(const model_t *m, int i) { return m->layers[i / m->n_head].krows[i % m->n_head]; }
+static int aspan_slot_vrows(const model_t *m, int i) { return m->layers[i / m->n_head].reach[i % m->n_head]; }
+static int aspan_slot_width(const model_t *m) { return m->d_head; }
+
+/* The reference keeps each layer's hidden states of its cache_size. */
+static size_t aspan_mem_reference(const model_t *m)
+{
+    size_t n = 0;
+    for (int l = 0; l < m->n_layers; l++) n += (size_t)m->layers[l].cache_size * m->d_model;
+    return n * sizeof(float);
+}
+
+static size_t aspan_mem_full(const model_t *m) { return (size_t)m->n_layers * m->span * m->d_model * sizeof(float); }
+static const char *aspan_mem_kind(const model_t *m) { return m->mem_mode == MEM_EXACT ? "exact" : "span"; }
+
+/* ------------------------------------------------------------ reports */
+
+static void aspan_report(const model_t *m, json_t *r)
+{
+    json_t *layers = json_array();
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_t *y = &m->layers[l];
+        json_t *heads = json_array();
+        for (int h = 0; h < m->n_head; h++)
+            json_array_append_new(heads, json_pack("{s:f, s:f, s:i, s:i}", "z", (double)y->zfrac[h], "span",
+                                                   (double)y->zfrac[h] * m->span, "reach", y->reach[h], "key_rows",
+                                                   y->krows[h]));
+        json_array_append_new(layers, json_pack("{s:i, s:o, s:i, s:i, s:i, s:i}", "layer", l, "heads", heads,
+                                                "max_span", y->max_span, "avg_span", y->avg_span, "cache_size",
+                                                y->cache_size, "trim_len", y->trim_len));
+    }
+    json_object_set_new(r, "attn_span", json_integer(m->span));
+    json_object_set_new(r, "ramp", json_integer(m->ramp));
+    json_object_set_new(r, "layers", layers);
+}
+
+/* q, k, v, o; the feed-forward; per head q.k over the key rows, q.key_pe
+ * over as many, and the values of its reach. */
+static void aspan_cost(const model_t *m, double *tok, double *step)
+{
+    const double D = m->d_model, I = m->d_inner, dh = m->d_head;
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_t *y = &m->layers[l];
+        *tok += 8 * D * D + 4 * D * I;
+        for (int h = 0; h < m->n_head; h++) *tok += 2 * dh * (2.0 * y->krows[h] + y->reach[h]);
+    }
+    (void)step;
+}
+
+const family_ops family_aspan = {
+    .name = "adaptive-span",
+    .id = FAM_ASPAN,
+    .claims = aspan_claims,
+    .config = aspan_config,
+    .tensors = aspan_tensors,
+    .derive = aspan_derive,
+    .free_derived = aspan_free_derived,
+    .forward = aspan_forward,
+    .mem_slots = aspan_mem_slots,
+    .slot_krows = aspan_slot_krows,
+    .slot_vrows = aspan_slot_vrows,
+    .slot_width = aspan_slot_width,
+    .mem_reference = aspan_mem_reference,
+    .mem_full = aspan_mem_full,
+    .full_name = "reference at the full span",
+    .mem_kind = aspan_mem_kind,
+    .report = aspan_report,
+    .cost = aspan_cost,
+};

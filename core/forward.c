@@ -3,6 +3,7 @@
  */
 #include "forward.h"
 #include "err.h"
+#include "family.h"
 
 #include <stdlib.h>
 
@@ -41,8 +42,7 @@ int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
             return err_set(err, "token id %d at %ld is outside the vocabulary [0, %d)", tokens[i], i, m->V);
     int rc;
     if (m->backend) rc = m->backend->forward(m->backend->ctx, mems, B, tokens, M, logprobs, err);
-    else if (m->fam == FAM_ASPAN) rc = aspan_forward(m, mems, B, tokens, M, logprobs, ws, err);
-    else rc = par_forward(m, mems, B, tokens, M, logprobs, ws, err);
+    else rc = m->family->forward(m, mems, B, tokens, M, logprobs, ws, err);
     if (rc == 0)
         for (int b = 0; b < B; b++) mems[b]->pos += M;
     return rc;

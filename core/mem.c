@@ -3,34 +3,18 @@
  * and a portable serialised form for session export and snapshots.
  */
 #include "err.h"
+#include "family.h"
 #include "model.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int mem_slots(const model_t *m)
-{
-    return m->fam == FAM_ASPAN ? m->n_layers * m->n_head : m->n_layers;
-}
-
-/* Rows of the K ring and of the V ring of slot I (V follows K). */
-static int slot_krows(const model_t *m, int i)
-{
-    if (m->fam == FAM_ASPAN) return m->layers[i / m->n_head].krows[i % m->n_head];
-    return m->layers[i].kind == BLK_ATTN ? m->mem_len : 0;
-}
-
-static int slot_vrows(const model_t *m, int i)
-{
-    if (m->fam == FAM_ASPAN) return m->layers[i / m->n_head].reach[i % m->n_head];
-    return m->layers[i].kind == BLK_ATTN ? m->mem_len : 0;
-}
-
-static int slot_width(const model_t *m)
-{
-    return m->fam == FAM_ASPAN ? m->d_head : m->n_head * m->d_head;
-}
+/* The layout of the rings is the family's (family.h). */
+static int mem_slots(const model_t *m) { return m->family->mem_slots(m); }
+static int slot_krows(const model_t *m, int i) { return m->family->slot_krows(m, i); }
+static int slot_vrows(const model_t *m, int i) { return m->family->slot_vrows(m, i); }
+static int slot_width(const model_t *m) { return m->family->slot_width(m); }
 
 static size_t mem_floats(const model_t *m)
 {
@@ -40,21 +24,8 @@ static size_t mem_floats(const model_t *m)
 }
 
 size_t mem_bytes(const model_t *m) { return mem_floats(m) * sizeof(float); }
-
-size_t mem_bytes_reference(const model_t *m)
-{
-    size_t n = 0;
-    for (int l = 0; l < m->n_layers; l++)
-        if (m->fam == FAM_ASPAN) n += (size_t)m->layers[l].cache_size * m->d_model;
-        else if (m->layers[l].kind == BLK_ATTN) n += (size_t)m->mem_len * m->d_model;
-    return n * sizeof(float);
-}
-
-size_t mem_bytes_full(const model_t *m)
-{
-    if (m->fam == FAM_PAR) return (size_t)m->n_layers * m->mem_len * m->d_model * sizeof(float);
-    return (size_t)m->n_layers * m->span * m->d_model * sizeof(float);
-}
+size_t mem_bytes_reference(const model_t *m) { return m->family->mem_reference(m); }
+size_t mem_bytes_full(const model_t *m) { return m->family->mem_full(m); }
 
 mem_t *mem_new(const model_t *m)
 {

@@ -1,5 +1,5 @@
 /*
- * model.h - the two model families behind one model type, the memory of a
+ * model.h - the model families behind one model type, the memory of a
  * stream, and the CPU forward.
  *
  *   adaptive-span  Sukhbaatar et al. 2019, the reference `TransformerSeq`:
@@ -8,6 +8,11 @@
  *   par-transformer-xl
  *                  Mandava et al. 2020: a Transformer-XL whose blocks are each
  *                  attention, feed-forward or identity (config.arch).
+ *   transformer-xl kimiyoung/transformer-xl's MemTransformerLM: layers of
+ *                  attention then feed-forward (held as blocks attn, ffn, ...),
+ *                  adaptive input and softmax, pre-LN, clamp_len, same_length.
+ *
+ * core/family.h is the interface each family fills (one file each).
  *
  * ../shared/fixtures/README.md is the specification of tensor names and
  * semantics. Weights live in one float arena laid out at load.
@@ -20,7 +25,7 @@
 
 #include "vocab.h"
 
-typedef enum { FAM_ASPAN, FAM_PAR } model_family;
+typedef enum { FAM_ASPAN, FAM_PAR, FAM_TXL } model_family;
 typedef enum { BLK_ATTN, BLK_FFN, BLK_SKIP } blk_kind;
 
 /* How an adaptive-span head keeps its memory.
@@ -52,6 +57,7 @@ typedef struct {
     const float *fc1_w, *fc1_b, *fc2_w, *fc2_b;
     const float *ln2_w, *ln2_b;              /* aspan norm2; par ff layer_norm */
     const float *alpha;                      /* par: 3 architecture logits, or NULL */
+    const float *r_w_bias, *r_r_bias;        /* attention blocks: Transformer-XL's u and v (nh x dh) */
     /* adaptive-span spans, as the reference computes them */
     float *zfrac;                            /* K: current_val = z / S */
     const float *mask_tpl;                   /* S: the stored mask_template, checked at load */
@@ -66,6 +72,8 @@ typedef struct {
 } layer_t;
 
 struct mem;
+struct family_ops;
+struct adaptive;
 
 /* Another device's forward (kernels/ through server/device.c): while a model
  * has one, model_forward runs there and every memory of the model keeps its
@@ -82,6 +90,7 @@ typedef struct fwd_backend {
 
 typedef struct model {
     model_family fam;
+    const struct family_ops *family;   /* its functions (family.h) */
     const fwd_backend *backend;   /* NULL: the CPU */
     mem_mode mem_mode;
     char *path;            /* the file's name in messages (model_load_named's NAME) */
@@ -97,9 +106,13 @@ typedef struct model {
     int span;              /* S, the maximum span */
     int ramp;              /* R */
     const float *key_pe;   /* D x S, column c <-> distance S - c */
-    /* par */
+    /* par, transformer-xl */
     int mem_len, tie_weight;
-    const float *r_w_bias, *r_r_bias;
+    const float *r_w_bias, *r_r_bias;   /* shared by every block (NULL where each block has its own) */
+    int pre_lnorm;         /* sublayer(LN(x)) + x, not LN(x + sublayer(x)) */
+    int clamp_len;         /* distances past it are embedded as it (0: none) */
+    int same_length;       /* every query of a block sees as many keys */
+    struct adaptive *ada;  /* adaptive input and softmax (NULL: emb / out_w / out_b) */
     /* both */
     const float *emb;      /* V x d_model */
     const float *out_w;    /* V x d_model (== emb when tied) */
@@ -124,6 +137,9 @@ const char *model_family_name(model_family f);
  * returns -1 when the checkpoint has none. */
 int model_alpha_softmax(const layer_t *y, double p[3]);
 const char *blk_kind_name(blk_kind k);
+
+/* The model's functions and its vocabulary kind by name, for reports. */
+static inline const char *model_tokenizer_name(const model_t *m) { return m->vocab.kind->name; }
 
 /* ------------------------------------------------------------------ memory
  * The memory of a stream: what the model carries from one block to the next,

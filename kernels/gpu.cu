@@ -319,9 +319,17 @@ static cublasMath_t gpu_math_mode(void)
     return p && strcmp(p, "1") == 0 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH;
 }
 
+int gpu_supports(const model_t *m, char *why)
+{
+    if (m->fam == FAM_ASPAN || m->fam == FAM_PAR) return 1;
+    err_set(why, "%s: the CUDA backend does not run %s models yet: it runs on the CPU", m->path, model_family_name(m->fam));
+    return 0;
+}
+
 gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int precision, char *err)
 {
     if (!m) { err_set(err, "no model"); return NULL; }
+    if (!gpu_supports(m, err)) return NULL;
     if (precision != GPU_FP32 && precision != GPU_BF16) {
         err_set(err, "precision %d is neither GPU_FP32 nor GPU_BF16", precision);
         return NULL;

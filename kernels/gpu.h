@@ -59,6 +59,8 @@ int gpu_device_name(char *name, size_t cap, char *err);
  * step of up to MAX_BATCH streams x MAX_BLOCK tokens, in PRECISION
  * (GPU_FP32 or GPU_BF16). */
 gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int precision, char *err);
+/* Whether this backend runs M's family (0 with WHY when it does not). */
+int gpu_supports(const model_t *m, char *why);
 void gpu_model_free(gpu_model *g);
 const model_t *gpu_model_host(const gpu_model *g);
 const char *gpu_model_device_name(const gpu_model *g);

@@ -121,5 +121,9 @@ int cli_place_model(model_t *m, const char *device, const char *precision, char 
         if (strcmp(device, "auto") == 0) return 0;
         return err_set(err, "--device cuda: %s", why);
     }
+    if (!device_supports(m, why)) {
+        if (strcmp(device, "auto") == 0) return 0;
+        return err_set(err, "--device cuda: %s", why);
+    }
     return device_attach(m, strcmp(precision, "fp32") != 0, err);
 }

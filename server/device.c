@@ -97,6 +97,7 @@ static int dev_push(void *ctx, mem_t *s, char *err)
 }
 
 int device_cuda_usable(char *err) { return gpu_available(err) == 0; }
+int device_supports(const model_t *m, char *why) { return gpu_supports(m, why); }
 
 int device_attach(model_t *m, int bf16, char *err)
 {
@@ -143,6 +144,7 @@ size_t device_session_bytes(const model_t *m)
 
 int device_cuda_usable(char *err) { return err_set(err, "this build has no CUDA core (nvcc was not found)"), 0; }
 int device_attach(model_t *m, int bf16, char *err) { (void)m, (void)bf16; return err_set(err, "this build has no CUDA core"); }
+int device_supports(const model_t *m, char *why) { (void)m; return err_set(why, "this build has no CUDA core"), 0; }
 void device_detach(model_t *m) { (void)m; }
 const char *device_name(const model_t *m) { (void)m; return "cpu"; }
 const char *device_precision(const model_t *m) { (void)m; return "fp32"; }

@@ -111,7 +111,9 @@ model_t *models_load(const char *name, const char *path, const char *shown, char
         *status = 422;
         return NULL;
     }
-    if (srv.cfg.cuda && device_attach(m, srv.cfg.bf16, e2)) {
+    if (srv.cfg.cuda && !device_supports(m, e2)) {
+        log_line("model %s: %s", name, e2);   /* a family the GPU backend lacks runs on the CPU */
+    } else if (srv.cfg.cuda && device_attach(m, srv.cfg.bf16, e2)) {
         model_free(m);
         *status = 503;
         snprintf(err, 512, "%s: cannot put the model on the GPU: %s", name, e2);

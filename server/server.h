@@ -270,6 +270,8 @@ char *metrics_render(void);
 /* device (device.c): the CUDA core as a model's backend */
 int device_cuda_usable(char *err);   /* 1 when a GPU can be used */
 int device_attach(model_t *m, int bf16, char *err);
+/* Whether the GPU backend runs M's family (0 with WHY: it stays on the CPU). */
+int device_supports(const model_t *m, char *why);
 void device_detach(model_t *m);
 const char *device_name(const model_t *m);
 const char *device_precision(const model_t *m);   /* "fp32" or "bf16" ("fp32" on the CPU) */

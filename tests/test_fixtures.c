@@ -248,6 +248,111 @@ static void check_bf16(void)
     unlink(out);
 }
 
+/* txl-word (../shared only: 8 MB): the word-level Transformer-XL with
+ * adaptive input and softmax against its reference (fixtures/README.md):
+ * nll of every segment, the single step, full distributions, and the
+ * perplexity of the validation lines. */
+static void check_txl_word(void)
+{
+    char err[ERR_LEN];
+    const char *mp = shared_path("fixtures/txl-word/model.safetensors");
+    if (!mp) {
+        printf("SKIP test_fixtures txl-word: ../shared/fixtures/txl-word is not here (CI has it)\n");
+        return;
+    }
+    model_t *m = model_load(mp, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    CHECK(strcmp(model_family_name(m->fam), "transformer-xl") == 0 && strcmp(model_tokenizer_name(m), "words") == 0,
+          "family %s, tokenizer %s", model_family_name(m->fam), model_tokenizer_name(m));
+    st_file *vf = st_open(shared_path("fixtures/txl-word/vectors.safetensors"), err);
+    CHECK(vf != NULL, "%s", err);
+    if (!vf) { model_free(m); return; }
+    const st_tensor *tt = st_find(vf, "tokens"), *nt = st_find(vf, "nll"), *st = st_find(vf, "step_nll"),
+                    *ft = st_find(vf, "full_logprobs");
+    const int S = (int)tt->shape[0], T = (int)tt->shape[1], G = (int)nt->shape[1], Q = (int)nt->shape[2], V = m->V;
+    CHECK(Q == m->block_len && ft->shape[1] == V, "segment %d vs %d, V %lld vs %d", Q, m->block_len,
+          (long long)ft->shape[1], V);
+    int32_t *tok = malloc(sizeof(int32_t) * S * T), *in = malloc(sizeof(int32_t) * S * Q);
+    float *nll = malloc(sizeof(float) * S * G * Q), *snll = malloc(sizeof(float) * S), *full = malloc(sizeof(float) * 4 * V);
+    float *lp = malloc(sizeof(float) * S * Q * V);
+    memcpy(tok, tt->data, sizeof(int32_t) * S * T);
+    memcpy(nll, nt->data, sizeof(float) * S * G * Q);
+    memcpy(snll, st->data, sizeof(float) * S);
+    memcpy(full, ft->data, sizeof(float) * 4 * V);
+    fwd_ws *ws = ws_new();
+    mem_t *mems[2] = {mem_new(m), mem_new(m)};
+    double worst = 0, worst_full = 0, worst_step = 0;
+    static const int at[4][2] = {{0, 0}, {0, 47}, {1, 5}, {1, 47}};
+    for (int g = 0; g < G; g++) {
+        for (int s = 0; s < S; s++) memcpy(in + s * Q, tok + s * T + g * Q, sizeof(int32_t) * Q);
+        CHECK(model_forward(m, mems, S, in, Q, lp, ws, err) == 0, "%s", err);
+        for (int s = 0; s < S; s++)
+            for (int i = 0; i < Q; i++) {
+                double d = fabs(-lp[((size_t)s * Q + i) * V + tok[s * T + g * Q + i + 1]] - nll[(s * G + g) * Q + i]);
+                worst = d > worst ? d : worst;
+            }
+        for (int k = 0; g == 0 && k < 4; k++)
+            for (int c = 0; c < V; c++) {
+                double d = fabs(lp[((size_t)at[k][0] * Q + at[k][1]) * V + c] - full[(size_t)k * V + c]);
+                worst_full = d > worst_full ? d : worst_full;
+            }
+    }
+    for (int s = 0; s < S; s++) in[s] = tok[s * T + G * Q];
+    CHECK(model_forward(m, mems, S, in, 1, lp, ws, err) == 0, "%s", err);
+    for (int s = 0; s < S; s++) {
+        double d = fabs(-lp[(size_t)s * V + tok[s * T + G * Q + 1]] - snll[s]);
+        worst_step = d > worst_step ? d : worst_step;
+    }
+    printf("txl-word: max |nll - reference| segments %.2e, step %.2e, full distributions %.2e\n", worst, worst_step,
+           worst_full);
+    CHECK(worst <= 1e-4, "txl-word segments: %.3g", worst);
+    CHECK(worst_step <= 1e-4, "txl-word step: %.3g", worst_step);
+    CHECK(worst_full <= 1e-4, "txl-word full_logprobs: %.3g", worst_full);
+
+    /* the validation lines: lines[36000:] of text.split("\n"), each with its newline */
+    json_t *e = json_load_file(shared_path("fixtures/txl-word/expected.json"), 0, NULL);
+    FILE *f = fopen(ref_path("data/tiny_shakespeare.txt"), "rb");
+    char *text = NULL;
+    size_t len = 0;
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        len = (size_t)ftell(f);
+        fseek(f, 0, SEEK_SET);
+        text = malloc(len + 2);
+        len = fread(text, 1, len, f);
+        fclose(f);
+    }
+    CHECK(e && text, "expected.json and the text");
+    if (e && text) {
+        long from = (long)json_integer_value(json_object_get(e, "val_lines_from")), line = 0;
+        size_t start = 0;
+        for (size_t i = 0; i < len && line < from; i++)
+            if (text[i] == '\n') line++, start = i + 1;
+        text[len] = '\n';   /* the last line (after the final newline: empty) with its newline */
+        int32_t *t = NULL;
+        size_t n = 0;
+        CHECK(vocab_encode(&m->vocab, text + start, len + 1 - start, &t, &n, err) == 0, "%s", err);
+        long want = (long)json_integer_value(json_object_get(e, "val_tokens_scored"));
+        CHECK((long)n == want + 1, "validation lines: %zu tokens, expected %ld", n, want + 1);
+        mem_reset(mems[0]);
+        score_t sc = {0, 0};
+        CHECK(infer_score(m, mems[0], ws, t, n, &sc, NULL, err) == 0, "%s", err);
+        double ppl = exp(sc.nll_sum / (double)sc.tokens), ref = json_real_value(json_object_get(e, "val_ppl_full_eval"));
+        printf("txl-word: validation ppl %.6f over %ld predictions, reference %.6f\n", ppl, sc.tokens, ref);
+        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
+        CHECK(fabs(ppl - ref) <= 1e-4 * ref, "val_ppl_full_eval %.8f vs %.8f", ppl, ref);
+        free(t);
+    }
+    free(text);
+    json_decref(e);
+    free(tok); free(in); free(nll); free(snll); free(full); free(lp);
+    mem_free(mems[0]); mem_free(mems[1]);
+    ws_free(ws);
+    st_close(vf);
+    model_free(m);
+}
+
 int main(void)
 {
     check_bf16();
@@ -259,5 +364,6 @@ int main(void)
     check_bpc("par-small", MEM_EXACT, 1e-4);
     /* span-only memory: the 1e-8 renormalisation term is all it drops */
     check_bpc("aspan-small", MEM_SPAN, 2e-3);
+    check_txl_word();
     return test_summary("test_fixtures");
 }
