@@ -184,8 +184,8 @@ try:
         check(abs(got - total) <= 1e-4 * abs(total),
               "%s: total nll %.6f (spanserve) vs %.6f (transformers): %.2e relative"
               % (name, got, total, abs(got - total) / abs(total)))
-        print("test_convert_hf.py: %s: %d predictions, nll %.6f (spanserve) vs %.6f (transformers)"
-              % (name, n, got / n, total / n))
+        print("test_convert_hf.py: %s: %d predictions, nll %.6f (spanserve) vs %.6f (transformers), total %.1e "
+              "relative" % (name, n, got / n, total / n, abs(got - total) / abs(total)))
 
     # the weights file itself names the directory; other kinds of directory are refused
     d = os.path.join(tmp, "hf-div_val_2")
