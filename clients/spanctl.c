@@ -691,9 +691,10 @@ static int cmd_score(ctl_t *c, int argc, char **argv)
         if (!j) rc = 1;
         else {
             double nll = json_number_value(json_object_get(j, "nll"));
-            printf("tokens  %lld\nnll     %.6f nats\nbpc     %.6f\nppl     %.4f\n",
-                   (long long)json_integer_value(json_object_get(j, "tokens")), nll,
-                   json_number_value(json_object_get(j, "bpc")), json_number_value(json_object_get(j, "ppl")));
+            printf("tokens  %lld\nnll     %.6f nats\n", (long long)json_integer_value(json_object_get(j, "tokens")), nll);
+            if (json_is_number(json_object_get(j, "bpc")))   /* character models */
+                printf("bpc     %.6f\n", json_number_value(json_object_get(j, "bpc")));
+            printf("ppl     %.4f\n", json_number_value(json_object_get(j, "ppl")));
             json_t *lp = json_object_get(j, "token_logprobs"), *x;
             size_t i;
             json_array_foreach(lp, i, x) printf("%zu\t%.6f\n", i, json_number_value(x));

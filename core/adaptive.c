@@ -81,7 +81,28 @@ static const float *project(const adaptive *a, int i, const float *h, int B, int
     return hp;
 }
 
-int adaptive_logprobs(const model_t *m, const float *h, int B, int M, float *out, fwd_ws *ws, char *err)
+/* Stream b's rows whose target is in tail cluster K: their hidden states
+ * gathered, projected and scored against that cluster alone. */
+static void target_tail(const adaptive *a, int k, const float *h, int M, int D, int V, const int32_t *tg,
+                        const float *head, int H, float *out, float *rows, float *hp, float *tail)
+{
+    const int lo = a->cut[k], Vk = a->cut[k + 1] - lo;
+    int n = 0;
+    for (int i = 0; i < M; i++)
+        if (tg[i] >= lo && tg[i] < a->cut[k + 1]) memcpy(rows + (size_t)n++ * D, h + (size_t)i * D, (size_t)D * sizeof *rows);
+    if (!n) return;
+    const float *pk = project(a, k, rows, 1, n, D, hp);
+    ops_linear(tail, pk, a->out_w[k], a->out_b[k], 1, n, a->dim[k], Vk);
+    ops_log_softmax(tail, n, Vk);
+    for (int i = 0, j = 0; i < M; i++)
+        if (tg[i] >= lo && tg[i] < a->cut[k + 1]) {
+            out[(size_t)i * V + tg[i]] = head[(size_t)i * H + H - k] + tail[(size_t)j * Vk + tg[i] - lo];
+            j++;
+        }
+}
+
+int adaptive_logprobs(const model_t *m, const float *h, int B, int M, const int32_t *targets, float *out, fwd_ws *ws,
+                      char *err)
 {
     const adaptive *a = m->ada;
     const int D = m->d_model, V = m->V, c1 = a->cut[1], tails = a->n - 1, H = c1 + tails;
@@ -91,23 +112,36 @@ int adaptive_logprobs(const model_t *m, const float *h, int B, int M, float *out
         dmax = a->dim[i] > dmax ? a->dim[i] : dmax;
         vmax = a->cut[i + 1] - a->cut[i] > vmax ? a->cut[i + 1] - a->cut[i] : vmax;
     }
-    float *hp = ws_get(ws, WS_ADA_HP, N * dmax), *head = ws_get(ws, WS_ADA_HEAD, N * H),
-          *tail = ws_get(ws, WS_ADA_TAIL, N * vmax);
-    if (!hp || !head || !tail) return err_set(err, "out of memory for the adaptive softmax of %zu rows", N);
+    float *hp = ws_get(ws, WS_ADA_HP, N * (dmax > D ? dmax : D)), *head = ws_get(ws, WS_ADA_HEAD, N * H),
+          *tail = ws_get(ws, WS_ADA_TAIL, N * vmax), *rows = ws_get(ws, WS_ADA_ROWS, (size_t)M * D);
+    if (!hp || !head || !tail || !rows) return err_set(err, "out of memory for the adaptive softmax of %zu rows", N);
+    /* the head of every row (ops_linear keeps each stream's rows apart) */
     const float *p0 = project(a, 0, h, B, M, D, hp);
     ops_linear(head, p0, a->head_w, a->head_b, B, M, a->dim[0], H);
     ops_log_softmax(head, (int)N, H);
-    for (size_t n = 0; n < N; n++) memcpy(out + n * V, head + n * H, (size_t)c1 * sizeof *out);
-    for (int k = 1; k < a->n; k++) {
-        const int lo = a->cut[k], Vk = a->cut[k + 1] - lo;
-        const float *pk = project(a, k, h, B, M, D, hp);
-        ops_linear(tail, pk, a->out_w[k], a->out_b[k], B, M, a->dim[k], Vk);
-        ops_log_softmax(tail, (int)N, Vk);
-        for (size_t n = 0; n < N; n++) {
-            const float base = head[n * H + H - k];   /* cluster k: the k-th head column from the end */
-            float *o = out + n * V + lo;
-            const float *t = tail + n * Vk;
-            for (int j = 0; j < Vk; j++) o[j] = base + t[j];
+    for (int b = 0; b < B; b++) {
+        const size_t r0 = (size_t)b * M;
+        const float *hb = h + r0 * D, *headb = head + r0 * H;
+        float *ob = out + r0 * V;
+        if (targets && targets[r0] >= 0) {   /* the cheap path: the head and each row's target's cluster */
+            const int32_t *tg = targets + r0;
+            for (int i = 0; i < M; i++)
+                if (tg[i] < c1) ob[(size_t)i * V + tg[i]] = headb[(size_t)i * H + tg[i]];
+            for (int k = 1; k < a->n; k++) target_tail(a, k, hb, M, D, V, tg, headb, H, ob, rows, hp, tail);
+            continue;
+        }
+        for (int i = 0; i < M; i++) memcpy(ob + (size_t)i * V, headb + (size_t)i * H, (size_t)c1 * sizeof *ob);
+        for (int k = 1; k < a->n; k++) {
+            const int lo = a->cut[k], Vk = a->cut[k + 1] - lo;
+            const float *pk = project(a, k, hb, 1, M, D, hp);
+            ops_linear(tail, pk, a->out_w[k], a->out_b[k], 1, M, a->dim[k], Vk);
+            ops_log_softmax(tail, M, Vk);
+            for (int i = 0; i < M; i++) {
+                const float base = headb[(size_t)i * H + H - k];   /* cluster k: the k-th head column from the end */
+                float *o = ob + (size_t)i * V + lo;
+                const float *t = tail + (size_t)i * Vk;
+                for (int j = 0; j < Vk; j++) o[j] = base + t[j];
+            }
         }
     }
     return 0;

@@ -40,7 +40,11 @@ int adaptive_prepare(adaptive *a, int d_model, char *err);
 void adaptive_free(adaptive *a);
 /* x[n] = the adaptive input of tokens[n], n < N (d_model each). */
 void adaptive_embed(const model_t *m, const int32_t *tokens, size_t N, float *x);
-/* OUT = log-probabilities of all V tokens for each of the B*M rows of H. */
-int adaptive_logprobs(const model_t *m, const float *h, int B, int M, float *out, fwd_ws *ws, char *err);
+/* OUT = log-probabilities of all V tokens for each of the B*M rows of H;
+ * for a stream whose TARGETS (model_forward_targets) are given, only each
+ * row's target's, from the head and the target's cluster. A stream's values
+ * are the same whatever the other streams are. */
+int adaptive_logprobs(const model_t *m, const float *h, int B, int M, const int32_t *targets, float *out, fwd_ws *ws,
+                      char *err);
 
 #endif

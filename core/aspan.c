@@ -40,9 +40,10 @@ static inline int ring_slot(int64_t p, int r)
     return (int)(s < 0 ? s + r : s);
 }
 
-int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
-                  fwd_ws *ws, char *err)
+int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                  float *logprobs, fwd_ws *ws, char *err)
 {
+    (void)targets;   /* the whole rows: one softmax is all the output layer has */
     const int H = m->d_model, K = m->n_head, D = m->d_head, S = m->span, I = m->d_inner, V = m->V;
     const size_t N = (size_t)B * M;
     int maxr = 0;   /* the most rows any head's window holds */
@@ -277,6 +278,8 @@ static int aspan_mem_slots(const model_t *m) { return m->n_layers * m->n_head; }
 static int aspan_slot_krows(const model_t *m, int i) { return m->layers[i / m->n_head].krows[i % m->n_head]; }
 static int aspan_slot_vrows(const model_t *m, int i) { return m->layers[i / m->n_head].reach[i % m->n_head]; }
 static int aspan_slot_width(const model_t *m) { return m->d_head; }
+/* Rings of positions, not counted rows: mem_t.len stays 0. */
+static int64_t aspan_held_rows(const model_t *m, int l, int64_t pos) { (void)m, (void)l, (void)pos; return 0; }
 
 /* The reference keeps each layer's hidden states of its cache_size. */
 static size_t aspan_mem_reference(const model_t *m)
@@ -336,6 +339,7 @@ const family_ops family_aspan = {
     .slot_krows = aspan_slot_krows,
     .slot_vrows = aspan_slot_vrows,
     .slot_width = aspan_slot_width,
+    .held_rows = aspan_held_rows,
     .mem_reference = aspan_mem_reference,
     .mem_full = aspan_mem_full,
     .full_name = "reference at the full span",

@@ -57,6 +57,8 @@ int cfg_bool(const char *path, json_t *cfg, const char *key, int dflt, int *out,
 typedef struct family_ops {
     const char *name;                  /* the API's name of the family */
     model_family id;
+    /* Config keys a load may set over the file's (model_load_set), NULL-terminated; NULL: none. */
+    const char *const *settings;
     /* Whether the config (its "family" string FAM) is this family's. */
     int (*claims)(const char *fam, json_t *cfg);
     /* Sizes from the config; allocates m->layers. */
@@ -66,9 +68,9 @@ typedef struct family_ops {
     /* What the reference derives from the weights, once (spans, tables). */
     int (*derive)(model_t *m, const wantlist *L, char *err);
     void (*free_derived)(model_t *m);
-    /* The CPU forward (model_forward's contract). */
-    int (*forward)(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
-                   fwd_ws *ws, char *err);
+    /* The CPU forward (model_forward_targets' contract). */
+    int (*forward)(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                   float *logprobs, fwd_ws *ws, char *err);
     /* A stream's memory: SLOTS rings, slot I of KROWS key rows and VROWS
      * value rows of WIDTH floats; what the reference keeps per stream, and
      * the reference at its full span. */
@@ -76,6 +78,8 @@ typedef struct family_ops {
     int (*slot_krows)(const model_t *m, int i);
     int (*slot_vrows)(const model_t *m, int i);
     int (*slot_width)(const model_t *m);
+    /* Rows block L's memory holds (mem_t.len) after POS positions (0: the family keeps no count). */
+    int64_t (*held_rows)(const model_t *m, int l, int64_t pos);
     size_t (*mem_reference)(const model_t *m);
     size_t (*mem_full)(const model_t *m);
     const char *full_name;             /* what mem_full measures, in words */
@@ -96,6 +100,7 @@ void par_free_derived(model_t *m);
 int par_mem_slots(const model_t *m);
 int par_slot_rows(const model_t *m, int i);
 int par_slot_width(const model_t *m);
+int64_t par_held_rows(const model_t *m, int l, int64_t pos);
 size_t par_mem_reference(const model_t *m);
 size_t par_mem_full(const model_t *m);
 const char *par_mem_kind(const model_t *m);

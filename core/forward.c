@@ -31,6 +31,12 @@ float *ws_get(fwd_ws *w, int i, size_t n)
 int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
                   fwd_ws *ws, char *err)
 {
+    return model_forward_targets(m, mems, B, tokens, M, NULL, logprobs, ws, err);
+}
+
+int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
+                          const int32_t *targets, float *logprobs, fwd_ws *ws, char *err)
+{
     if (B <= 0 || M <= 0) return err_set(err, "empty batch (%d streams x %d tokens)", B, M);
     for (int b = 0; b < B; b++)
         if (!mems[b] || mems[b]->m != m) return err_set(err, "stream %d's memory belongs to another model", b);
@@ -40,9 +46,14 @@ int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
     for (long i = 0; i < (long)B * M; i++)
         if (tokens[i] < 0 || tokens[i] >= m->V)
             return err_set(err, "token id %d at %ld is outside the vocabulary [0, %d)", tokens[i], i, m->V);
+    for (int b = 0; targets && b < B; b++)
+        for (int i = 0; targets[(long)b * M] >= 0 && i < M; i++)
+            if (targets[(long)b * M + i] < 0 || targets[(long)b * M + i] >= m->V)
+                return err_set(err, "target id %d of stream %d is outside the vocabulary [0, %d)",
+                               targets[(long)b * M + i], b, m->V);
     int rc;
-    if (m->backend) rc = m->backend->forward(m->backend->ctx, mems, B, tokens, M, logprobs, err);
-    else rc = m->family->forward(m, mems, B, tokens, M, logprobs, ws, err);
+    if (m->backend) rc = m->backend->forward(m->backend->ctx, mems, B, tokens, M, targets, logprobs, err);
+    else rc = m->family->forward(m, mems, B, tokens, M, targets, logprobs, ws, err);
     if (rc == 0)
         for (int b = 0; b < B; b++) mems[b]->pos += M;
     return rc;

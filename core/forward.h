@@ -10,7 +10,7 @@
 enum {
     WS_H, WS_Q, WS_K, WS_V, WS_QKV, WS_ATT, WS_TMP, WS_FF, WS_LOGITS,
     WS_KWIN, WS_VWIN, WS_SC, WS_PE, WS_QU, WS_QV, WS_RK, WS_POS, WS_P,
-    WS_ADA_HP, WS_ADA_HEAD, WS_ADA_TAIL,
+    WS_ADA_HP, WS_ADA_HEAD, WS_ADA_TAIL, WS_ADA_ROWS,
     WS_N
 };
 
@@ -23,10 +23,10 @@ struct fwd_ws {
  * out of memory. */
 float *ws_get(fwd_ws *w, int i, size_t n);
 
-int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
-                  fwd_ws *ws, char *err);
-int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
-                fwd_ws *ws, char *err);
+int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                  float *logprobs, fwd_ws *ws, char *err);
+int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                float *logprobs, fwd_ws *ws, char *err);
 /* Transformer-XL's sinusoid at distance T into ROW (D floats). */
 void par_sinusoid(float *row, int D, double t);
 

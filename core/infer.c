@@ -94,7 +94,8 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
     g->block = malloc((size_t)m->block_len * V * sizeof *g->block);
     g->res.tokens = malloc(((size_t)maxt + 1) * sizeof *g->res.tokens);
     g->res.logprobs = malloc(((size_t)maxt + 1) * sizeof *g->res.logprobs);
-    g->res.text = malloc((size_t)maxt * 4 + 1);
+    g->res.text = malloc((size_t)maxt * vocab_max_piece(&m->vocab) + 1);
+    g->piece = malloc(vocab_max_piece(&m->vocab) + 1);
     g->top = malloc(((size_t)maxt + 1) * tn * sizeof *g->top);
     g->top_lp = malloc(((size_t)maxt + 1) * tn * sizeof *g->top_lp);
     if (echo) {
@@ -102,7 +103,7 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
         g->prompt_top = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top);
         g->prompt_top_lp = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top_lp);
     }
-    if (!g->in || !g->cur || !g->scratch || !g->block || !g->res.tokens || !g->res.logprobs || !g->res.text ||
+    if (!g->in || !g->cur || !g->scratch || !g->block || !g->res.tokens || !g->res.logprobs || !g->res.text || !g->piece ||
         !g->top || !g->top_lp || (echo && (!g->prompt_lp || !g->prompt_top || !g->prompt_top_lp))) {
         gen_result r;
         gen_end(g, &r);
@@ -111,6 +112,7 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
     }
     if (g->has_pending_in) g->in[0] = s->pending;
     memcpy(g->in + g->has_pending_in, prompt, n_prompt * sizeof *g->in);
+    g->prev0 = g->n_in ? g->in[g->n_in - 1] : -1;
     for (size_t i = 0; echo && i < n_prompt; i++) g->prompt_lp[i] = NAN;
     g->res.text[0] = 0;
     g->res.prompt_tokens = (int)n_prompt;
@@ -202,12 +204,13 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
     mem_t **mems = malloc(((size_t)ns + (size_t)ng + 1) * sizeof *mems);
     if (!mems) return err_set(err, "out of memory");
     int S = feed_check(m, jobs, ns, gens, ng, M, mems, err), rc = S < 0 ? -1 : 0;
-    int32_t *in = NULL;
+    int32_t *in = NULL, *tg = NULL;
     float *own = NULL;
     if (rc == 0 && S > 0 && M > 0) {
         in = malloc((size_t)S * blk * sizeof *in);
+        tg = malloc((size_t)S * blk * sizeof *tg);
         if (!lp) lp = own = malloc((size_t)S * blk * V * sizeof *lp);
-        if (!in || !lp) rc = err_set(err, "out of memory for a block of %d x %zu tokens", S, blk);
+        if (!in || !tg || !lp) rc = err_set(err, "out of memory for a block of %d x %zu tokens", S, blk);
     }
     size_t k;
     for (size_t done = 0; rc == 0 && S > 0 && done < M; done += k) {
@@ -222,11 +225,15 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
             for (size_t i = 0; i < k; i++) {
                 size_t t = first + done + i;   /* index of the target */
                 in[(size_t)b * k + i] = t == 0 ? sj->s->pending : sj->toks[t - 1];
+                tg[(size_t)b * k + i] = sj->toks[t];   /* a score wants only these (adaptive softmax: cheaper) */
             }
             b++;
         }
-        for (int j = 0; j < ng; j++, b++) memcpy(in + (size_t)b * k, gens[j]->in + gens[j]->fed, k * sizeof *in);
-        if (model_forward(m, mems, S, in, (int)k, lp, ws, err)) {
+        for (int j = 0; j < ng; j++, b++) {   /* a prompt's rows whole (echo's top logprobs, the next token) */
+            memcpy(in + (size_t)b * k, gens[j]->in + gens[j]->fed, k * sizeof *in);
+            tg[(size_t)b * k] = -1;
+        }
+        if (model_forward_targets(m, mems, S, in, (int)k, tg, lp, ws, err)) {
             rc = -1;
             break;
         }
@@ -260,6 +267,7 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
     }
     free(mems);
     free(in);
+    free(tg);
     free(own);
     return rc;
 }
@@ -277,8 +285,8 @@ int gen_sample(gen_state *g)
     r->logprobs[t] = g->cur[x];
     if (g->top_n) top_tokens(g->cur, m->V, g->top_n, g->top + (size_t)t * g->top_n, g->top_lp + (size_t)t * g->top_n);
     g->s->pending = x;
-    size_t l = strlen(m->vocab.tok[x]);
-    memcpy(r->text + r->text_len, m->vocab.tok[x], l);
+    size_t l = vocab_piece(&m->vocab, t ? r->tokens[t - 1] : g->prev0, x, g->piece);
+    memcpy(r->text + r->text_len, g->piece, l);
     r->text_len += l;
     r->text[r->text_len] = 0;
     for (int i = 0; i < g->p.n_stop; i++) {
@@ -289,11 +297,11 @@ int gen_sample(gen_state *g)
             r->finish = FINISH_STOP;
         }
     }
-    /* the tokens whose characters are in the text (each token is whole characters) */
+    /* the tokens whose characters are in the text (each token's text is whole) */
     size_t at = 0;
     r->n_text_tokens = 0;
     for (int i = 0; i < r->n_tokens; i++) {
-        size_t k = strlen(m->vocab.tok[r->tokens[i]]);
+        size_t k = vocab_piece(&m->vocab, i ? r->tokens[i - 1] : g->prev0, r->tokens[i], g->piece);
         if (at + k > r->text_len) break;
         at += k;
         r->n_text_tokens++;
@@ -332,6 +340,7 @@ void gen_end(gen_state *g, gen_result *out)
     free(g->prompt_lp);
     free(g->prompt_top);
     free(g->prompt_top_lp);
+    free(g->piece);
     memset(g, 0, sizeof *g);
 }
 

@@ -104,6 +104,8 @@ typedef struct {
     float *scratch;          /* 2V floats for the sampler */
     float *block;            /* block_len * V logprobs of the prefill */
     int32_t next;            /* the token gen_sample picked, to feed */
+    int32_t prev0;           /* the token before the first generated one (-1: none): a word's text depends on it */
+    char *piece;             /* one token's text (vocab_piece) */
     size_t emitted;          /* bytes of text handed out as settled */
     int top_n, echo;
     float *prompt_lp;        /* echo: logprob of each prompt token (NAN for the first without pending) */

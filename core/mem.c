@@ -26,6 +26,8 @@ static size_t mem_floats(const model_t *m)
 size_t mem_bytes(const model_t *m) { return mem_floats(m) * sizeof(float); }
 size_t mem_bytes_reference(const model_t *m) { return m->family->mem_reference(m); }
 size_t mem_bytes_full(const model_t *m) { return m->family->mem_full(m); }
+const char *mem_full_name(const model_t *m) { return m->family->full_name; }
+int64_t mem_held_rows(const model_t *m, int l, int64_t pos) { return m->family->held_rows(m, l, pos); }
 
 mem_t *mem_new(const model_t *m)
 {
@@ -179,8 +181,7 @@ int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err)
     for (uint32_t l = 0; l < nl; l++) {
         int32_t k;
         memcpy(&k, p + MEM_HDR + 4 * l, 4);
-        /* every position passes every attention block: it holds min(pos, mem_len) rows */
-        int64_t want = m->fam == FAM_PAR && m->layers[l].kind == BLK_ATTN ? (pos < m->mem_len ? pos : m->mem_len) : 0;
+        int64_t want = m->family->held_rows(m, (int)l, pos);
         if (k != want) return err_set(err, "the state's memory length of layer %u is invalid", l);
     }
     /* what a model writes is finite and far inside this bound; past it (a

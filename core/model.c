@@ -259,7 +259,41 @@ static const tokenizer *tokenizer_of(const char *name, json_t *cfg, char *err)
     return k;
 }
 
+/* SETTINGS (JSON object text) over CFG, each key one FAM lets a load set. */
+static int apply_settings(const char *name, const family_ops *fam, json_t *cfg, const char *settings, char *err)
+{
+    json_error_t je;
+    json_t *set = json_loads(settings, 0, &je), *v;
+    if (!json_is_object(set)) {
+        json_decref(set);
+        return err_set(err, "%s: the settings must be a JSON object", name);
+    }
+    const char *key;
+    char allowed[256] = "";
+    size_t at = 0;
+    for (int i = 0; fam->settings && fam->settings[i] && at < sizeof allowed; i++)
+        at += (size_t)snprintf(allowed + at, sizeof allowed - at, "%s%s", i ? ", " : "", fam->settings[i]);
+    json_object_foreach(set, key, v) {
+        int ok = 0;
+        for (int i = 0; fam->settings && fam->settings[i] && !ok; i++) ok = strcmp(key, fam->settings[i]) == 0;
+        if (!ok) {
+            err_set(err, "%s: '%.64s' is not a setting of a %s model (%s)", name, key, fam->name,
+                    at ? allowed : "it has none");
+            json_decref(set);
+            return -1;
+        }
+        json_object_set(cfg, key, v);
+    }
+    json_decref(set);
+    return 0;
+}
+
 model_t *model_load_named(const char *path, const char *name, mem_mode mode, char *err)
+{
+    return model_load_set(path, name, mode, NULL, err);
+}
+
+model_t *model_load_set(const char *path, const char *name, mem_mode mode, const char *settings, char *err)
 {
     char e2[ERR_LEN];
     wantlist L = {0};
@@ -281,7 +315,8 @@ model_t *model_load_named(const char *path, const char *name, mem_mode mode, cha
     const tokenizer *tk = fam ? tokenizer_of(name, cfg, err) : NULL;
     if (!tk) goto fail;
     if (vocab_parse_kind(&m->vocab, tk, vj, e2)) { err_set(err, "%s: %s", name, e2); goto fail; }
-    m->config_json = strdup(cj);
+    if (settings && apply_settings(name, fam, cfg, settings, err)) goto fail;
+    m->config_json = settings ? json_dumps(cfg, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup(cj);
     m->vocab_json = strdup(vj);
     if (!m->config_json || !m->vocab_json) { err_set(err, "out of memory"); goto fail; }
     m->V = m->vocab.n;

@@ -81,7 +81,9 @@ struct adaptive;
  * date only when the host needs it (export, spill to disk). */
 typedef struct fwd_backend {
     void *ctx;
-    int (*forward)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err);
+    /* model_forward_targets' contract (TARGETS may be NULL) */
+    int (*forward)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                   float *logprobs, char *err);
     int (*attach)(void *ctx, struct mem *s, char *err);   /* make s->dev from the host copy */
     void (*detach)(void *ctx, struct mem *s);             /* free s->dev */
     int (*pull)(void *ctx, struct mem *s, char *err);     /* device -> host */
@@ -131,6 +133,12 @@ model_t *model_load_mode(const char *path, mem_mode mode, char *err);
 /* Reads PATH but names it NAME in every message (the server's clients see
  * them, and must not learn where its files are). */
 model_t *model_load_named(const char *path, const char *name, mem_mode mode, char *err);
+/* The same with SETTINGS (a JSON object of config keys, or NULL) over the
+ * file's config: only the keys the family lets a load set (transformer-xl:
+ * eval_tgt_len, eval_mem_len, eval_clamp_len, eval_same_length); any other
+ * is an error naming those. The model's config (and fingerprint) is the
+ * result. */
+model_t *model_load_set(const char *path, const char *name, mem_mode mode, const char *settings, char *err);
 void model_free(model_t *m);
 const char *model_family_name(model_family f);
 /* PAR: the softmax of a block's architecture logits (attn, ffn, skip);
@@ -175,8 +183,11 @@ void mem_free(mem_t *s);
 void mem_reset(mem_t *s);
 int mem_copy(mem_t *dst, const mem_t *src);
 size_t mem_bytes(const model_t *m);             /* what this project keeps per stream */
+/* Rows block L's memory holds after POS positions (mem_t.len; 0 where the family counts none). */
+int64_t mem_held_rows(const model_t *m, int l, int64_t pos);
 size_t mem_bytes_reference(const model_t *m);   /* what the reference keeps (hidden states) */
 size_t mem_bytes_full(const model_t *m);        /* the reference at the full span */
+const char *mem_full_name(const model_t *m);    /* what mem_bytes_full measures, in words */
 
 /* Serialised memory (for session export and snapshots): a header naming the
  * model's shape, then the rings. */
@@ -203,5 +214,14 @@ void ws_free(fwd_ws *w);
  * same M tokens: blocks of other lengths round otherwise). */
 int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
                   float *logprobs, fwd_ws *ws, char *err);
+/* The same where only some log-probabilities are wanted: a stream b whose
+ * TARGETS[b*M] is >= 0 wants, for each of its rows i, only that of token
+ * TARGETS[b*M + i] (written at LOGPROBS[(b*M + i)*V + target]; the rest of
+ * the row is left as it was); a stream whose TARGETS[b*M] is -1 wants its
+ * whole rows. An adaptive softmax then computes the head and one cluster a
+ * row (the cheap path for scoring); other output layers compute the rows.
+ * A stream's values never depend on the others in the batch. */
+int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
+                          const int32_t *targets, float *logprobs, fwd_ws *ws, char *err);
 
 #endif

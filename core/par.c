@@ -35,8 +35,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs,
-                fwd_ws *ws, char *err)
+int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                float *logprobs, fwd_ws *ws, char *err)
 {
     const int D = m->d_model, nh = m->n_head, dh = m->d_head, A = nh * dh, I = m->d_inner, V = m->V;
     const int ML = m->mem_len;
@@ -167,7 +167,7 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
         else
             ops_add_layernorm(x, tmp, y->ln1_w, y->ln1_b, (int)N, D);
     }
-    if (m->ada) return adaptive_logprobs(m, x, B, M, out, ws, err);
+    if (m->ada) return adaptive_logprobs(m, x, B, M, targets, out, ws, err);
     ops_linear(out, x, m->out_w, m->out_b, B, M, D, V);
     ops_log_softmax(out, (int)N, V);
     return 0;
@@ -311,6 +311,12 @@ int par_mem_slots(const model_t *m) { return m->n_layers; }
 int par_slot_rows(const model_t *m, int i) { return m->layers[i].kind == BLK_ATTN ? m->mem_len : 0; }
 int par_slot_width(const model_t *m) { return m->n_head * m->d_head; }
 
+/* Every position passes every attention block: it holds min(pos, mem_len) rows. */
+int64_t par_held_rows(const model_t *m, int l, int64_t pos)
+{
+    return m->layers[l].kind == BLK_ATTN ? (pos < m->mem_len ? pos : m->mem_len) : 0;
+}
+
 /* The reference keeps each attention block's input of mem_len rows. */
 size_t par_mem_reference(const model_t *m)
 {
@@ -371,6 +377,7 @@ const family_ops family_par = {
     .slot_krows = par_slot_rows,
     .slot_vrows = par_slot_rows,
     .slot_width = par_slot_width,
+    .held_rows = par_held_rows,
     .mem_reference = par_mem_reference,
     .mem_full = par_mem_full,
     .full_name = "Transformer-XL, every block",

@@ -77,9 +77,10 @@ int32_t vocab_id(const vocab_t *v, uint32_t cp)
     return -1;
 }
 
-static long chars_encode(const vocab_t *v, const char *text, size_t len, int32_t *ids, size_t *offs, size_t cap,
-                         char *err)
+static long chars_encode(const vocab_t *v, const char *text, size_t len, int open, int32_t *ids, size_t *offs,
+                         size_t cap, char *err)
 {
+    (void)open;
     size_t k = 0;
     for (size_t i = 0; i < len && k < cap;) {
         uint32_t cp;
@@ -109,4 +110,4 @@ static size_t chars_piece(const vocab_t *v, int32_t prev, int32_t id, char *buf)
     return l;
 }
 
-const tokenizer tok_chars = {"chars", chars_parse, chars_encode, chars_max_tokens, chars_piece};
+const tokenizer tok_chars = {"chars", 1, chars_parse, chars_encode, chars_max_tokens, chars_piece};

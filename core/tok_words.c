@@ -2,7 +2,8 @@
  * tok_words.c - the word vocabulary of kimiyoung/transformer-xl's `Vocab`
  * (and of the Hugging Face and NVIDIA ports): a text is read as Python reads
  * a file line by line (a line ends at \n, \r\n or \r; a last line without an
- * end counts; an end at the very end of the text begins no other line); each
+ * end counts, except in a prompt, whose last line goes on; an end at the very
+ * end of the text begins no other line); each
  * line is `line.strip().split()` (Python's whitespace) followed by <eos>; a
  * word the vocabulary lacks is <unk>. Output: words joined by one space,
  * <eos> back to a newline.
@@ -40,7 +41,7 @@ static int32_t lookup(const vocab_t *v, const char *s, size_t n)
         int32_t id = v->table[at];
         if (id < 0) return -1;
         const char *w = id == v->eos ? "<eos>" : v->tok[id];
-        if (strncmp(w, s, n) == 0 && w[n] == 0) return id;
+        if (strlen(w) == n && memcmp(w, s, n) == 0) return id;   /* the text may hold NUL bytes */
     }
 }
 
@@ -89,8 +90,9 @@ static int words_parse(vocab_t *v, const char *text, char *err)
         at += len + 1;
         longest = len > longest ? len : longest;
         if (lookup(v, s, len) >= 0) {
+            err_set(err, "vocab[%d] '%.64s' repeats a word listed earlier", i, at - len - 1);   /* the pool's copy */
             json_decref(a);
-            return err_set(err, "vocab[%d] '%.64s' repeats a word listed earlier", i, s);
+            return -1;
         }
         size_t slot = hash_bytes(s, len) & v->table_mask;
         while (v->table[slot] >= 0) slot = (slot + 1) & v->table_mask;
@@ -106,8 +108,8 @@ static int words_parse(vocab_t *v, const char *text, char *err)
     return 0;
 }
 
-static long words_encode(const vocab_t *v, const char *text, size_t len, int32_t *ids, size_t *offs, size_t cap,
-                         char *err)
+static long words_encode(const vocab_t *v, const char *text, size_t len, int open, int32_t *ids, size_t *offs,
+                         size_t cap, char *err)
 {
     size_t k = 0, i = 0, word = 0;
     int in_word = 0;
@@ -146,8 +148,8 @@ static long words_encode(const vocab_t *v, const char *text, size_t len, int32_t
         offs[k] = word;
         ids[k++] = id < 0 ? v->unk : id;
     }
-    /* a last line without its end still ends in <eos> */
-    if (len > 0 && text[len - 1] != '\n' && text[len - 1] != '\r') {
+    /* a last line without its end still ends in <eos>, unless the text goes on */
+    if (!open && len > 0 && text[len - 1] != '\n' && text[len - 1] != '\r') {
         if (k == cap) return err_set(err, "too many tokens");
         offs[k] = len;
         ids[k++] = v->eos;
@@ -167,4 +169,4 @@ static size_t words_piece(const vocab_t *v, int32_t prev, int32_t id, char *buf)
     return at + l;
 }
 
-const tokenizer tok_words = {"words", words_parse, words_encode, words_max_tokens, words_piece};
+const tokenizer tok_words = {"words", 0, words_parse, words_encode, words_max_tokens, words_piece};

@@ -64,8 +64,8 @@ int vocab_parse_kind(vocab_t *v, const tokenizer *kind, const char *json_text, c
 
 int vocab_parse(vocab_t *v, const char *json_text, char *err) { return vocab_parse_kind(v, &tok_chars, json_text, err); }
 
-int vocab_encode_offsets(const vocab_t *v, const char *text, size_t len, int32_t **out, size_t **offs, size_t *n,
-                         char *err)
+int vocab_encode_offsets(const vocab_t *v, const char *text, size_t len, int open, int32_t **out, size_t **offs,
+                         size_t *n, char *err)
 {
     size_t cap = v->kind->max_tokens(len);
     int32_t *ids = malloc((cap ? cap : 1) * sizeof *ids);
@@ -75,7 +75,7 @@ int vocab_encode_offsets(const vocab_t *v, const char *text, size_t len, int32_t
         free(off);
         return err_set(err, "out of memory");
     }
-    long k = v->kind->encode(v, text, len, ids, off, cap, err);
+    long k = v->kind->encode(v, text, len, open, ids, off, cap, err);
     if (k < 0) {
         free(ids);
         free(off);
@@ -90,7 +90,7 @@ int vocab_encode_offsets(const vocab_t *v, const char *text, size_t len, int32_t
 
 int vocab_encode(const vocab_t *v, const char *text, size_t len, int32_t **out, size_t *n, char *err)
 {
-    return vocab_encode_offsets(v, text, len, out, NULL, n, err);
+    return vocab_encode_offsets(v, text, len, 0, out, NULL, n, err);
 }
 
 size_t vocab_piece(const vocab_t *v, int32_t prev, int32_t id, char *buf) { return v->kind->piece(v, prev, id, buf); }

@@ -38,14 +38,17 @@ typedef struct vocab {
 /* One vocabulary kind. */
 typedef struct tokenizer {
     const char *name;
+    int per_character;     /* a token is one character: nats per token are per character (bpc means something) */
     /* Fills V from the JSON array text of __metadata__.vocab (V zeroed;
      * v->kind set). On error V holds nothing to free. */
     int (*parse)(vocab_t *v, const char *json_text, char *err);
     /* LEN bytes of TEXT -> at most CAP ids into IDS, with the byte offset of
      * each token's start into OFFS (a token that stands for no text of its
      * own, as <eos> at the end of a text without a final newline, has the
-     * offset LEN). Returns the count, or -1 with ERR. */
-    long (*encode)(const vocab_t *v, const char *text, size_t len, int32_t *ids, size_t *offs, size_t cap, char *err);
+     * offset LEN). OPEN: the text goes on (a prompt): its last line is not
+     * ended. Returns the count, or -1 with ERR. */
+    long (*encode)(const vocab_t *v, const char *text, size_t len, int open, int32_t *ids, size_t *offs, size_t cap,
+                   char *err);
     /* Tokens at most a text of LEN bytes can become (for the buffers). */
     size_t (*max_tokens)(size_t len);
     /* The text token ID adds to a stream whose previous token is PREV (-1 at
@@ -65,13 +68,19 @@ int vocab_parse(vocab_t *v, const char *json_text, char *err);
 void vocab_free(vocab_t *v);
 /* chars: the id of code point CP, or -1. */
 int32_t vocab_id(const vocab_t *v, uint32_t cp);
-/* Text (LEN bytes of UTF-8) -> token ids. *OUT is malloc'd (caller frees);
- * so is *OFFS (the byte offset of each token) where OFFS is not NULL.
- * Invalid UTF-8, or a character outside a character vocabulary, is an error
- * naming the byte offset. */
+/* A whole text (LEN bytes of UTF-8: a file, a text to score) -> token ids.
+ * *OUT is malloc'd (caller frees); so is *OFFS (the byte offset of each
+ * token) where OFFS is not NULL. Invalid UTF-8, or a character outside a
+ * character vocabulary, is an error naming the byte offset. */
 int vocab_encode(const vocab_t *v, const char *text, size_t len, int32_t **out, size_t *n, char *err);
-int vocab_encode_offsets(const vocab_t *v, const char *text, size_t len, int32_t **out, size_t **offs, size_t *n,
-                         char *err);
+/* The same for a text that goes on (a prompt: words do not end its last
+ * line with <eos>) when OPEN. */
+int vocab_encode_offsets(const vocab_t *v, const char *text, size_t len, int open, int32_t **out, size_t **offs,
+                         size_t *n, char *err);
+static inline int vocab_encode_prompt(const vocab_t *v, const char *text, size_t len, int32_t **out, size_t *n, char *err)
+{
+    return vocab_encode_offsets(v, text, len, 1, out, NULL, n, err);
+}
 /* The text of token ID after token PREV (-1: at the start) into BUF
  * (vocab_max_piece + 1 bytes); its length. */
 size_t vocab_piece(const vocab_t *v, int32_t prev, int32_t id, char *buf);

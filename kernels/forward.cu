@@ -53,19 +53,42 @@ static int linear(gpu_model *g, float *y, const float *x, const bf16 *xb, const 
     return g->prec == GPU_BF16 ? gpu_linear_bf16(g, y, xb, Wb, n, in, out, err) : gpu_linear(g, y, x, W, n, in, out, err);
 }
 
+/* The sublayer's input: x, or with pre_lnorm LN(x) into tmp (xb in
+ * GPU_BF16, which the linear layers read), x left as it is. */
+static int sublayer_in(gpu_model *g, const float *w, const float *b, int N, const float **in, char *err)
+{
+    *in = g->x;
+    if (!g->m->pre_lnorm) return 0;
+    *in = g->tmp;
+    return OP(OP_LN, gpu_layernorm_to(g, g->tmp, g->prec == GPU_BF16 ? g->xb : NULL, g->x, w, b, N, g->m->d_model, err))
+               ? -1 : 0;
+}
+
+/* The sublayer's output R (+ RB) into the residual stream: x = LN(x + r),
+ * or x + r with pre_lnorm (xb, which then holds LN(x), kept for the next
+ * sublayer's LN to write). */
+static int sublayer_out(gpu_model *g, const float *r, const float *rb, const float *w, const float *b, int N, char *err)
+{
+    const int Dm = g->m->d_model;
+    if (g->m->pre_lnorm) return OP(OP_LN, gpu_add_residual(g, g->x, NULL, r, rb, N, Dm, err)) ? -1 : 0;
+    return OP(OP_LN, gpu_add_layernorm(g, g->x, g->xb, r, rb, w, b, N, Dm, err)) ? -1 : 0;
+}
+
 static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
 {
     const model_t *m = g->m;
     const int Dm = m->d_model, I = m->d_inner;
+    const float *in;
+    if (sublayer_in(g, d->ln2_w, d->ln2_b, N, &in, err)) return -1;
     /* a few rows: fc1, its bias and the ReLU in one launch (matmul.cu) */
-    const int fused = gpu_linear_bias_relu(g, g->ff, g->ffb, g->x, g->xb, d->fc1_w, d->fc1_h, d->fc1_b, N, Dm, I, err);
+    const int fused = gpu_linear_bias_relu(g, g->ff, g->ffb, in, g->xb, d->fc1_w, d->fc1_h, d->fc1_b, N, Dm, I, err);
     if (fused < 0) return -1;
     if (fused) mark(g, OP_FC1);
-    else if (OP(OP_FC1, linear(g, g->ff, g->x, g->xb, d->fc1_w, d->fc1_h, N, Dm, I, err)) ||
+    else if (OP(OP_FC1, linear(g, g->ff, in, g->xb, d->fc1_w, d->fc1_h, N, Dm, I, err)) ||
              OP(OP_RELU, gpu_bias_relu(g, g->ff, g->ffb, d->fc1_b, N, I, err)))
         return -1;
     if (OP(OP_FC2, linear(g, g->tmp, g->ff, g->ffb, d->fc2_w, d->fc2_h, N, I, Dm, err)) ||
-        OP(OP_LN, gpu_add_layernorm(g, g->x, g->xb, g->tmp, d->fc2_b, d->ln2_w, d->ln2_b, N, Dm, err)))
+        sublayer_out(g, g->tmp, d->fc2_b, d->ln2_w, d->ln2_b, N, err))
         return -1;
     return 0;
 }
@@ -79,9 +102,11 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
         const blk_kind kind = m->fam == FAM_ASPAN ? BLK_ATTN : m->layers[l].kind;
         if (kind == BLK_SKIP) continue;
         if (kind == BLK_ATTN) {
+            const float *in;
+            if (sublayer_in(g, d->ln1_w, d->ln1_b, N, &in, err)) return -1;
             /* GPU_BF16: queries, keys and values in bf16, the rings' type */
             if (OP(OP_QKV, g->prec == GPU_BF16 ? gpu_linear_bf16_out(g, g->qkvb, g->xb, d->wqkv_h, N, Dm, 3 * A, err)
-                                                : gpu_linear(g, g->qkv, g->x, d->wqkv, N, Dm, 3 * A, err)))
+                                                : gpu_linear(g, g->qkv, in, d->wqkv, N, Dm, 3 * A, err)))
                 return -1;
             if (m->fam == FAM_ASPAN) {
                 int ring_done = 0;   /* a one-token step's rings are written by the attention (aspan_decode.cu) */
@@ -93,7 +118,7 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
                     return -1;
             }
             if (OP(OP_WO, linear(g, g->tmp, g->att, g->attb, d->wo, d->wo_h, N, A, Dm, err)) ||
-                OP(OP_LN, gpu_add_layernorm(g, g->x, g->xb, g->tmp, NULL, d->ln1_w, d->ln1_b, N, Dm, err)))
+                sublayer_out(g, g->tmp, NULL, d->ln1_w, d->ln1_b, N, err))
                 return -1;
         }
         if (m->fam == FAM_ASPAN || kind == BLK_FFN)
@@ -109,8 +134,14 @@ static int launch_step(gpu_model *g, int B, int M, char *err)
     const model_t *m = g->m;
     const int N = B * M;
     const float scale = m->fam == FAM_PAR ? (float)sqrt((double)m->d_model) : 1.0f;
-    if (OP(OP_EMBED, gpu_embed(g, g->x, g->xb, g->emb, stage_tok(g, g->d_stage), N, m->d_model, scale, err))) return -1;
+    /* with pre_lnorm xb holds the sublayers' LN(x): the output layer's bf16 input is made at the end */
+    bf16 *xb = m->pre_lnorm ? NULL : g->xb;
+    if (g->ada ? OP(OP_EMBED, gpu_ada_embed(g, g->x, xb, stage_tok(g, g->d_stage), N, err))
+               : OP(OP_EMBED, gpu_embed(g, g->x, xb, g->emb, stage_tok(g, g->d_stage), N, m->d_model, scale, err)))
+        return -1;
     if (run_layers(g, B, M, err)) return -1;
+    if (m->pre_lnorm && g->prec == GPU_BF16 && gpu_to_bf16(g, g->xb, g->x, (size_t)N * m->d_model, err)) return -1;
+    if (g->ada) return OP(OP_OUT, gpu_ada_logprobs(g, g->x, g->xb, N, err)) ? -1 : 0;
     if (OP(OP_OUT, linear(g, g->logits, g->x, g->xb, g->out_w, g->out_h, N, m->d_model, m->V, err)) ||
         OP(OP_LOGSOFTMAX, gpu_log_softmax(g, g->logits, g->out_b, N, m->V, err)))
         return -1;
@@ -148,6 +179,12 @@ static cudaGraphExec_t decode_graph(gpu_model *g, int B)
 
 int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err)
 {
+    return gpu_forward_targets(g, mems, B, tokens, M, NULL, logprobs, err);
+}
+
+int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                        float *logprobs, char *err)
+{
     const model_t *m = g->m;
     const int nl = m->n_layers, V = m->V;
     if (B < 1 || M < 1 || B > g->max_batch || M > g->max_block)
@@ -163,8 +200,22 @@ int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int 
         if (tokens[i] < 0 || tokens[i] >= V)
             return err_set(err, "token id %d at %zu is outside the vocabulary [0, %d)", tokens[i], i, V);
 
+    int any_tg = 0;   /* streams that want only their targets' logprobs */
+    for (int b = 0; targets && b < B; b++)
+        if (targets[(size_t)b * M] >= 0) {
+            any_tg = 1;
+            for (int i = 0; i < M; i++)
+                if (targets[(size_t)b * M + i] < 0 || targets[(size_t)b * M + i] >= V)
+                    return err_set(err, "target id %d of stream %d is outside the vocabulary [0, %d)",
+                                   targets[(size_t)b * M + i], b, V);
+        }
+
     /* the step's inputs, in one transfer */
     memcpy(stage_tok(g, g->h_stage), tokens, N * sizeof *tokens);
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < M; i++)
+            stage_tgt(g, g->h_stage)[(size_t)b * M + i] =
+                any_tg && targets[(size_t)b * M] >= 0 ? targets[(size_t)b * M + i] : -1;
     for (int b = 0; b < B; b++) {
         stage_pos(g, g->h_stage)[b] = mems[b]->pos;
         stage_ring(g, g->h_stage)[b] = (float *)mems[b]->buf;
@@ -182,10 +233,27 @@ int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int 
         if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
         if (launch_step(g, B, M, err)) return -1;
     }
-    if (logprobs)
+    if (logprobs && any_tg) {
+        /* the targets' logprobs, a float a row; whole rows only of the streams that want them */
+        if (gpu_gather_targets(g, g->tl, g->logits, stage_tgt(g, g->d_stage), (int)N, V, err)) return -1;
+        CU_TRY(cudaMemcpyAsync(g->h_tl, g->tl, N * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
+               "copying the targets' logprobs");
+        for (int b = 0; b < B; b++)
+            if (targets[(size_t)b * M] < 0)
+                CU_TRY(cudaMemcpyAsync(logprobs + (size_t)b * M * V, g->logits + (size_t)b * M * V,
+                                       (size_t)M * V * sizeof(float), cudaMemcpyDeviceToHost, g->stream),
+                       err, "copying the logprobs");
+    } else if (logprobs) {
         CU_TRY(cudaMemcpyAsync(logprobs, g->logits, N * V * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
                "copying the logprobs");
+    }
     CU_TRY(cudaStreamSynchronize(g->stream), err, "the step failed on the device");
+    for (int b = 0; logprobs && any_tg && b < B; b++)
+        if (targets[(size_t)b * M] >= 0)
+            for (int i = 0; i < M; i++) {
+                const size_t r = (size_t)b * M + i;
+                logprobs[r * V + targets[r]] = g->h_tl[r];
+            }
     for (int i = 0; g->prof_on && i < g->prof_n; i++) {
         float ms = 0;
         cudaEventElapsedTime(&ms, g->prof_ev[i], g->prof_ev[i + 1]);
@@ -195,9 +263,7 @@ int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int 
 
     for (int b = 0; b < B; b++) {
         gpu_mem *s = mems[b];
-        if (m->fam == FAM_PAR && m->mem_len > 0)
-            for (int l = 0; l < nl; l++)
-                if (m->layers[l].kind == BLK_ATTN) s->len[l] = s->len[l] + M < m->mem_len ? s->len[l] + M : m->mem_len;
+        for (int l = 0; l < nl; l++) s->len[l] = (int)mem_held_rows(m, l, s->pos + M);
         s->pos += M;
     }
     return 0;

@@ -128,6 +128,10 @@ void gpu_model_free(gpu_model *g)
     cudaFree(g->tpart);
     cudaFree(g->d_stage);
     cudaFree(g->blas_ws);
+    cudaFree(g->ada_mem);
+    cudaFree(g->tl);
+    free(g->ada);
+    if (g->h_tl) cudaFreeHost(g->h_tl);
     if (g->h_stage) cudaFreeHost(g->h_stage);
     if (g->prof_ev) {
         for (int i = 0; i <= GPU_PROF_EVENTS; i++) cudaEventDestroy(g->prof_ev[i]);
@@ -205,7 +209,9 @@ static int upload_layers(gpu_model *g, char *err)
             d->ln1_w = on_device(g, y->ln1_w, Dm);
             d->ln1_b = on_device(g, y->ln1_b, Dm);
             const float *rnet = on_device(g, y->rnet, (size_t)A * Dm);
-            if (!d->wqkv || !d->wo || !d->ln1_w || !d->ln1_b || !rnet) {
+            d->rwb = on_device(g, y->r_w_bias, A);
+            d->rrb = on_device(g, y->r_r_bias, A);
+            if (!d->wqkv || !d->wo || !d->ln1_w || !d->ln1_b || !rnet || !d->rwb || !d->rrb) {
                 rc = err_set(err, "%s: block %d: a weight lies outside the arena", m->path, l);
                 break;
             }
@@ -224,7 +230,10 @@ static int upload_layers(gpu_model *g, char *err)
                         rc = err_set(err, "out of memory for the position table");
                         break;
                     }
-                    for (int t = 0; t < extra; t++) par_sinusoid(pos + (size_t)t * Dm, Dm, y->rk_len + t);
+                    for (int t = 0; t < extra; t++) {   /* distances past clamp_len are embedded as it (core/par.c) */
+                        const int dist = y->rk_len + t;
+                        par_sinusoid(pos + (size_t)t * Dm, Dm, m->clamp_len > 0 && dist > m->clamp_len ? m->clamp_len : dist);
+                    }
                     if (cudaMemcpy(dpos, pos, (size_t)extra * Dm * sizeof *pos, cudaMemcpyHostToDevice) != cudaSuccess) {
                         rc = err_set(err, "cudaMemcpy (positions)");
                         break;
@@ -269,9 +278,61 @@ static int upload_layers(gpu_model *g, char *err)
         free(kr);
         free(re);
     }
-    if (m->fam == FAM_PAR) g->max_window = m->mem_len + g->max_block;
+    if (m->fam != FAM_ASPAN) g->max_window = m->mem_len + g->max_block;
     free(moff);
     return rc;
+}
+
+/* The adaptive input and softmax: pointers into the arena, and what core
+ * derived at load (the projections transposed, the head's stacked weights)
+ * copied up, with the softmax's step buffers, in one allocation. */
+static int upload_ada(gpu_model *g, char *err)
+{
+    const model_t *m = g->m;
+    const adaptive *a = m->ada;
+    const size_t D = m->d_model, N = (size_t)g->max_batch * g->max_block;
+    gpu_ada *d = (gpu_ada *)calloc(1, sizeof *d);
+    if (!(g->ada = d)) return err_set(err, "out of memory");
+    d->n = a->n;
+    d->H = a->cut[1] + a->n - 1;
+    size_t nf = align16((size_t)d->H * a->dim[0]) + align16(d->H);
+    for (int k = 0; k < a->n; k++) {
+        const size_t rows = (size_t)(a->cut[k + 1] - a->cut[k]), dim = a->dim[k];
+        d->cut[k] = a->cut[k];
+        d->dim[k] = a->dim[k];
+        d->dmax = a->dim[k] > d->dmax ? a->dim[k] : d->dmax;
+        d->emb[k] = on_device(g, a->emb[k], rows * dim);
+        d->emb_proj[k] = a->emb_proj[k] ? on_device(g, a->emb_proj[k], D * dim) : NULL;
+        d->out_w[k] = on_device(g, a->out_w[k], rows * dim);
+        d->out_b[k] = on_device(g, a->out_b[k], rows);
+        if (!d->emb[k] || !d->out_w[k] || !d->out_b[k] || (a->emb_proj[k] && !d->emb_proj[k]))
+            return err_set(err, "%s: cluster %d: a weight lies outside the model's arena", m->path, k);
+        if (a->out_proj_t[k]) nf += align16(dim * D);
+    }
+    d->cut[a->n] = a->cut[a->n];
+    const size_t nhead = align16(N * d->H), nhp = align16(N * (size_t)d->dmax);
+    nf += nhead + nhp + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
+    CU_TRY(cudaMalloc(&g->ada_mem, nf * sizeof(float)), err, "cudaMalloc (adaptive softmax)");
+    float *at = g->ada_mem;
+    CU_TRY(cudaMemcpy(at, a->head_w, (size_t)d->H * a->dim[0] * sizeof(float), cudaMemcpyHostToDevice), err,
+           "cudaMemcpy (adaptive head)");
+    d->head_w = at;
+    at += align16((size_t)d->H * a->dim[0]);
+    CU_TRY(cudaMemcpy(at, a->head_b, (size_t)d->H * sizeof(float), cudaMemcpyHostToDevice), err, "cudaMemcpy (adaptive head)");
+    d->head_b = at;
+    at += align16(d->H);
+    for (int k = 0; k < a->n; k++)
+        if (a->out_proj_t[k]) {
+            CU_TRY(cudaMemcpy(at, a->out_proj_t[k], (size_t)a->dim[k] * D * sizeof(float), cudaMemcpyHostToDevice), err,
+                   "cudaMemcpy (adaptive projections)");
+            d->proj_t[k] = at;
+            at += align16((size_t)a->dim[k] * D);
+        }
+    g->derived_floats += at - g->ada_mem;   /* weights, as the rk tables */
+    d->head = at;
+    d->hp = at + nhead;
+    if (g->prec == GPU_BF16) d->hpb = (bf16 *)(d->hp + nhp);
+    return 0;
 }
 
 /* GPU_BF16: bfloat16 copies of every linear layer's weights (the packed
@@ -281,7 +342,11 @@ static int upload_bf16(gpu_model *g, char *err)
 {
     const model_t *m = g->m;
     const size_t Dm = m->d_model, I = m->d_inner, A = (size_t)m->n_head * m->d_head;
-    size_t n = (size_t)m->V * Dm;
+    const gpu_ada *a = g->ada;
+    size_t n = a ? 0 : (size_t)m->V * Dm;
+    for (int k = 0; a && k < a->n; k++)
+        n += (size_t)(a->proj_t[k] ? a->dim[k] * Dm : 0) + (size_t)(a->cut[k + 1] - a->cut[k]) * a->dim[k];
+    if (a) n += (size_t)a->H * a->dim[0];
     for (int l = 0; l < m->n_layers; l++) {
         const gpu_layer *d = &g->L[l];
         if (d->wqkv) n += 3 * A * Dm + Dm * A;
@@ -291,7 +356,15 @@ static int upload_bf16(gpu_model *g, char *err)
     CU_TRY(cudaMalloc(&g->wbf, n * sizeof(bf16)), err, "cudaMalloc (bf16 weights)");
     bf16 *at = g->wbf;
 #define TO_BF16(dst, src, count)                                                                                           do {                                                                                                                       if (gpu_to_bf16(g, at, (src), (count), err)) return -1;                                                                (dst) = at;                                                                                                            at += (count);                                                                                                     } while (0)
-    TO_BF16(g->out_h, g->out_w, (size_t)m->V * Dm);
+    if (!a) TO_BF16(g->out_h, g->out_w, (size_t)m->V * Dm);
+    else {
+        gpu_ada *w = g->ada;
+        for (int k = 0; k < a->n; k++) {
+            if (a->proj_t[k]) TO_BF16(w->proj_t_h[k], a->proj_t[k], (size_t)a->dim[k] * Dm);
+            if (k) TO_BF16(w->out_w_h[k], a->out_w[k], (size_t)(a->cut[k + 1] - a->cut[k]) * a->dim[k]);
+        }
+        TO_BF16(w->head_w_h, a->head_w, (size_t)a->H * a->dim[0]);
+    }
     for (int l = 0; l < m->n_layers; l++) {
         gpu_layer *d = &g->L[l];
         if (d->wqkv) {
@@ -321,7 +394,7 @@ static cublasMath_t gpu_math_mode(void)
 
 int gpu_supports(const model_t *m, char *why)
 {
-    if (m->fam == FAM_ASPAN || m->fam == FAM_PAR) return 1;
+    if (m->fam == FAM_ASPAN || m->fam == FAM_PAR || m->fam == FAM_TXL) return 1;
     err_set(why, "%s: the CUDA backend does not run %s models yet: it runs on the CPU", m->path, model_family_name(m->fam));
     return 0;
 }
@@ -392,16 +465,15 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     }
     if (rc == 0) {
         const int Dm = m->d_model, A = m->n_head * m->d_head, V = m->V;
-        g->emb = on_device(g, m->emb, (size_t)V * Dm);
-        g->out_w = on_device(g, m->out_w, (size_t)V * Dm);
-        g->out_b = on_device(g, m->out_b, V);
-        if (m->fam == FAM_ASPAN) g->key_pe = on_device(g, m->key_pe, (size_t)m->d_head * m->span);
+        if (m->ada) rc = upload_ada(g, err);
         else {
-            g->r_w_bias = on_device(g, m->r_w_bias, A);
-            g->r_r_bias = on_device(g, m->r_r_bias, A);
+            g->emb = on_device(g, m->emb, (size_t)V * Dm);
+            g->out_w = on_device(g, m->out_w, (size_t)V * Dm);
+            g->out_b = on_device(g, m->out_b, V);
         }
-        if (!g->emb || !g->out_w || !g->out_b ||
-            (m->fam == FAM_ASPAN ? !g->key_pe : (!g->r_w_bias || !g->r_r_bias)))
+        (void)A;   /* the r biases are each attention block's (upload_layers) */
+        if (m->fam == FAM_ASPAN) g->key_pe = on_device(g, m->key_pe, (size_t)m->d_head * m->span);
+        if (rc == 0 && ((!m->ada && (!g->emb || !g->out_w || !g->out_b)) || (m->fam == FAM_ASPAN && !g->key_pe)))
             rc = err_set(err, "%s: a weight lies outside the model's arena", m->path);
     }
     if (rc == 0) rc = upload_layers(g, err);
@@ -451,6 +523,11 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                 g->qkvb = g->ffb + 2 * align16((nff + 1) / 2);
             }
             g->step_bytes = total * sizeof(float);
+            if (g->ada) {   /* the adaptive softmax's head and projections (upload_ada) */
+                const size_t nhp = align16(N * (size_t)g->ada->dmax);
+                g->step_bytes += (align16(N * g->ada->H) + nhp + (precision == GPU_BF16 ? align16((nhp + 1) / 2) : 0)) *
+                                 sizeof(float);
+            }
             if (cudaMemset(g->x, 0xFF, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "cudaMemset");
         }
         if (rc == 0 && m->fam == FAM_ASPAN &&
@@ -464,7 +541,11 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
         g->o_pos = align16(g->o_tok + N * sizeof(int32_t));
         g->o_ring = align16(g->o_pos + (size_t)max_batch * sizeof(int64_t));
         g->o_len = align16(g->o_ring + (size_t)max_batch * sizeof(float *));
-        g->stage_bytes = align16(g->o_len + (size_t)max_batch * m->n_layers * sizeof(int));
+        g->o_tgt = align16(g->o_len + (size_t)max_batch * m->n_layers * sizeof(int));
+        g->stage_bytes = align16(g->o_tgt + N * sizeof(int32_t));
+        if (rc == 0 && (cudaMalloc(&g->tl, N * sizeof(float)) != cudaSuccess ||
+                        cudaMallocHost(&g->h_tl, N * sizeof(float)) != cudaSuccess))
+            rc = err_set(err, "out of memory for the targets' logprobs");
         if (rc == 0 && (cudaMallocHost(&g->h_stage, g->stage_bytes) != cudaSuccess ||
                         cudaMalloc(&g->d_stage, g->stage_bytes) != cudaSuccess))
             rc = err_set(err, "out of memory for the step inputs");

@@ -108,6 +108,11 @@ int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err);
  * LOGPROBS (host memory) if not NULL. Returns when the step is done: 0, or
  * -1 with ERR set. */
 int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err);
+/* The same with model_forward_targets' TARGETS (NULL: whole rows): a stream
+ * with targets gets only those logprobs from the device (one float a row,
+ * not V). */
+int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                        float *logprobs, char *err);
 
 /* The log-probabilities of the last step, on the device (B*M rows of V). */
 const float *gpu_logprobs_device(const gpu_model *g);

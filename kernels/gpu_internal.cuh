@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
+#include "adaptive.h"
 #include "err.h"
 #include "model.h"
 }
@@ -111,12 +112,29 @@ typedef struct {
     const float *ln1_w, *ln1_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b, *ln2_w, *ln2_b;
     const float *rk;              /* par: r_net(sinusoid(t)), t = 0..rk_rows-1, A wide */
     int rk_rows;
+    const float *rwb, *rrb;       /* attention: Transformer-XL's u and v (shared, or the layer's own) */
     /* GPU_BF16: the linear layers' weights in bfloat16 (NULL in GPU_FP32) */
     const bf16 *wqkv_h, *wo_h, *fc1_h, *fc2_h;
 } gpu_layer;
 
+/* The word-level Transformer-XL's adaptive input and softmax on the device
+ * (adaptive.cu; core/adaptive.h has the math). */
+typedef struct {
+    int n, H, dmax;               /* clusters (the shortlist one of them); head columns; widest d_i */
+    int cut[ADA_MAX_CLUSTERS + 1], dim[ADA_MAX_CLUSTERS];
+    const float *emb[ADA_MAX_CLUSTERS], *emb_proj[ADA_MAX_CLUSTERS];   /* in the arena */
+    const float *out_w[ADA_MAX_CLUSTERS], *out_b[ADA_MAX_CLUSTERS];    /* in the arena */
+    const float *proj_t[ADA_MAX_CLUSTERS];   /* Q_i^T (d_i x d_model) in `derived`, or NULL */
+    const float *head_w, *head_b;            /* [W_0; cluster_w], [b_0; cluster_b] in `derived` */
+    const bf16 *proj_t_h[ADA_MAX_CLUSTERS], *out_w_h[ADA_MAX_CLUSTERS], *head_w_h;   /* GPU_BF16 */
+    float *head, *hp;             /* step buffers: N x H, N x dmax */
+    bf16 *hpb;                    /* GPU_BF16: N x dmax */
+} gpu_ada;
+
 struct gpu_model {
     const model_t *m;
+    gpu_ada *ada;                 /* NULL: the embedding table and one softmax */
+    float *ada_mem;               /* the adaptive softmax's derived weights and step buffers */
     int max_batch, max_block;
     int prec;                     /* GPU_FP32 or GPU_BF16 */
     int gemv_on;                  /* a few rows go through matmul.cu's gemv_kernel (SPANSERVE_GPU_GEMV=0: cuBLAS) */
@@ -133,7 +151,7 @@ struct gpu_model {
     float *derived;               /* packed aspan QKV, par rk tables, aspan masks */
     size_t derived_floats;
     gpu_layer *L;                 /* host array, n_layers */
-    const float *emb, *out_w, *out_b, *key_pe, *r_w_bias, *r_r_bias;
+    const float *emb, *out_w, *out_b, *key_pe;
     /* GPU_BF16: the linear layers' weights in bfloat16, one allocation */
     bf16 *wbf;
     size_t wbf_elems;
@@ -161,7 +179,9 @@ struct gpu_model {
     /* per-step inputs: staged in pinned host memory, copied in one transfer */
     void *h_stage, *d_stage;
     size_t stage_bytes;
-    size_t o_tok, o_pos, o_ring, o_len;   /* offsets in the stage */
+    size_t o_tok, o_pos, o_ring, o_len, o_tgt;   /* offsets in the stage */
+    /* model_forward_targets: each row's target's logprob, on the device and in pinned host memory */
+    float *tl, *h_tl;
     size_t step_bytes, weight_bytes;
     /* decode steps as CUDA graphs: graph[B-1] for B streams x 1 token */
     cudaGraphExec_t *graph;
@@ -181,6 +201,7 @@ static inline int32_t *stage_tok(const gpu_model *g, void *base) { return (int32
 static inline int64_t *stage_pos(const gpu_model *g, void *base) { return (int64_t *)((char *)base + g->o_pos); }
 static inline float **stage_ring(const gpu_model *g, void *base) { return (float **)((char *)base + g->o_ring); }
 static inline int *stage_len(const gpu_model *g, void *base) { return (int *)((char *)base + g->o_len); }
+static inline int32_t *stage_tgt(const gpu_model *g, void *base) { return (int32_t *)((char *)base + g->o_tgt); }
 
 /* Ring row of absolute position P (negative: the zeros before the start) in
  * a ring of R rows, as core/aspan.c. */
@@ -221,6 +242,20 @@ int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const fl
                       const float *b, int n, int d, char *err);
 /* logsoftmax.cu: y = log_softmax(y + b), rows of d */
 int gpu_log_softmax(gpu_model *g, float *y, const float *b, int n, int d, char *err);
+/* logsoftmax.cu: tl[n] = y[n * d + tgt[n]] for the rows whose tgt is >= 0 */
+int gpu_gather_targets(gpu_model *g, float *tl, const float *y, const int32_t *tgt, int n, int d, char *err);
+/* matmul.cu: y = x W^T with rows of y LDY floats apart (a column block of a wider matrix) */
+int gpu_linear_ld(gpu_model *g, float *y, int ldy, const float *x, const float *W, int n, int in, int out, char *err);
+int gpu_linear_bf16_ld(gpu_model *g, float *y, int ldy, const bf16 *x, const bf16 *W, int n, int in, int out, char *err);
+/* layernorm.cu: y = LN(x) * w + b (x unchanged), into y (float) or yb (bfloat16) */
+int gpu_layernorm_to(gpu_model *g, float *y, bf16 *yb, const float *x, const float *w, const float *b, int n, int d,
+                     char *err);
+/* layernorm.cu: x += r (+ rb); also into xb (bfloat16) if not NULL */
+int gpu_add_residual(gpu_model *g, float *x, bf16 *xb, const float *r, const float *rb, int n, int d, char *err);
+/* adaptive.cu: x[n] = the adaptive input of tok[n] (and into xb); the
+ * adaptive softmax of x (xb) into g->logits, whole rows */
+int gpu_ada_embed(gpu_model *g, float *x, bf16 *xb, const int32_t *tok, int n, char *err);
+int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, char *err);
 /* aspan_attn.cu: one layer's span-limited attention for B streams x M
  * queries, into g->att (GPU_FP32) or g->attb (GPU_BF16); the rings are read
  * in the model's precision (so are rel_attn's and written by ring.cu's) */

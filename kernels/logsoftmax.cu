@@ -32,3 +32,16 @@ int gpu_log_softmax(gpu_model *g, float *y, const float *b, int n, int d, char *
     LAUNCH_TRY(err, "log_softmax");
     return 0;
 }
+
+__global__ static void gather_kernel(float *tl, const float *y, const int32_t *tgt, int n, int d)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && tgt[i] >= 0) tl[i] = y[(size_t)i * d + tgt[i]];
+}
+
+int gpu_gather_targets(gpu_model *g, float *tl, const float *y, const int32_t *tgt, int n, int d, char *err)
+{
+    gather_kernel<<<(n + 255) / 256, 256, 0, g->stream>>>(tl, y, tgt, n, d);
+    LAUNCH_TRY(err, "gather_targets");
+    return 0;
+}

@@ -141,3 +141,22 @@ int gpu_to_bf16(gpu_model *g, bf16 *dst, const float *src, size_t n, char *err)
     LAUNCH_TRY(err, "to_bf16");
     return 0;
 }
+
+int gpu_linear_ld(gpu_model *g, float *y, int ldy, const float *x, const float *W, int n, int in, int out, char *err)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (n <= 0 || out <= 0) return 0;
+    BLAS_TRY(cublasSgemm(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W, in, x, in, &zero, y, ldy), err,
+             "cublasSgemm (ld)");
+    return 0;
+}
+
+int gpu_linear_bf16_ld(gpu_model *g, float *y, int ldy, const bf16 *x, const bf16 *W, int n, int in, int out, char *err)
+{
+    const float one = 1.0f, zero = 0.0f;
+    if (n <= 0 || out <= 0) return 0;
+    BLAS_TRY(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
+                          &zero, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             err, "cublasGemmEx (bf16, ld)");
+    return 0;
+}

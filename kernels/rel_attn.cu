@@ -97,7 +97,7 @@ template <typename RT>
 __global__ static void __launch_bounds__(512)
     rel_attn_kernel(float *att, bf16 *attb, const RT *qkv, int M, int nh, int dh, int ML, int nl, int layer,
                     float scale, const float *rwb, const float *rrb, const float *rk, int64_t off, RT *const *ring,
-                    const int64_t *pos, const int *len, int cap)
+                    const int64_t *pos, const int *len, int cap, int same_length)
 {
     extern __shared__ float sm[];
     __shared__ float fred[32];
@@ -105,6 +105,9 @@ __global__ static void __launch_bounds__(512)
     const int n = blockIdx.x, h = blockIdx.y, A = nh * dh, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
     const int b = n / M, i = n % M, mlen = len[(size_t)b * nl + layer], qi = mlen + i, L = qi + 1;
+    /* same_length: keys j < jlo are masked too (core/par.c), so every query sees as many */
+    const int mask_len = mlen + M - ML, shift = mask_len > 0 ? M - mask_len : M;
+    const int jlo = same_length && i - shift + 1 > 0 ? i - shift + 1 : 0;
     float *qu = sm, *qv = qu + dh, *accw = qv + dh, *sc = accw + NW * REL_DCHUNK;
     rel_keys<RT> a;
     a.stride = (size_t)3 * A;
@@ -132,7 +135,7 @@ __global__ static void __launch_bounds__(512)
     float mx = -INFINITY;
     for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
         const float s = rel_tile_scores(&a, j0, lane);
-        if (j0 + lane < L) {
+        if (j0 + lane < L && j0 + lane >= jlo) {
             if (store) sc[j0 + lane] = s;
             mx = fmaxf(mx, s);
         }
@@ -141,7 +144,7 @@ __global__ static void __launch_bounds__(512)
     double z = 0;
     for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
         const float s = store ? sc[min(j0 + lane, L - 1)] : rel_tile_scores_again(&a, j0, lane);
-        if (j0 + lane < L) z += expf(s - mx);
+        if (j0 + lane < L && j0 + lane >= jlo) z += expf(s - mx);
     }
     const float inv = (float)(1.0 / block_sum(z, dred));
 
@@ -150,7 +153,7 @@ __global__ static void __launch_bounds__(512)
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int j0 = 32 * warp; j0 < L; j0 += 32 * NW) {
             const float s = store ? sc[min(j0 + lane, L - 1)] : rel_tile_scores_again(&a, j0, lane);
-            const float wt = j0 + lane < L ? expf(s - mx) * inv : 0.0f;
+            const float wt = j0 + lane < L && j0 + lane >= jlo ? expf(s - mx) * inv : 0.0f;
             const int cnt = L - j0 < 32 ? L - j0 : 32;
             /* REL_VROWS value rows' loads in flight, then their products */
             for (int jb = 0; jb < cnt; jb += REL_VROWS) {
@@ -218,12 +221,13 @@ int gpu_rel_attn(gpu_model *g, int l, int B, int M, char *err)
     const int *len = stage_len(g, g->d_stage);
     if (bf)
         rel_attn_kernel<bf16><<<grid, T, smem, g->stream>>>(NULL, g->attb, g->qkvb, M, nh, dh, m->mem_len, m->n_layers, l,
-                                                             scale, g->r_w_bias, g->r_r_bias, g->L[l].rk, off,
-                                                             (bf16 *const *)stage_ring(g, g->d_stage), pos, len, cap);
+                                                             scale, g->L[l].rwb, g->L[l].rrb, g->L[l].rk, off,
+                                                             (bf16 *const *)stage_ring(g, g->d_stage), pos, len, cap,
+                                                             m->same_length);
     else
         rel_attn_kernel<float><<<grid, T, smem, g->stream>>>(g->att, NULL, g->qkv, M, nh, dh, m->mem_len, m->n_layers, l,
-                                                              scale, g->r_w_bias, g->r_r_bias, g->L[l].rk, off,
-                                                              stage_ring(g, g->d_stage), pos, len, cap);
+                                                              scale, g->L[l].rwb, g->L[l].rrb, g->L[l].rk, off,
+                                                              stage_ring(g, g->d_stage), pos, len, cap, m->same_length);
     LAUNCH_TRY(err, "rel_attn");
     return 0;
 }

@@ -35,7 +35,7 @@ template <typename RT, int D>
 __global__ static void __launch_bounds__(REL_TQ)
     rel_tile_kernel(float *att, bf16 *attb, const RT *qkv, int M, int ML, int nl, int layer, float scale,
                     const float *rwb, const float *rrb, const float *rk, int rk_rows, int64_t off, RT *const *ring,
-                    const int64_t *pos, const int *len)
+                    const int64_t *pos, const int *len, int same_length)
 {
     extern __shared__ float sm[];
     float *ks = sm, *vs = ks + REL_TK * D, *rs = vs + REL_TK * D, *bd = rs + D * REL_TE,
@@ -45,7 +45,11 @@ __global__ static void __launch_bounds__(REL_TQ)
     const int i0 = blockIdx.x * REL_TQ, i = i0 + tid, nq = min(REL_TQ, M - i0);
     const bool active = i < M;
     const int mlen = len[(size_t)b * nl + layer];
+    /* same_length: query i also loses the keys of index j <= i - shift (core/par.c) */
+    const int mask_len = mlen + M - ML, shift = mask_len > 0 ? M - mask_len : M;
+
     const int64_t p0 = pos[b], t0 = p0 + i0, t = p0 + i;
+    const int64_t s_lo = same_length ? p0 - mlen + (i - shift + 1) : -((int64_t)1 << 62);   /* the first key it sees */
     const size_t stride = (size_t)3 * A, n = (size_t)b * M + i;
     const RT *kb = qkv + (size_t)b * M * stride + A + (size_t)h * D, *vb = kb + A;
     const RT *kr = ring[b] + off + (size_t)h * D, *vr = kr + (size_t)ML * A;
@@ -99,7 +103,7 @@ __global__ static void __launch_bounds__(REL_TQ)
         for (int j = 0; j < REL_TK; j++) {
             const int64_t d = t - (s0 + j);
             float sc = -INFINITY;
-            if (active && d >= 0) {
+            if (active && d >= 0 && s0 + j >= s_lo) {
                 const float *kj = ks + j * D, *rj = rs + (d - dmin);
                 float a = 0.0f, p = 0.0f;
 #pragma unroll
@@ -150,8 +154,9 @@ static int rel_launch(gpu_model *g, int l, int B, int M, float *att, bf16 *attb,
                "rel_tile: shared memory");
     dim3 grid((unsigned)((M + REL_TQ - 1) / REL_TQ), (unsigned)m->n_head, (unsigned)B);
     rel_tile_kernel<RT, D><<<grid, REL_TQ, smem, g->stream>>>(
-        att, attb, qkv, M, m->mem_len, m->n_layers, l, (float)(1.0 / sqrt((double)D)), g->r_w_bias, g->r_r_bias,
-        g->L[l].rk, g->L[l].rk_rows, (int64_t)g->h_off[l], ring, stage_pos(g, g->d_stage), stage_len(g, g->d_stage));
+        att, attb, qkv, M, m->mem_len, m->n_layers, l, (float)(1.0 / sqrt((double)D)), g->L[l].rwb, g->L[l].rrb,
+        g->L[l].rk, g->L[l].rk_rows, (int64_t)g->h_off[l], ring, stage_pos(g, g->d_stage), stage_len(g, g->d_stage),
+        m->same_length);
     LAUNCH_TRY(err, "rel_tile");
     return 1;
 }

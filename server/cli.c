@@ -127,3 +127,36 @@ int cli_place_model(model_t *m, const char *device, const char *precision, char 
     }
     return device_attach(m, strcmp(precision, "fp32") != 0, err);
 }
+
+int cli_settings_add(json_t **sets, const char *kv, int named, char *err)
+{
+    const char *key = kv, *eq = strchr(kv, '=');
+    char name[128] = "";
+    if (named) {
+        const char *colon = strchr(kv, ':');
+        if (!colon || (eq && colon > eq) || colon == kv || colon - kv >= (long)sizeof name)
+            return err_set(err, "'%.64s' is not NAME:KEY=VALUE", kv);
+        snprintf(name, sizeof name, "%.*s", (int)(colon - kv), kv);
+        key = colon + 1;
+    }
+    if (!eq || eq == key || eq - key > 64) return err_set(err, "'%.64s' is not %sKEY=VALUE", kv, named ? "NAME:" : "");
+    char k[80];
+    snprintf(k, sizeof k, "%.*s", (int)(eq - key), key);
+    json_t *v = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
+    if (!v) v = json_string(eq + 1);
+    if (!v) return err_set(err, "'%.64s': the value is not UTF-8", kv);
+    if (!*sets) *sets = json_object();
+    json_t *into = *sets;
+    if (named) {
+        into = json_object_get(*sets, name);
+        if (!into) json_object_set_new(*sets, name, into = json_object());
+    }
+    json_object_set_new(into, k, v);
+    return 0;
+}
+
+char *cli_settings_for(json_t *sets, const char *name)
+{
+    json_t *s = name ? json_object_get(sets, name) : sets;
+    return s && json_object_size(s) ? json_dumps(s, JSON_COMPACT) : NULL;
+}

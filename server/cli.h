@@ -9,6 +9,7 @@
 #define SPANSERVE_CLI_H
 
 #include <getopt.h>
+#include <jansson.h>
 #include <stddef.h>
 
 #include "model.h"
@@ -41,6 +42,13 @@ void cli_duration(char *buf, size_t cap, double seconds);
  * command: attaches M to the GPU where DEVICE asks for it and one can be
  * used (auto: quietly the CPU when not). Returns 0, or -1 with ERR. */
 int cli_parse_device(const char *s, const char **out);
+/* --set: KEY=VALUE (NAMED: NAME:KEY=VALUE, under NAME) into the JSON object
+ * *SETS (made on first use); VALUE is JSON where it parses (640, true),
+ * else a string. -1 with ERR on a malformed one. */
+int cli_settings_add(json_t **sets, const char *kv, int named, char *err);
+/* The settings (of model NAME, or all of SETS when NAME is NULL) as JSON
+ * text for model_load_set, or NULL when there are none. Caller frees. */
+char *cli_settings_for(json_t *sets, const char *name);
 int cli_place_model(model_t *m, const char *device, const char *precision, char *err);
 
 #endif

@@ -40,7 +40,8 @@ static void sync_scalars(gpu_mem *g, const mem_t *s)
     memcpy(g->len, s->len, (size_t)s->m->n_layers * sizeof *g->len);
 }
 
-static int dev_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err)
+static int dev_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                       float *logprobs, char *err)
 {
     device_model *d = ctx;
     if (B > DEVICE_MAX_BATCH) return err_set(err, "a step of %d streams is over %d", B, DEVICE_MAX_BATCH);
@@ -49,7 +50,7 @@ static int dev_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, in
         d->batch[b] = mems[b]->dev;
         sync_scalars(d->batch[b], mems[b]);
     }
-    int rc = gpu_forward(d->g, d->batch, B, tokens, M, logprobs, err);
+    int rc = gpu_forward_targets(d->g, d->batch, B, tokens, M, targets, logprobs, err);
     for (int b = 0; rc == 0 && b < B; b++)   /* par: the rows each attention block now holds */
         memcpy(mems[b]->len, d->batch[b]->len, (size_t)d->m->n_layers * sizeof *mems[b]->len);
     pthread_mutex_unlock(&d->lock);

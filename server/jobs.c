@@ -845,7 +845,7 @@ static void register_model(job_t *j)
         char e[512];
         int st;
         pthread_mutex_lock(&srv.lock);
-        smodel_t *sm = srv.draining ? NULL : models_add(j->model_name, j->model_path, j->model_path, e, &st);
+        smodel_t *sm = srv.draining ? NULL : models_add(j->model_name, j->model_path, j->model_path, NULL, e, &st);
         pthread_mutex_unlock(&srv.lock);
         if (sm) j->deployed = 1;
         else snprintf(j->model_error, sizeof j->model_error, "not deployed: %s", srv.draining ? "the server is shutting down" : e);

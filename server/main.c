@@ -101,23 +101,27 @@ static char *read_all(const char *path, size_t *len, char *err)
 
 static const char score_usage[] =
     "usage: spanserve score --model PATH [--json] [--memory exact|span]\n"
-    "                       [--device cpu|cuda|auto] [--precision bf16|fp32] FILE\n"
+    "                       [--device cpu|cuda|auto] [--precision bf16|fp32]\n"
+    "                       [--set KEY=VALUE]... FILE\n"
     "\n"
     "Scores every prediction of the text in FILE (\"-\" for standard input):\n"
     "token i+1 given all before it, in blocks of the model's block length with\n"
     "the memory carried. Prints the tokens scored, the mean negative\n"
-    "log-likelihood (nats), bits per character and perplexity; on a terminal,\n"
-    "a progress line on stderr meanwhile.\n"
+    "log-likelihood (nats), bits per character (character models) and\n"
+    "perplexity; on a terminal, a progress line on stderr meanwhile. A word\n"
+    "model reads FILE as its trainer read a file: each line's words, then <eos>.\n"
     "\n"
     "  --model PATH     checkpoint (.safetensors)\n"
-    "  --json           print {\"tokens\":N,\"nll\":x,\"bpc\":x,\"ppl\":x}\n"
+    "  --json           print {\"tokens\":N,\"nll\":x,\"bpc\":x,\"ppl\":x} (bpc for character models)\n"
     "  --memory MODE    adaptive-span memory: exact (default: keys of the whole\n"
     "                   attention window, as the reference) or span (only what\n"
     "                   each head's span reaches; least memory)\n"
     "  --device D       cpu, cuda, or auto (default: the GPU when there is one and\n"
     "                   this build has the CUDA core, else the CPU)\n"
     "  --precision P    on the GPU: bf16 (default; weights and memory in bfloat16,\n"
-    "                   sums in fp32) or fp32 (the reference to 1e-4)\n";
+    "                   sums in fp32) or fp32 (the reference to 1e-4)\n"
+    "  --set KEY=VALUE  a setting over the checkpoint's (transformer-xl:\n"
+    "                   eval_tgt_len, eval_mem_len, eval_clamp_len, eval_same_length)\n";
 
 static void free_model(model_t *m)
 {
@@ -127,10 +131,13 @@ static void free_model(model_t *m)
 }
 
 /* Model PATH in MODE, on DEVICE at PRECISION (cli.h); NULL after saying why. */
-static model_t *open_model(const char *path, mem_mode mode, const char *device, const char *precision)
+static model_t *open_model(const char *path, mem_mode mode, const char *device, const char *precision, json_t *sets)
 {
     char err[ERR_LEN];
-    model_t *m = model_load_mode(path, mode, err);
+    char *settings = cli_settings_for(sets, NULL);
+    model_t *m = model_load_set(path, path, mode, settings, err);
+    free(settings);
+    json_decref(sets);
     if (m && cli_place_model(m, device, precision, err)) {
         model_free(m);
         m = NULL;
@@ -167,9 +174,11 @@ static int cmd_score(int argc, char **argv)
 {
     static const struct option opts[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, 'j'}, {"memory", 1, 0, 'M'},
                                           {"device", 1, 0, 'd'}, {"precision", 1, 0, 'p'}, {"help", 0, 0, 'h'},
-                                          {0, 0, 0, 0}};
+                                          {"set", 1, 0, 'e'}, {0, 0, 0, 0}};
     const char *model = NULL, *device = "auto", *precision = "bf16";
     int json = 0, c;
+    json_t *sets = NULL;
+    char set_err[ERR_LEN];
     mem_mode mode = MEM_EXACT;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -186,6 +195,9 @@ static int cmd_score(int argc, char **argv)
             if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) return cli_usage_error("score", "--precision must be bf16 or fp32");
             precision = optarg;
             break;
+        case 'e':
+            if (cli_settings_add(&sets, optarg, 0, set_err)) return cli_usage_error("score", "--set: %s", set_err);
+            break;
         case 'h': fputs(score_usage, stdout); return 0;
         default: return cli_bad_option("score", opts, argv, optind);
         }
@@ -199,7 +211,7 @@ static int cmd_score(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, err);
         return 1;
     }
-    model_t *m = open_model(model, mode, device, precision);
+    model_t *m = open_model(model, mode, device, precision, sets);
     int32_t *toks = NULL;
     int rc = 1;
     if (!m) goto out;
@@ -216,9 +228,15 @@ static int cmd_score(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, s && ws ? err : "out of memory");
     } else {
         double dt = clock_s() - t0, nll = sc.nll_sum / (double)sc.tokens;
-        if (json) printf("{\"tokens\":%ld,\"nll\":%.9g,\"bpc\":%.9g,\"ppl\":%.9g}\n", sc.tokens, nll, nll / M_LN2, exp(nll));
+        const int chars = m->vocab.kind->per_character;   /* bits per character only where a token is one */
+        if (json && chars)
+            printf("{\"tokens\":%ld,\"nll\":%.9g,\"bpc\":%.9g,\"ppl\":%.9g}\n", sc.tokens, nll, nll / M_LN2, exp(nll));
+        else if (json)
+            printf("{\"tokens\":%ld,\"nll\":%.9g,\"ppl\":%.9g}\n", sc.tokens, nll, exp(nll));
         else {
-            printf("tokens  %ld\nnll     %.6f nats\nbpc     %.6f\nppl     %.4f\n", sc.tokens, nll, nll / M_LN2, exp(nll));
+            printf("tokens  %ld\nnll     %.6f nats\n", sc.tokens, nll);
+            if (chars) printf("bpc     %.6f\n", nll / M_LN2);
+            printf("ppl     %.4f\n", exp(nll));
             fflush(stdout);
             fprintf(stderr, "%.0f tokens/s (%.2f s) on %s (%s)\n", sc.tokens / dt, dt, device_name(m), device_precision(m));
         }
@@ -278,33 +296,49 @@ static int cmd_spans(int argc, char **argv)
         puts(s);
         free(s);
         json_decref(r);
-    } else if (m->fam == FAM_ASPAN) {
-        printf("adaptive-span: %d layers x %d heads, maximum span %d, ramp %d\n\n", m->n_layers, m->n_head, m->span, m->ramp);
-        printf("layer  max_span avg_span cache_size   spans per head (z*S; rows kept: keys/values)\n");
-        for (int l = 0; l < m->n_layers; l++) {
-            const layer_t *y = &m->layers[l];
-            printf("%5d  %8d %8d %10d  ", l, y->max_span, y->avg_span, y->cache_size);
-            for (int h = 0; h < m->n_head; h++)
-                printf(" %.1f(%d/%d)", (double)y->zfrac[h] * m->span, y->krows[h], y->reach[h]);
-            printf("\n");
-        }
-        printf("\n");
     } else {
-        printf("par-transformer-xl: %d blocks, mem_len %d\n\n", m->n_layers, m->mem_len);
-        printf("block  kind   p(attn)  p(ffn)  p(skip)\n");
-        for (int b = 0; b < m->n_layers; b++) {
-            const layer_t *y = &m->layers[b];
-            printf("%5d  %-5s", b, blk_kind_name(y->kind));
-            double e[3];
-            if (model_alpha_softmax(y, e) == 0) printf("  %7.3f %7.3f %7.3f", e[0], e[1], e[2]);
-            printf("\n");
+        /* the report, as a table: heads' spans per layer, or the blocks */
+        json_t *r = report_spans(m), *layers = json_object_get(r, "layers"), *blocks = json_object_get(r, "blocks");
+        size_t i;
+        json_t *y;
+        if (layers) {
+            printf("%s: %zu layers x %d heads, maximum span %d, ramp %d\n\n", json_string_value(json_object_get(r, "family")),
+                   json_array_size(layers), m->n_head, (int)json_integer_value(json_object_get(r, "attn_span")),
+                   (int)json_integer_value(json_object_get(r, "ramp")));
+            printf("layer  max_span avg_span cache_size   spans per head (z*S; rows kept: keys/values)\n");
+            json_array_foreach(layers, i, y) {
+                printf("%5zu  %8d %8d %10d  ", i, (int)json_integer_value(json_object_get(y, "max_span")),
+                       (int)json_integer_value(json_object_get(y, "avg_span")),
+                       (int)json_integer_value(json_object_get(y, "cache_size")));
+                size_t h;
+                json_t *hd;
+                json_array_foreach(json_object_get(y, "heads"), h, hd)
+                    printf(" %.1f(%d/%d)", json_number_value(json_object_get(hd, "span")),
+                           (int)json_integer_value(json_object_get(hd, "key_rows")),
+                           (int)json_integer_value(json_object_get(hd, "reach")));
+                printf("\n");
+            }
+        } else if (blocks) {
+            printf("%s: %zu blocks, mem_len %d, %s tokens\n\n", json_string_value(json_object_get(r, "family")),
+                   json_array_size(blocks), (int)json_integer_value(json_object_get(r, "mem_len")),
+                   json_string_value(json_object_get(r, "tokenizer")));
+            printf("block  kind   p(attn)  p(ffn)  p(skip)\n");
+            json_array_foreach(blocks, i, y) {
+                json_t *p = json_object_get(y, "alpha_softmax");
+                printf("%5zu  %-5s", i, json_string_value(json_object_get(y, "kind")));
+                if (p)
+                    printf("  %7.3f %7.3f %7.3f", json_number_value(json_object_get(p, "attn")),
+                           json_number_value(json_object_get(p, "ffn")), json_number_value(json_object_get(p, "skip")));
+                printf("\n");
+            }
         }
         printf("\n");
+        json_decref(r);
     }
     if (!json) {
         print_bytes("memory per stream (this server)", mem_bytes(m));
         print_bytes("memory per stream (reference)", mem_bytes_reference(m));
-        print_bytes(m->fam == FAM_ASPAN ? "reference at the full span" : "Transformer-XL, every block", mem_bytes_full(m));
+        print_bytes(mem_full_name(m), mem_bytes_full(m));
     }
     model_free(m);
     return 0;
@@ -317,6 +351,7 @@ static const char generate_usage[] =
     "                          [--temperature T] [--top-k K] [--top-p P]\n"
     "                          [--seed S] [--stop STR]... [--memory exact|span]\n"
     "                          [--device cpu|cuda|auto] [--precision bf16|fp32]\n"
+    "                          [--set KEY=VALUE]...\n"
     "\n"
     "Continues PROMPT (default: a newline) and prints the text as it comes.\n"
     "\n"
@@ -328,7 +363,8 @@ static const char generate_usage[] =
     "  --stop STR       stop before STR (repeatable, up to 16)\n"
     "  --device D       cpu, cuda, or auto (default: the GPU when there is one and\n"
     "                   this build has the CUDA core, else the CPU)\n"
-    "  --precision P    on the GPU: bf16 (default) or fp32\n";
+    "  --precision P    on the GPU: bf16 (default) or fp32\n"
+    "  --set KEY=VALUE  a setting over the checkpoint's (as for score)\n";
 
 static int emit_stdout(void *ctx, const char *text, size_t len)
 {
@@ -344,9 +380,11 @@ static int cmd_generate(int argc, char **argv)
         {"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"max-tokens", 1, 0, 'n'}, {"temperature", 1, 0, 't'},
         {"top-k", 1, 0, 'k'}, {"top-p", 1, 0, 'P'},  {"seed", 1, 0, 's'},       {"stop", 1, 0, 'S'},
         {"memory", 1, 0, 'M'}, {"device", 1, 0, 'd'}, {"precision", 1, 0, 'r'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"set", 1, 0, 'e'}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = "\n", *stop[16], *device = "auto", *precision = "bf16";
     int n_stop = 0, c;
+    json_t *sets = NULL;
+    char set_err[ERR_LEN];
     long max_tokens = 200, top_k = 0, seed = 0;
     double temp = 1.0, top_p = 1.0;
     mem_mode mode = MEM_EXACT;
@@ -385,6 +423,9 @@ static int cmd_generate(int argc, char **argv)
         case 'M':
             if (parse_memory_mode(optarg, &mode)) return cli_usage_error("generate", "--memory must be exact or span");
             break;
+        case 'e':
+            if (cli_settings_add(&sets, optarg, 0, set_err)) return cli_usage_error("generate", "--set: %s", set_err);
+            break;
         case 'h': fputs(generate_usage, stdout); return 0;
         default: return cli_bad_option("generate", opts, argv, optind);
         }
@@ -392,14 +433,14 @@ static int cmd_generate(int argc, char **argv)
     if (!model) return cli_usage_error("generate", "--model is required");
     if (optind != argc) return cli_usage_error("generate", "unexpected argument '%s'", argv[optind]);
     char err[ERR_LEN];
-    model_t *m = open_model(model, mode, device, precision);
+    model_t *m = open_model(model, mode, device, precision, sets);
     if (!m) return 1;
     int32_t *toks = NULL;
     size_t n = 0;
     int rc = 1;
     mem_t *s = mem_new(m);
     fwd_ws *ws = ws_new();
-    if (vocab_encode(&m->vocab, prompt, strlen(prompt), &toks, &n, err)) {
+    if (vocab_encode_prompt(&m->vocab, prompt, strlen(prompt), &toks, &n, err)) {
         fprintf(stderr, "%s: prompt: %s\n", prog, err);
     } else if (n == 0) {
         fprintf(stderr, "%s: the prompt is empty\n", prog);

@@ -118,7 +118,7 @@ int chat_template_check(const chat_template_t *c, const vocab_t *v, char *err)
         int32_t *ids;
         size_t n;
         char e2[ERR_LEN];
-        if (vocab_encode(v, parts[i], strlen(parts[i]), &ids, &n, e2))
+        if (vocab_encode_prompt(v, parts[i], strlen(parts[i]), &ids, &n, e2))
             return snprintf(err, 512, "chat_template.%s: %s", names[i], e2), -1;
         free(ids);
     }
@@ -175,7 +175,7 @@ static int put(const vocab_t *v, toks_t *o, const char *s, size_t len, const cha
     size_t n;
     char e2[ERR_LEN];
     if (!len) return 0;   /* an empty name, speaker end or content */
-    if (vocab_encode(v, s, len, &ids, &n, e2)) return snprintf(err, 512, "%s: %s", what, e2), 422;
+    if (vocab_encode_prompt(v, s, len, &ids, &n, e2)) return snprintf(err, 512, "%s: %s", what, e2), 422;
     if (o->n + n > o->cap) {
         size_t cap = (o->n + n) * 2;
         int32_t *p = realloc(o->ids, cap * sizeof *p);
@@ -288,31 +288,31 @@ enum MHD_Result route_chat_completions(request_t *r)
 
 /* ------------------------------------------------------------ answers */
 
-/* One token of a chat logprobs entry: the token, its logprob and bytes. */
-static json_t *lp_token(const vocab_t *v, int32_t id, float lp)
+/* One token of a chat logprobs entry: the token (its text, LEN bytes at S), its logprob and bytes. */
+static json_t *lp_token(const char *s, size_t len, float lp)
 {
-    const char *s = v->tok[id];
     json_t *bytes = json_array();
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) json_array_append_new(bytes, json_integer(*p));
-    return json_pack("{s:s, s:f, s:o}", "token", s, "logprob", (double)lp, "bytes", bytes);
+    for (size_t i = 0; i < len; i++) json_array_append_new(bytes, json_integer((unsigned char)s[i]));
+    return json_pack("{s:s%, s:f, s:o}", "token", s, len, "logprob", (double)lp, "bytes", bytes);
 }
 
 /* OpenAI's chat logprobs over the generated tokens [FROM, TO). */
 static json_t *chat_logprobs(const task_t *t, size_t from, size_t to)
 {
-    const vocab_t *v = &t->sm->m->vocab;
     json_t *content = json_array();
-    for (size_t i = from; i < to; i++) {
+    char *buf = malloc(vocab_max_piece(&t->sm->m->vocab) + 1);
+    for (size_t i = from; buf && i < to; i++) {
         int32_t id;
         float lp;
         const int32_t *ti;
         const float *tl;
         task_token(t, i, &id, &lp, &ti, &tl);
-        json_t *e = lp_token(v, id, lp), *tops = json_array();
-        for (int k = 0; k < t->g.top_n; k++) json_array_append_new(tops, lp_token(v, ti[k], tl[k]));
+        json_t *e = lp_token(buf, task_token_text(t, i, id, buf), lp), *tops = json_array();
+        for (int k = 0; k < t->g.top_n; k++) json_array_append_new(tops, lp_token(buf, task_token_text(t, i, ti[k], buf), tl[k]));
         json_object_set_new(e, "top_logprobs", tops);
         json_array_append_new(content, e);
     }
+    free(buf);
     return json_pack("{s:o}", "content", content);
 }
 

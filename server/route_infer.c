@@ -89,10 +89,12 @@ int task_fits(task_t *t, int more, char *err)
 
 /* Text -> tokens under the limits: 422 outside the vocabulary, then
  * task_fits. */
-static int encode(task_t *t, const char *text, int more, char *err)
+static int encode(task_t *t, const char *text, int open, int more, char *err)
 {
     char e2[ERR_LEN];
-    if (vocab_encode(&t->sm->m->vocab, text, strlen(text), &t->toks, &t->n, e2))
+    t->text_len = strlen(text);
+    if (!(t->text = strdup(text))) return snprintf(err, 512, "out of memory"), 503;
+    if (vocab_encode_offsets(&t->sm->m->vocab, text, t->text_len, open, &t->toks, &t->offs, &t->n, e2))
         return snprintf(err, 512, "%s", e2), 422;
     return task_fits(t, more, err);
 }
@@ -109,7 +111,7 @@ int task_generate_start(task_t *t, int session, char *err)
 
 int task_generate_begin(task_t *t, const char *prompt, int session, char *err)
 {
-    int status = encode(t, prompt, t->gp.max_tokens, err);
+    int status = encode(t, prompt, 1, t->gp.max_tokens, err);
     return status ? status : task_generate_start(t, session, err);
 }
 
@@ -261,7 +263,7 @@ enum MHD_Result route_score(request_t *r)
         field_str(b, "text", &text, err) || field_bool(b, "per_token", 0, &t->per_token, err))
         return task_refuse(r, t, b, 400, err);
     if (!text) return task_refuse(r, t, b, 400, "text is required");
-    if ((status = task_bind(t, model, session, err)) || (status = encode(t, text, 0, err)))
+    if ((status = task_bind(t, model, session, err)) || (status = encode(t, text, 0, 0, err)))
         return task_refuse(r, t, b, status, err);
     if (t->n == 0 || (t->n == 1 && t->mem->pending < 0))
         return task_refuse(r, t, b, 400, "the text has nothing to predict: it needs 2 characters (or 1 in a session that has seen text)");
@@ -326,40 +328,70 @@ void task_token(const task_t *t, size_t i, int32_t *id, float *lp, const int32_t
     }
 }
 
+/* The id of the answer's token before token I, or -1 at the start of the stream. */
+static int32_t answer_prev(const task_t *t, size_t i)
+{
+    if (i == 0) return echoed(t) ? (t->g.has_pending_in ? t->g.in[0] : -1) : t->g.prev0;
+    int32_t id;
+    float lp;
+    const int32_t *top;
+    const float *top_lp;
+    task_token(t, i - 1, &id, &lp, &top, &top_lp);
+    return id;
+}
+
+size_t task_token_text(const task_t *t, size_t i, int32_t id, char *buf)
+{
+    return vocab_piece(&t->sm->m->vocab, answer_prev(t, i), id, buf);
+}
+
+/* Where the answer's token I ends in its text, given where it starts (AT):
+ * an echoed token ends where the next begins in the prompt as received. */
+static size_t token_end(const task_t *t, size_t i, size_t at, size_t len)
+{
+    const size_t e = echoed(t);
+    if (i >= e) return at + len;
+    return i + 1 < e ? t->offs[i + 1] : t->text_len;
+}
+
 size_t task_stream_tokens(task_t *t, size_t *from)
 {
-    const vocab_t *v = &t->sm->m->vocab;
     size_t total = echoed(t) + (size_t)t->g.res.n_text_tokens;
+    char *buf = malloc(vocab_max_piece(&t->sm->m->vocab) + 1);
     *from = t->lp_sent;
-    while (t->lp_sent < total) {
+    while (buf && t->lp_sent < total) {
         int32_t id;
         float lp;
         const int32_t *top;
         const float *top_lp;
         task_token(t, t->lp_sent, &id, &lp, &top, &top_lp);
-        size_t len = strlen(v->tok[id]);
-        if (t->lp_off + len > t->sent_bytes) break;   /* held back with its text */
-        t->lp_off += len;
+        size_t end = token_end(t, t->lp_sent, t->lp_off, task_token_text(t, t->lp_sent, id, buf));
+        if (end > t->sent_bytes) break;   /* held back with its text */
+        t->lp_off = end;
         t->lp_sent++;
     }
+    free(buf);
     return t->lp_sent;
 }
 
 /* OpenAI's legacy logprobs object over the tokens [FROM, TO) of the answer,
- * the first at byte OFF of its text. */
+ * the first at byte OFF of its text (an echoed prompt's tokens at their
+ * offsets in the prompt as received). */
 static json_t *completion_logprobs(const task_t *t, size_t from, size_t to, size_t off)
 {
     const vocab_t *v = &t->sm->m->vocab;
     json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
-    for (size_t i = from; i < to; i++) {
+    char *buf = malloc(vocab_max_piece(v) + 1);
+    for (size_t i = from; buf && i < to; i++) {
         int32_t id;
         float lp;
         const int32_t *ti;
         const float *tl;
         task_token(t, i, &id, &lp, &ti, &tl);
-        json_array_append_new(toks, json_string(v->tok[id]));
-        json_array_append_new(offs, json_integer((json_int_t)off));
-        off += strlen(v->tok[id]);
+        size_t len = task_token_text(t, i, id, buf), at = i < echoed(t) ? t->offs[i] : off;
+        json_array_append_new(toks, json_stringn(buf, len));
+        json_array_append_new(offs, json_integer((json_int_t)at));
+        off = token_end(t, i, at, len);
         if (isnan(lp)) {
             json_array_append_new(lps, json_null());
             json_array_append_new(tops, json_null());
@@ -367,10 +399,26 @@ static json_t *completion_logprobs(const task_t *t, size_t from, size_t to, size
         }
         json_array_append_new(lps, json_real(lp));
         json_t *o = json_object();
-        for (int k = 0; k < t->g.top_n; k++) json_object_set_new(o, v->tok[ti[k]], json_real(tl[k]));
+        for (int k = 0; k < t->g.top_n; k++) {
+            task_token_text(t, i, ti[k], buf);
+            json_object_set_new(o, buf, json_real(tl[k]));
+        }
         json_array_append_new(tops, o);
     }
+    free(buf);
     return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
+}
+
+/* The echoed prompt: as received, or (tokens made otherwise) their text. */
+static void put_prompt(const task_t *t, FILE *f)
+{
+    if (t->text) {
+        fwrite(t->text, 1, t->text_len, f);
+        return;
+    }
+    char *buf = malloc(vocab_max_piece(&t->sm->m->vocab) + 1);
+    for (size_t i = 0; buf && i < t->n; i++) fwrite(buf, 1, task_token_text(t, i, t->toks[i], buf), f);
+    free(buf);
 }
 
 static json_t *completion_json(const task_t *t)
@@ -379,8 +427,7 @@ static json_t *completion_json(const task_t *t)
     size_t len = 0;
     /* echo: the prompt comes first */
     FILE *f = open_memstream(&text, &len);
-    if (t->echo)
-        for (size_t i = 0; i < t->n; i++) fputs(t->sm->m->vocab.tok[t->toks[i]], f);
+    if (t->echo && f) put_prompt(t, f);
     if (t->res.text) fwrite(t->res.text, 1, t->res.text_len, f);
     fclose(f);
     json_t *choice = json_pack("{s:i, s:s%, s:s}", "index", 0, "text", text ? text : "", len, "finish_reason", task_finish(t));
@@ -417,7 +464,7 @@ static void stream_echo(task_t *t)
     char *text = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
-    for (size_t i = 0; f && i < t->n; i++) fputs(t->sm->m->vocab.tok[t->toks[i]], f);
+    if (f) put_prompt(t, f);
     if (f) fclose(f);
     if (text && len) {
         t->sent_bytes += len;
@@ -429,8 +476,10 @@ static void stream_echo(task_t *t)
 static json_t *score_json(const task_t *t)
 {
     double nll = t->sc.tokens ? t->sc.nll_sum / (double)t->sc.tokens : 0;
-    json_t *j = json_pack("{s:s, s:I, s:f, s:f, s:f}", "model", t->sm->name, "tokens", (json_int_t)t->sc.tokens, "nll",
-                          nll, "bpc", nll / log(2.0), "ppl", exp(nll));
+    json_t *j = json_pack("{s:s, s:I, s:f, s:f}", "model", t->sm->name, "tokens", (json_int_t)t->sc.tokens, "nll",
+                          nll, "ppl", exp(nll));
+    if (t->sm->m->vocab.kind->per_character)   /* bits per character only where a token is one */
+        json_object_set_new(j, "bpc", json_real(nll / log(2.0)));
     if (t->sess) json_object_set_new(j, "session", json_string(t->sess_id));
     if (t->lps) {
         json_t *a = json_array();

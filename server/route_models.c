@@ -132,6 +132,7 @@ typedef struct {
     request_t *r;
     char name[NAME_MAX_LEN + 1];
     char *url;
+    char *settings;              /* JSON text, or NULL */
     int replace;
     chat_template_t chat;
     char tmp[PATH_MAX];          /* the temporary file, in the model directory */
@@ -145,6 +146,7 @@ static enum MHD_Result download_done(request_t *r)
     download_t *d = r->resume_ctx;
     enum MHD_Result rc = d->result ? reply_json(r, 201, d->result) : reply_error(r, d->status, "%s", d->err);
     free(d->url);
+    free(d->settings);
     free(d);
     r->on_resume = NULL;
     r->resume_ctx = NULL;
@@ -167,7 +169,7 @@ static int template_fits(model_t *m, const chat_template_t *ct, char *err, int *
 static smodel_t *download_install(download_t *d)
 {
     if (models_name_free(d->name, d->err, &d->status)) return NULL;
-    model_t *m = models_load(d->name, d->tmp, "the downloaded file", d->err, &d->status);
+    model_t *m = models_load(d->name, d->tmp, "the downloaded file", d->settings, d->err, &d->status);
     if (!m || template_fits(m, &d->chat, d->err, &d->status)) return NULL;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s.safetensors", srv.cfg.model_dir, d->name);
@@ -207,10 +209,11 @@ static void *download_main(void *arg)
 }
 
 static enum MHD_Result start_download(request_t *r, const char *name, const char *url, int replace,
-                                      const chat_template_t *chat, char *err, int *status)
+                                      const chat_template_t *chat, const char *settings, char *err, int *status)
 {
     download_t *d = calloc(1, sizeof *d);
-    if (!d || !(d->url = strdup(url))) {
+    if (!d || !(d->url = strdup(url)) || (settings && !(d->settings = strdup(settings)))) {
+        if (d) free(d->url);
         free(d);
         *status = 503;
         snprintf(err, 512, "out of memory");
@@ -227,6 +230,7 @@ static enum MHD_Result start_download(request_t *r, const char *name, const char
     if (srv.downloads >= MAX_DOWNLOADS || srv.draining) {
         pthread_mutex_unlock(&srv.lock);
         free(d->url);
+        free(d->settings);
         free(d);
         *status = srv.draining ? 503 : 429;
         snprintf(err, 512, "%s", srv.draining ? "the server is shutting down" : "two downloads are running already; retry later");
@@ -235,6 +239,7 @@ static enum MHD_Result start_download(request_t *r, const char *name, const char
     if (http_wait_thread(r, download_main, d)) {
         pthread_mutex_unlock(&srv.lock);
         free(d->url);
+        free(d->settings);
         free(d);
         *status = 503;
         snprintf(err, 512, "cannot start the download");
@@ -254,9 +259,13 @@ enum MHD_Result route_models_post(request_t *r)
     int status = 400, replace;
     enum MHD_Result rc;
     chat_template_t chat;
+    char *settings = NULL;
     if (field_str(b, "name", &name, err) || field_str(b, "path", &p, err) || field_str(b, "url", &url, err) ||
         field_bool(b, "replace", 0, &replace, err) || chat_template_parse(json_object_get(b, "chat_template"), &chat, err))
         goto bad;
+    json_t *sj = json_object_get(b, "settings");
+    if (sj && !json_is_object(sj)) { snprintf(err, sizeof err, "settings must be an object of config keys"); goto bad; }
+    if (sj && !(settings = json_dumps(sj, JSON_COMPACT))) { status = 503; snprintf(err, sizeof err, "out of memory"); goto bad; }
     if (!name || !valid_name(name)) { snprintf(err, sizeof err, "name must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)"); goto bad; }
     if (!p == !url) { snprintf(err, sizeof err, "give either path or url"); goto bad; }
     if (p && replace) { snprintf(err, sizeof err, "replace is for url: a path names a file in the model directory already"); goto bad; }
@@ -271,23 +280,26 @@ enum MHD_Result route_models_post(request_t *r)
         if (strncmp(url, "https://", 8) != 0) { snprintf(err, sizeof err, "url must be https://"); goto bad; }
         /* before the download, to spare it; download_install decides */
         if (!replace && model_file_taken(name, err, &status)) goto bad;
-        rc = start_download(r, name, url, replace, &chat, err, &status);
+        rc = start_download(r, name, url, replace, &chat, settings, err, &status);
+        free(settings);
         json_decref(b);
         return rc == MHD_YES ? MHD_YES : reply_error(r, status, "%s", err);
     }
     pthread_mutex_lock(&srv.lock);
     smodel_t *sm = NULL;
     if (!models_name_free(name, err, &status)) {   /* models_add, with the template checked before it serves */
-        model_t *m = models_load(name, path, p, err, &status);
+        model_t *m = models_load(name, path, p, settings, err, &status);
         if (m && !template_fits(m, &chat, err, &status) && (sm = models_insert(name, m, path, err, &status)))
             sm->chat = chat;
     }
     json_t *j = sm ? models_json(sm) : NULL;
     pthread_mutex_unlock(&srv.lock);
+    free(settings);
     json_decref(b);
     if (!sm) return reply_error(r, status, "%s", err);
     return reply_json(r, 201, j);
 bad:
+    free(settings);
     json_decref(b);
     rc = reply_error(r, status, "%s", err);
     return rc;

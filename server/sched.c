@@ -72,6 +72,8 @@ void task_release(task_t *t)
     for (int i = 0; i < TASK_MAX_STOP; i++) free(t->stop_buf[i]);
     if (!t->sess) mem_free(t->mem);
     free(t->toks);
+    free(t->text);
+    free(t->offs);
     free(t->lps);
     free(t->sse);
     free(t);

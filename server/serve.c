@@ -95,10 +95,11 @@ int models_name_free(const char *name, char *err, int *status)
     return 0;
 }
 
-model_t *models_load(const char *name, const char *path, const char *shown, char *err, int *status)
+model_t *models_load(const char *name, const char *path, const char *shown, const char *settings, char *err,
+                     int *status)
 {
     char e2[ERR_LEN];
-    model_t *m = model_load_named(path, shown, srv.cfg.mem_mode, e2);
+    model_t *m = model_load_set(path, shown, srv.cfg.mem_mode, settings, e2);
     if (!m) {
         *status = 400;
         snprintf(err, 512, "%s", e2);
@@ -158,10 +159,11 @@ smodel_t *models_insert(const char *name, model_t *m, const char *path, char *er
 
 /* Loading a large file holds srv.lock for that long, which only delays
  * other model changes and new tasks. */
-smodel_t *models_add(const char *name, const char *path, const char *shown, char *err, int *status)
+smodel_t *models_add(const char *name, const char *path, const char *shown, const char *settings, char *err,
+                     int *status)
 {
     if (models_name_free(name, err, status)) return NULL;
-    model_t *m = models_load(name, path, shown, err, status);
+    model_t *m = models_load(name, path, shown, settings, err, status);
     return m ? models_insert(name, m, path, err, status) : NULL;
 }
 
@@ -219,6 +221,9 @@ static const char serve_usage[] =
     "\n"
     "  --listen HOST:PORT      address to listen on (default 127.0.0.1:8080; [::1]:8080 for IPv6)\n"
     "  --model NAME=PATH       load a checkpoint at start (repeatable)\n"
+    "  --set NAME:KEY=VALUE    a setting of model NAME over its checkpoint's (repeatable;\n"
+    "                          transformer-xl: eval_tgt_len, eval_mem_len, eval_clamp_len,\n"
+    "                          eval_same_length)\n"
     "  --model-dir DIR         where POST /v1/models may load checkpoints from, and where\n"
     "                          downloads go (default: none, run-time loading off)\n"
     "  --state-dir DIR         session snapshots (default ./spanserve-state)\n"
@@ -434,13 +439,15 @@ int cmd_serve(int argc, char **argv)
         {"cancel-grace", 1, 0, 'g'},  {"ca-file", 1, 0, 'C'},     {"job-retention", 1, 0, 'R'},
         {"sse-keepalive", 1, 0, 'E'}, {"durability", 1, 0, 'Y'},  {"max-session-bytes", 1, 0, 'B'},
         {"max-step-gflop", 1, 0, 'W'}, {"header-timeout", 1, 0, 'O'}, {"max-connections", 1, 0, 'N'},
-        {"max-connections-per-client", 1, 0, 'I'}, {"fetch-allow", 1, 0, 'a'},
+        {"max-connections-per-client", 1, 0, 'I'}, {"fetch-allow", 1, 0, 'a'}, {"set", 1, 0, 1001},
         {0, 0, 0, 0}};
     config_t *c = &srv.cfg;
     serve_defaults(c);
     const char *models[64], *device = "auto";
     int n_models = 0, ch;
     double d;
+    json_t *model_sets = NULL;   /* --set NAME:KEY=VALUE: {NAME: {KEY: VALUE}} */
+    char set_err[ERR_LEN];
     size_t z;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -449,6 +456,9 @@ int cmd_serve(int argc, char **argv)
         case 'm':
             if (n_models == 64 || !strchr(optarg, '=')) return cli_usage_error("serve", "--model takes NAME=PATH (at most 64)");
             models[n_models++] = optarg;
+            break;
+        case 1001:
+            if (cli_settings_add(&model_sets, optarg, 1, set_err)) return cli_usage_error("serve", "--set: %s", set_err);
             break;
         case 'D': c->model_dir = optarg; break;
         case 's': c->state_dir = optarg; break;
@@ -629,19 +639,37 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "spanserve serve: cannot listen on %s\n", c->listen_addr);
         return 1;
     }
+    const char *set_name;
+    json_t *set_v;
+    json_object_foreach(model_sets, set_name, set_v) {
+        int found = 0;
+        for (int i = 0; i < n_models && !found; i++)
+            found = strncmp(models[i], set_name, strlen(set_name)) == 0 && models[i][strlen(set_name)] == '=';
+        if (!found) {
+            fprintf(stderr, "spanserve serve: --set %s:...: no --model %s=PATH\n", set_name, set_name);
+            http_stop();
+            json_decref(model_sets);
+            return 2;
+        }
+    }
     pthread_mutex_lock(&srv.lock);
     for (int i = 0; i < n_models; i++) {
         char name[128], err[512];
         const char *eq = strchr(models[i], '=');
         snprintf(name, sizeof name, "%.*s", (int)(eq - models[i]), models[i]);
         int status;
-        if (!models_add(name, eq + 1, eq + 1, err, &status)) {
+        char *set = cli_settings_for(model_sets, name);
+        smodel_t *sm = models_add(name, eq + 1, eq + 1, set, err, &status);
+        free(set);
+        if (!sm) {
             pthread_mutex_unlock(&srv.lock);
             fprintf(stderr, "spanserve serve: --model %s: %s\n", models[i], err);
             http_stop();
+            json_decref(model_sets);
             return 1;
         }
     }
+    json_decref(model_sets);
     int restored = sess_load_all(NULL);
     if (restored) log_line("state: %d sessions found in %s", restored, c->state_dir);
     /* said once the models are in: a model that fails to load stops the server before it ever said so

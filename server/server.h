@@ -133,6 +133,9 @@ typedef struct task {
     mem_t *mem;
     int32_t *toks;               /* text to score, or the prompt */
     size_t n;
+    char *text;                  /* that text as received (NULL: tokens made otherwise, as chat's) */
+    size_t text_len;
+    size_t *offs;                /* byte offset of each token in text */
     /* score */
     int per_token;
     float *lps;
@@ -198,13 +201,16 @@ int models_name_free(const char *name, char *err, int *status);
 /* Reads the checkpoint PATH for the model NAME (and puts it on the GPU
  * with --device cuda); errors name the file SHOWN, which is what the client
  * may see (a path relative to --model-dir), never where the file lies. */
-model_t *models_load(const char *name, const char *path, const char *shown, char *err, int *status);
+/* SETTINGS: a JSON object's text of config keys over the file's (model_load_set), or NULL. */
+model_t *models_load(const char *name, const char *path, const char *shown, const char *settings, char *err,
+                     int *status);
 void models_unload(model_t *m);   /* a model of models_load that is not served */
 /* Serves M (taken; unloaded on failure) as NAME, a name models_name_free
  * let through under the same hold of srv.lock; PATH is its file. */
 smodel_t *models_insert(const char *name, model_t *m, const char *path, char *err, int *status);
 /* models_name_free, models_load, models_insert. */
-smodel_t *models_add(const char *name, const char *path, const char *shown, char *err, int *status);
+smodel_t *models_add(const char *name, const char *path, const char *shown, const char *settings, char *err,
+                     int *status);
 int models_remove(const char *name, char *err, int *status);
 json_t *models_json(const smodel_t *sm);
 /* Removes from --model-dir the temporary files of downloads that a crash
@@ -470,6 +476,10 @@ enum MHD_Result task_refuse(request_t *r, task_t *t, json_t *b, int status, cons
  * id, logprob (NAN: none, the first token of a prompt), and its top_n
  * alternatives. */
 void task_token(const task_t *t, size_t i, int32_t *id, float *lp, const int32_t **top, const float **top_lp);
+/* The text answer token I adds when it is token ID (its own, or an
+ * alternative in its place: a word's text depends on the token before it)
+ * into BUF (vocab_max_piece + 1 bytes); its length. */
+size_t task_token_text(const task_t *t, size_t i, int32_t id, char *buf);
 /* The tokens whose text a stream has sent (t->sent_bytes) and whose
  * logprobs it has not: [*from, return value). Advances t->lp_sent. */
 size_t task_stream_tokens(task_t *t, size_t *from);

@@ -54,7 +54,7 @@ char *svg_spans(const model_t *m)
         int bw = 56, x0 = 20, y0 = 50, bh = 90, W = x0 * 2 + bw * m->n_layers, H = y0 + bh + 80;
         static const char *kind_col[3] = {"#d9534f", "#5b9bd5", "#bbbbbb"};
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-        fprintf(f, "<title>PAR Transformer-XL: %d blocks</title>\n", m->n_layers);
+        fprintf(f, "<title>%s: %d blocks</title>\n", model_family_name(m->fam), m->n_layers);
         fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Blocks and their architecture weights (attn / ffn / skip)</text>\n", x0);
         for (int b = 0; b < m->n_layers; b++) {
             const layer_t *y = &m->layers[b];

@@ -19,6 +19,18 @@
  * whole gpu_forward calls (each ends in a synchronisation, so host overhead
  * counts), after warm-up; the median of 5 runs.
  * SPANSERVE_SHARED names the folder of bench/span-profile.json.
+ *
+ *   txl-wt103     a word-level Transformer-XL shaped like the WikiText-103
+ *                 base model (16 layers, d_model 512, 8 heads of 64, inner
+ *                 2048, vocabulary 267,735, cutoffs 20k/40k/200k, div_val 1,
+ *                 mem_len 640, tgt_len 64, same_length), random weights:
+ *                 scoring with 1 and 32 streams in segments of 64 (the
+ *                 targets' logprobs to the host, as the server scores),
+ *                 decode with 1 and 64 sessions (the device alone, and with
+ *                 the whole rows to the host, as a sampler on the host
+ *                 needs them). NVIDIA's own figures for that model: 6,936
+ *                 tokens/s at batch 1 and 107,082 at batch 32 on an A100
+ *                 (FP16, TorchScript, tgt_len 64, mem_len 640).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "err.h"
@@ -82,6 +94,74 @@ static double rate(gpu_model *g, gpu_timer *t, gpu_mem **mems, int B, int M, int
     qsort(r, RUNS, sizeof *r, cmp_double);
     if (ms_step) *ms_step = r[RUNS / 2];
     return (double)B * M / (r[RUNS / 2] / 1000.0);
+}
+
+static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const char *what);
+
+/* Tokens/s of scoring B streams x M tokens with targets (only their
+ * logprobs come to the host), as rate(). */
+static double rate_targets(gpu_model *g, gpu_timer *t, gpu_mem **mems, int B, int M, int steps, float *lp, rm_rng *rng)
+{
+    char err[ERR_LEN];
+    const int V = gpu_model_host(g)->V;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * M), *tg = malloc(sizeof(int32_t) * (size_t)B * M);
+    double r[RUNS];
+    for (int i = 0; i < B * M; i++) {
+        tok[i] = (int32_t)(rm_next(rng) % (uint64_t)V);
+        tg[i] = (int32_t)(rm_next(rng) % (uint64_t)V);
+    }
+    if (gpu_forward_targets(g, mems, B, tok, M, tg, lp, err)) { printf("FAIL: %s\n", err); free(tok); free(tg); return 0; }
+    for (int k = 0; k < RUNS; k++) {
+        gpu_timer_start(t);
+        for (int i = 0; i < steps; i++)
+            if (gpu_forward_targets(g, mems, B, tok, M, tg, lp, err)) { printf("FAIL: %s\n", err); free(tok); free(tg); return 0; }
+        r[k] = gpu_timer_stop_ms(t) / steps;
+    }
+    free(tok);
+    free(tg);
+    qsort(r, RUNS, sizeof *r, cmp_double);
+    return (double)B * M / (r[RUNS / 2] / 1000.0);
+}
+
+/* The word-level benchmark (the header): scoring 1 and 32 streams, decode
+ * 1 and 64 sessions, bytes a session. */
+static int bench_txl(const model_t *m, int prec, char *line, size_t cap)
+{
+    char err[ERR_LEN];
+    const int NS = 64, Q = m->block_len;
+    gpu_model *g = gpu_model_new(m, NS, Q, prec, err);
+    if (!g) { printf("FAIL txl-wt103: %s\n", err); return -1; }
+    gpu_timer *t = gpu_timer_new(g, err);
+    gpu_mem *mems[64];
+    for (int s = 0; s < NS; s++)
+        if (!(mems[s] = gpu_mem_new(g, err))) { printf("FAIL txl-wt103: %s\n", err); return -1; }
+    float *lp = malloc(sizeof(float) * (size_t)NS * Q * m->V);   /* the server's layout; only targets are written */
+    rm_rng rng = {7};
+    /* every session's memory full first: mem_len 640 = 10 segments */
+    for (int k = 0; k < m->mem_len / Q + 1; k++) rate(g, t, mems, NS, Q, 0, 1, NULL, &rng, NULL);
+    double sc1 = rate_targets(g, t, mems, 1, Q, 10, lp, &rng), sc32 = rate_targets(g, t, mems, 32, Q, 5, lp, &rng);
+    double d1 = rate(g, t, mems, 1, 1, 100, 10, NULL, &rng, NULL), d64 = rate(g, t, mems, NS, 1, 30, 5, NULL, &rng, NULL);
+    double d1l = rate(g, t, mems, 1, 1, 100, 10, lp, &rng, NULL), d64l = rate(g, t, mems, NS, 1, 30, 5, lp, &rng, NULL);
+    printf("txl-wt103 %s: scoring 1x%d %.0f tok/s, 32x%d %.0f tok/s; decode 1 %.0f tok/s (%.0f with rows to the host), "
+           "64 %.0f tok/s (%.0f); %zu bytes a session on the device (reference %zu); weights %.1f MB, step buffers %.1f MB\n",
+           gpu_precision_name(prec), Q, sc1, Q, sc32, d1, d1l, d64, d64l, gpu_mem_bytes(g), mem_bytes_reference(m),
+           gpu_model_weight_bytes(g) / 1e6, gpu_model_step_bytes(g) / 1e6);
+    snprintf(line, cap, "| txl-wt103 | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %zu | %zu |", gpu_precision_name(prec),
+             sc1, sc32, d1, d1l, d64, d64l, gpu_mem_bytes(g), mem_bytes_reference(m));
+    long launches = 0;
+    int captured = 0;
+    const char *why = "";
+    gpu_graph_status(g, &launches, &captured, &why);
+    printf("  graphs: %d captured, %ld steps%s%s\n", captured, launches, why[0] ? ", off: " : "", why);
+    profile(g, mems, 32, Q, 2, "scoring 32x64");
+    profile(g, mems, 1, 1, 20, "decode 1");
+    profile(g, mems, NS, 1, 5, "decode 64");
+    fflush(stdout);
+    free(lp);
+    for (int s = 0; s < NS; s++) gpu_mem_free(mems[s]);
+    gpu_timer_free(t);
+    gpu_model_free(g);
+    return 0;
 }
 
 /* Device time per operation over STEPS steps of B x M (gpu_profile), in ms
@@ -194,9 +274,10 @@ static float *enwik8_spans(int *L, int *K, char *err)
     return z;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     char err[ERR_LEN], card[256];
+    const int only_txl = argc > 1 && strcmp(argv[1], "txl") == 0;   /* bench_gpu txl: the word-level model alone */
     if (gpu_available(err)) {
         printf("SKIP bench_gpu: no GPU (%s)\n", err);
         return 0;
@@ -207,6 +288,22 @@ int main(void)
     printf("bench_gpu on %s (float32: %s; bf16: cuBLAS bf16 x bf16 -> fp32)\n", card, math);
     row_t rows[6];
     int nrows = 0;
+    char txl_rows[2][512] = {"", ""};
+    {
+        const char *pt = "/tmp/spanserve-bench-txl-wt103.safetensors";
+        rm_txl w = {267735, 512, 8, 64, 2048, 16, 512, 1, 3, {20000, 40000, 200000}, 1, 0, 0, 0, 64, 640, -1, 1, 1};
+        if (rm_write_txl(pt, &w, 3, err)) { printf("FAIL: %s\n", err); return 1; }
+        model_t *mt = model_load(pt, err);
+        unlink(pt);
+        if (!mt) { printf("FAIL: %s\n", err); return 1; }
+        for (int prec = GPU_FP32; prec <= GPU_BF16; prec++) bench_txl(mt, prec, txl_rows[prec == GPU_BF16], sizeof txl_rows[0]);
+        model_free(mt);
+        printf("\ncard: %s; tokens/s (median of %d runs)\n", card, RUNS);
+        printf("| model | precision | score 1x64 | score 32x64 | decode 1 | decode 1 (+rows to host) | decode 64 | "
+               "decode 64 (+rows to host) | bytes/session | reference bytes |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        printf("%s\n%s\n\n", txl_rows[0], txl_rows[1]);
+        if (only_txl) return txl_rows[0][0] && txl_rows[1][0] ? 0 : 1;
+    }
 
     if (!shared_path("bench/span-profile.json")) {
         printf("SKIP bench_gpu: no %s/bench/span-profile.json (the reference's spans; set SPANSERVE_SHARED)\n", shared_dir());

@@ -74,9 +74,20 @@ static void rm_free(rm_file *f)
     free(f);
 }
 
+/* A word vocabulary of V: <eos>, <unk>, w2, w3, ... */
+static char *rm_words(int V)
+{
+    char *s = malloc((size_t)V * 12 + 32), *p = s;
+    if (!s) return NULL;
+    p += sprintf(p, "[\"<eos>\", \"<unk>\"");
+    for (int i = 2; i < V; i++) p += sprintf(p, ",\"w%d\"", i);
+    sprintf(p, "]");
+    return s;
+}
+
 static int rm_save(rm_file *f, const char *path, const char *config, int V, char *err)
 {
-    char *vocab = rm_vocab(V);
+    char *vocab = strstr(config, "\"words\"") ? rm_words(V) : rm_vocab(V);
     int rc = vocab ? 0 : err_set(err, "out of memory");
     if (rc == 0) {
         st_writer_meta(f->w, "config", config);
@@ -209,6 +220,113 @@ static int rm_write_par(const char *path, const rm_par *c, uint64_t seed, char *
         at += snprintf(config + at, sizeof config - at, "%s\"%s\"", b ? ", " : "",
                        c->arch[b] == 'a' ? "attn" : c->arch[b] == 'f' ? "ffn" : "skip");
     snprintf(config + at, sizeof config - at, "]}");
+    if (bad) {
+        rm_free(f);
+        return err_set(err, "out of memory");
+    }
+    return rm_save(f, path, config, V, err);
+}
+
+/* Word-level Transformer-XL (kimiyoung's MemTransformerLM, core/txl.c):
+ * NCUT cutoffs, adaptive input and softmax with DIV_VAL, tied weights, every
+ * projection tied or not, pre-LN or post-LN, the r biases shared or each
+ * layer's own; WORDS: a word vocabulary, else characters. */
+typedef struct {
+    int V, D, nh, dh, I, n_layer, d_embed, div_val, ncut, cut[4];
+    int tie_weight, tie_projs, pre_lnorm, untie_r, tgt_len, mem_len, clamp_len, same_length, words;
+} rm_txl;
+
+static int rm_write_txl(const char *path, const rm_txl *c, uint64_t seed, char *err)
+{
+    rm_file *f = rm_open(seed);
+    if (!f) return err_set(err, "out of memory");
+    const int V = c->V, D = c->D, A = c->nh * c->dh, I = c->I, E = c->d_embed, n = c->ncut + 1;
+    const float sd = 1.0f / sqrtf((float)D), sa = 1.0f / sqrtf((float)A), si = 1.0f / sqrtf((float)I);
+    int cut[6] = {0}, dim[5];
+    for (int k = 0; k < c->ncut; k++) cut[k + 1] = c->cut[k];
+    cut[n] = V;
+    for (int k = 0, d = E; k < n; k++, d = c->div_val > 1 ? d / c->div_val : d) dim[k] = d;
+    char name[96];
+    int bad = 0;
+    if (c->div_val == 1) {
+        bad = rm_add(f, "word_emb.emb_layers.0.weight", 2, V, E, 0, 1.0f / sqrtf((float)E), 0, NULL) ||
+              rm_add(f, "crit.out_layers.0.bias", 1, V, 0, 0, 0.1f, 0, NULL);
+        if (!c->tie_weight) bad = bad || rm_add(f, "crit.out_layers.0.weight", 2, V, E, 0, 1.0f / sqrtf((float)E), 0, NULL);
+        if (E != D) {
+            bad = bad || rm_add(f, "word_emb.emb_projs.0", 2, D, E, 0, 1.0f / sqrtf((float)E), 0, NULL);
+            for (int k = 0; k < n && !c->tie_projs && !bad; k++) {
+                snprintf(name, sizeof name, "crit.out_projs.%d", k);
+                bad = rm_add(f, name, 2, D, E, 0, sd, 0, NULL);
+            }
+        }
+    } else {
+        for (int k = 0; k < n && !bad; k++) {
+            const int rows = cut[k + 1] - cut[k];
+            const float se = 1.0f / sqrtf((float)dim[k]);
+            snprintf(name, sizeof name, "word_emb.emb_layers.%d.weight", k);
+            bad = rm_add(f, name, 2, rows, dim[k], 0, se, 0, NULL);
+            snprintf(name, sizeof name, "word_emb.emb_projs.%d", k);
+            bad = bad || rm_add(f, name, 2, D, dim[k], 0, se, 0, NULL);
+            snprintf(name, sizeof name, "crit.out_layers.%d.bias", k);
+            bad = bad || rm_add(f, name, 1, rows, 0, 0, 0.1f, 0, NULL);
+            if (!c->tie_weight) {
+                snprintf(name, sizeof name, "crit.out_layers.%d.weight", k);
+                bad = bad || rm_add(f, name, 2, rows, dim[k], 0, se, 0, NULL);
+            }
+            if (!c->tie_projs) {
+                snprintf(name, sizeof name, "crit.out_projs.%d", k);
+                bad = bad || rm_add(f, name, 2, D, dim[k], 0, sd, 0, NULL);
+            }
+        }
+    }
+    if (n > 1)
+        bad = bad || rm_add(f, "crit.cluster_weight", 2, n - 1, dim[0], 0, 1.0f / sqrtf((float)dim[0]), 0, NULL) ||
+              rm_add(f, "crit.cluster_bias", 1, n - 1, 0, 0, 0.1f, 0, NULL);
+    if (!c->untie_r)
+        bad = bad || rm_add(f, "r_w_bias", 2, c->nh, c->dh, 0, 0.1f, 0, NULL) ||
+              rm_add(f, "r_r_bias", 2, c->nh, c->dh, 0, 0.1f, 0, NULL);
+    for (int l = 0; !bad && l < c->n_layer; l++) {
+        static const char *part[3] = {"qkv_net", "r_net", "o_net"};
+        for (int k = 0; k < 3 && !bad; k++) {
+            snprintf(name, sizeof name, "layers.%d.dec_attn.%s.weight", l, part[k]);
+            bad = k == 2 ? rm_add(f, name, 2, D, A, 0, sa, 0, NULL) : rm_add(f, name, 2, k ? A : 3 * A, D, 0, sd, 0, NULL);
+        }
+        if (c->untie_r) {
+            snprintf(name, sizeof name, "layers.%d.dec_attn.r_w_bias", l);
+            bad = bad || rm_add(f, name, 2, c->nh, c->dh, 0, 0.1f, 0, NULL);
+            snprintf(name, sizeof name, "layers.%d.dec_attn.r_r_bias", l);
+            bad = bad || rm_add(f, name, 2, c->nh, c->dh, 0, 0.1f, 0, NULL);
+        }
+        snprintf(name, sizeof name, "layers.%d.dec_attn.layer_norm.weight", l);
+        bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 1.0f, NULL);
+        snprintf(name, sizeof name, "layers.%d.dec_attn.layer_norm.bias", l);
+        bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 0, NULL);
+        snprintf(name, sizeof name, "layers.%d.pos_ff.CoreNet.0.weight", l);
+        bad = bad || rm_add(f, name, 2, I, D, 0, sd, 0, NULL);
+        snprintf(name, sizeof name, "layers.%d.pos_ff.CoreNet.0.bias", l);
+        bad = bad || rm_add(f, name, 1, I, 0, 0, sd, 0, NULL);
+        snprintf(name, sizeof name, "layers.%d.pos_ff.CoreNet.3.weight", l);
+        bad = bad || rm_add(f, name, 2, D, I, 0, si, 0, NULL);
+        snprintf(name, sizeof name, "layers.%d.pos_ff.CoreNet.3.bias", l);
+        bad = bad || rm_add(f, name, 1, D, 0, 0, si, 0, NULL);
+        snprintf(name, sizeof name, "layers.%d.pos_ff.layer_norm.weight", l);
+        bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 1.0f, NULL);
+        snprintf(name, sizeof name, "layers.%d.pos_ff.layer_norm.bias", l);
+        bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 0, NULL);
+    }
+    char config[2048], cuts[64] = "", ties[64] = "";
+    for (int k = 0, at = 0; k < c->ncut; k++) at += snprintf(cuts + at, sizeof cuts - at, "%s%d", k ? ", " : "", c->cut[k]);
+    for (int k = 0, at = 0; k < n; k++)
+        at += snprintf(ties + at, sizeof ties - at, "%s%s", k ? ", " : "", c->tie_projs ? "true" : "false");
+    snprintf(config, sizeof config,
+             "{\"family\": \"transformer-xl\", \"tokenizer\": \"%s\", \"n_layer\": %d, \"n_head\": %d, "
+             "\"d_model\": %d, \"d_head\": %d, \"d_inner\": %d, \"d_embed\": %d, \"div_val\": %d, "
+             "\"cutoffs\": [%s], \"tie_weight\": %s, \"tie_projs\": [%s], \"pre_lnorm\": %s, \"tgt_len\": %d, "
+             "\"mem_len\": %d, \"ext_len\": 0, \"attn_type\": 0, \"eval_tgt_len\": %d, \"eval_mem_len\": %d, "
+             "\"eval_clamp_len\": %d, \"eval_same_length\": %s, \"vocab_size\": %d}",
+             c->words ? "words" : "chars", c->n_layer, c->nh, D, c->dh, I, E, c->div_val, cuts,
+             c->tie_weight ? "true" : "false", ties, c->pre_lnorm ? "true" : "false", c->tgt_len, c->mem_len,
+             c->tgt_len, c->mem_len, c->clamp_len, c->same_length ? "true" : "false", V);
     if (bad) {
         rm_free(f);
         return err_set(err, "out of memory");

@@ -306,6 +306,38 @@ static void check_txl_word(void)
     }
     printf("txl-word: max |nll - reference| segments %.2e, step %.2e, full distributions %.2e\n", worst, worst_step,
            worst_full);
+    /* the cheap path (head and one cluster a row) against the whole rows; and a stream's values alone
+     * or beside a stream that wants whole rows are the same bits */
+    {
+        mem_t *x0[2] = {mem_new(m), mem_new(m)}, *x1[1] = {mem_new(m)};
+        int32_t *tg = malloc(sizeof(int32_t) * S * Q);
+        float *lt = malloc(sizeof(float) * S * Q * V), *l1 = malloc(sizeof(float) * Q * V);
+        double worst_t = 0;
+        int same = 1;
+        for (int g = 0; g < G; g++) {
+            for (int s = 0; s < S; s++) memcpy(in + s * Q, tok + s * T + g * Q, sizeof(int32_t) * Q);
+            for (int i = 0; i < Q; i++) tg[i] = tok[g * Q + i + 1];   /* stream 0 scores, stream 1 wants rows */
+            tg[Q] = -1;
+            CHECK(model_forward_targets(m, x0, S, in, Q, tg, lt, ws, err) == 0, "%s", err);
+            CHECK(model_forward_targets(m, x1, 1, in, Q, tg, l1, ws, err) == 0, "%s", err);
+            for (int i = 0; i < Q; i++) {
+                double d = fabs(-lt[(size_t)i * V + tg[i]] - nll[g * Q + i]);
+                worst_t = d > worst_t ? d : worst_t;
+                same &= lt[(size_t)i * V + tg[i]] == l1[(size_t)i * V + tg[i]];
+            }
+            for (int i = 0; i < Q; i++) {   /* stream 1's whole rows are still the reference's */
+                double d = fabs(-lt[((size_t)Q + i) * V + tok[T + g * Q + i + 1]] - nll[(G + g) * Q + i]);
+                worst_t = d > worst_t ? d : worst_t;
+            }
+        }
+        printf("txl-word: targets only, max |nll - reference| %.2e\n", worst_t);
+        CHECK(worst_t <= 1e-4, "txl-word targets: %.3g", worst_t);
+        CHECK(same, "a scored stream's logprobs depend on the stream beside it");
+        tg[0] = 9984;
+        CHECK(model_forward_targets(m, x1, 1, in, Q, tg, l1, ws, err) != 0 && strstr(err, "target id 9984"), "%s", err);
+        free(tg); free(lt); free(l1);
+        mem_free(x0[0]); mem_free(x0[1]); mem_free(x1[0]);
+    }
     CHECK(worst <= 1e-4, "txl-word segments: %.3g", worst);
     CHECK(worst_step <= 1e-4, "txl-word step: %.3g", worst_step);
     CHECK(worst_full <= 1e-4, "txl-word full_logprobs: %.3g", worst_full);

@@ -510,6 +510,153 @@ static void check_random_models(void)
     unlink(p);
 }
 
+/* The word-level Transformer-XL on the device: the fixture against its
+ * reference and the CPU (whole rows and targets only), the validation
+ * perplexity in both precisions; random models of the layouts people have
+ * (projections, untied r biases, pre-LN, div_val 1 and 2, same_length,
+ * clamp_len, n_head * d_head != d_model) against the CPU. */
+static void check_txl(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-txl-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    const int pre[4] = {0, 5, 90, 333};
+    rm_txl a = {300, 64, 4, 24, 128, 2, 48, 1, 2, {100, 200}, 0, 0, 1, 1, 32, 40, 30, 1, 0};
+    CHECK(rm_write_txl(p, &a, 31, err) == 0, "%s", err);
+    model_t *m = model_load(p, err);
+    CHECK(m != NULL, "random txl: %s", err);
+    const int steps[] = {32, 1, 1, 45, 150, 1, 17};
+    if (m) check_random(m, "random txl (pre-LN, div_val 1, projections, untied r, same_length, clamp 30)", pre, 4, steps, 7, 21);
+    if (m) check_random_prec(m, "random txl (pre-LN, div_val 1, ...)", pre, 4, steps, 7, 21, GPU_BF16, 0.5);
+    model_free(m);
+    rm_txl b = {500, 64, 2, 32, 128, 2, 64, 2, 3, {50, 150, 300}, 1, 1, 0, 0, 24, 24, 20, 1, 1};
+    CHECK(rm_write_txl(p, &b, 32, err) == 0, "%s", err);
+    m = model_load(p, err);
+    CHECK(m != NULL, "random txl b: %s", err);
+    if (m) check_random(m, "random txl (div_val 2, tied, words, heads of 32: tiled)", pre, 4, steps, 7, 22);
+    if (m) check_random_prec(m, "random txl (div_val 2, tied, ...)", pre, 4, steps, 7, 22, GPU_BF16, 0.5);
+    model_free(m);
+    unlink(p);
+
+    const char *mp = shared_path("fixtures/txl-word/model.safetensors");
+    if (!mp) {
+        printf("SKIP test_gpu txl-word: ../shared/fixtures/txl-word is not here\n");
+        return;
+    }
+    m = model_load(mp, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    st_file *vf = st_open(shared_path("fixtures/txl-word/vectors.safetensors"), err);
+    const st_tensor *tt = vf ? st_find(vf, "tokens") : NULL, *nt = vf ? st_find(vf, "nll") : NULL,
+                    *ft = vf ? st_find(vf, "full_logprobs") : NULL, *st = vf ? st_find(vf, "step_nll") : NULL;
+    CHECK(tt && nt && ft && st, "txl-word vectors");
+    gpu_model *g = tt ? gpu_model_new(m, 2, m->block_len, GPU_FP32, err) : NULL;
+    CHECK(g != NULL, "%s", err);
+    if (g) {
+        const int S = 2, T = (int)tt->shape[1], G = (int)nt->shape[1], Q = (int)nt->shape[2], V = m->V;
+        const int32_t *tok = (const int32_t *)tt->data;
+        float *nll = malloc(sizeof(float) * S * G * Q), *full = malloc(sizeof(float) * 4 * V), snll[2];
+        memcpy(nll, nt->data, sizeof(float) * S * G * Q);
+        memcpy(full, ft->data, sizeof(float) * 4 * V);
+        memcpy(snll, st->data, sizeof snll);
+        gpu_mem *gm[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)}, *gt[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)};
+        mem_t *cm[2] = {mem_new(m), mem_new(m)};
+        fwd_ws *ws = ws_new();
+        float *lp = malloc(sizeof(float) * S * Q * V), *clp = malloc(sizeof(float) * S * Q * V),
+              *tlp = malloc(sizeof(float) * S * Q * V);
+        int32_t *in = malloc(sizeof(int32_t) * S * Q), *tg = malloc(sizeof(int32_t) * S * Q);
+        static const int at[4][2] = {{0, 0}, {0, 47}, {1, 5}, {1, 47}};
+        double worst = 0, worst_full = 0, worst_cpu = 0, worst_step = 0;
+        int same = 1;
+        for (int seg = 0; seg < G; seg++) {
+            for (int s = 0; s < S; s++) memcpy(in + s * Q, tok + s * T + seg * Q, sizeof(int32_t) * Q);
+            for (int i = 0; i < Q; i++) tg[i] = tok[seg * Q + i + 1];   /* stream 0: targets only; stream 1: rows */
+            tg[Q] = -1;
+            CHECK(gpu_forward(g, gm, S, in, Q, lp, err) == 0, "%s", err);
+            CHECK(gpu_forward_targets(g, gt, S, in, Q, tg, tlp, err) == 0, "%s", err);
+            CHECK(model_forward(m, cm, S, in, Q, clp, ws, err) == 0, "%s", err);
+            for (int s = 0; s < S; s++)
+                for (int i = 0; i < Q; i++) {
+                    double d = fabs(-lp[((size_t)s * Q + i) * V + tok[s * T + seg * Q + i + 1]] - nll[(s * G + seg) * Q + i]);
+                    worst = d > worst || isnan(d) ? d : worst;
+                }
+            for (int i = 0; i < Q; i++) same &= tlp[(size_t)i * V + tg[i]] == lp[(size_t)i * V + tg[i]];
+            same &= memcmp(tlp + (size_t)Q * V, lp + (size_t)Q * V, sizeof(float) * Q * V) == 0;
+            for (int k = 0; seg == 0 && k < 4; k++) {
+                double d = max_diff(lp + ((size_t)at[k][0] * Q + at[k][1]) * V, full + (size_t)k * V, (size_t)V);
+                worst_full = d > worst_full || isnan(d) ? d : worst_full;
+            }
+            double d = max_diff(lp, clp, (size_t)S * Q * V);
+            worst_cpu = d > worst_cpu || isnan(d) ? d : worst_cpu;
+        }
+        for (int s = 0; s < S; s++) in[s] = tok[s * T + G * Q];
+        CHECK(gpu_forward(g, gm, S, in, 1, lp, err) == 0, "%s", err);
+        for (int s = 0; s < S; s++) {
+            double d = fabs(-lp[(size_t)s * V + tok[s * T + G * Q + 1]] - snll[s]);
+            worst_step = d > worst_step || isnan(d) ? d : worst_step;
+        }
+        printf("txl-word: GPU max |nll - reference| segments %.2e, step %.2e, full distributions %.2e; GPU vs CPU %.2e; "
+               "targets only %s\n", worst, worst_step, worst_full, worst_cpu, same ? "the same bits" : "DIFFER");
+        CHECK(worst <= 1e-4 && worst_step <= 1e-4 && worst_full <= 1e-4, "txl-word on the GPU: %.3g %.3g %.3g", worst,
+              worst_step, worst_full);
+        CHECK(worst_cpu <= 1e-4, "txl-word GPU vs CPU: %.3g", worst_cpu);
+        CHECK(same, "txl-word: the targets' logprobs differ from the whole rows'");
+        note_worst(worst_cpu);
+        free(nll); free(full); free(lp); free(clp); free(tlp); free(in); free(tg);
+        for (int s = 0; s < 2; s++) {
+            gpu_mem_free(gm[s]);
+            gpu_mem_free(gt[s]);
+            mem_free(cm[s]);
+        }
+        ws_free(ws);
+    }
+    gpu_model_free(g);
+    /* the validation lines' perplexity, fp32 to the reference, bf16 near it */
+    json_t *e = json_load_file(shared_path("fixtures/txl-word/expected.json"), 0, NULL);
+    FILE *f = fopen(ref_path("data/tiny_shakespeare.txt"), "rb");
+    char *text = NULL;
+    size_t len = 0;
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        len = (size_t)ftell(f);
+        fseek(f, 0, SEEK_SET);
+        text = malloc(len + 2);
+        len = fread(text, 1, len, f);
+        fclose(f);
+    }
+    if (e && text) {
+        long from = (long)json_integer_value(json_object_get(e, "val_lines_from")), line = 0;
+        size_t start = 0;
+        for (size_t i = 0; i < len && line < from; i++)
+            if (text[i] == '\n') line++, start = i + 1;
+        text[len] = '\n';
+        int32_t *t = NULL;
+        size_t n = 0;
+        CHECK(vocab_encode(&m->vocab, text + start, len + 1 - start, &t, &n, err) == 0, "%s", err);
+        const double ref = json_real_value(json_object_get(e, "val_ppl_full_eval"));
+        for (int prec = GPU_FP32; t && prec <= GPU_BF16; prec++) {
+            gpu_model *gv = gpu_model_new(m, 1, m->block_len, prec, err);
+            gpu_mem *s = gv ? gpu_mem_new(gv, err) : NULL;
+            score_t sc = {0, 0};
+            CHECK(s && gpu_score(gv, s, t, n, &sc, err) == 0, "%s", err);
+            const double ppl = exp(sc.nll_sum / (double)sc.tokens);
+            printf("txl-word (%s) on the GPU: validation ppl %.6f over %ld predictions, reference %.6f\n",
+                   gpu_precision_name(prec), ppl, sc.tokens, ref);
+            if (prec == GPU_FP32) CHECK(fabs(ppl - ref) <= 1e-4 * ref, "fp32 ppl %.8f vs %.8f", ppl, ref);
+            else CHECK(fabs(log(ppl / ref)) <= 0.01, "bf16 ppl %.4f vs %.4f", ppl, ref);
+            gpu_mem_free(s);
+            gpu_model_free(gv);
+        }
+        free(t);
+    }
+    free(text);
+    json_decref(e);
+    st_close(vf);
+    model_free(m);
+}
+
 /* What gpu_forward refuses, and that a refused step changes nothing. */
 static void check_errors(void)
 {
@@ -582,6 +729,7 @@ int main(void)
     check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
     check_fixture_random("par-small", MEM_EXACT, "par-small");
     check_random_models();
+    check_txl();
     check_errors();
     printf("test_gpu: largest GPU vs CPU logprob difference %.2e\n", worst_all);
     return test_summary("test_gpu");

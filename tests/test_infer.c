@@ -651,8 +651,61 @@ static void check_vocab(void)
     CHECK(vocab_parse(&v, "[1]", err) != 0, "not strings");
 }
 
+/* Words as kimiyoung's Vocab reads a file: lines (\n, \r\n, \r), Python's
+ * whitespace, <eos> per line (not after a prompt's last line), <unk>. */
+static void check_words(void)
+{
+    char err[ERR_LEN];
+    vocab_t v;
+    const tokenizer *w = vocab_kind("words");
+    CHECK(w != NULL && vocab_kind("chars") != NULL && vocab_kind("bytes") == NULL, "the kinds");
+    if (!w) return;
+    CHECK(vocab_parse_kind(&v, w, "[\"<eos>\", \"<unk>\", \"the\", \"cat\", \"sat\", \"\u00e9t\u00e9\"]", err) == 0,
+          "%s", err);
+    CHECK(v.n == 6 && v.eos == 0 && v.unk == 1 && !w->per_character && vocab_kind("chars")->per_character, "ids");
+    /* two spaces, a tab, a no-break space (U+00A0), \r\n, \r, an unknown word, a last line without its end */
+    const char *s = "the  cat\t\xc2\xa0sat\r\n\xc3\xa9t\xc3\xa9 dog\r\rcat";
+    int32_t *t;
+    size_t *off, n;
+    CHECK(vocab_encode_offsets(&v, s, strlen(s), 0, &t, &off, &n, err) == 0, "%s", err);
+    int32_t want[] = {2, 3, 4, 0, 5, 1, 0, 0, 3, 0};
+    size_t woff[] = {0, 5, 11, 14, 16, 22, 25, 26, 27, 30};
+    CHECK(n == 10 && memcmp(t, want, sizeof want) == 0 && memcmp(off, woff, sizeof woff) == 0, "ids and offsets (%zu)", n);
+    free(t);
+    free(off);
+    /* a prompt's last line goes on; a final newline begins no other line */
+    CHECK(vocab_encode_prompt(&v, "the cat", 7, &t, &n, err) == 0 && n == 2 && t[1] == 3, "prompt: %zu", n);
+    free(t);
+    CHECK(vocab_encode(&v, "the cat\n", 8, &t, &n, err) == 0 && n == 3 && t[2] == 0, "final newline: %zu", n);
+    free(t);
+    CHECK(vocab_encode(&v, "", 0, &t, &n, err) == 0 && n == 0, "empty text");
+    free(t);
+    CHECK(vocab_encode(&v, "\n\n", 2, &t, &n, err) == 0 && n == 2 && t[0] == 0 && t[1] == 0, "empty lines");
+    free(t);
+    CHECK(vocab_encode(&v, "the\xff", 4, &t, &n, err) != 0 && strstr(err, "invalid UTF-8 at byte 3"), "bad utf8: %s", err);
+    /* text: words joined by one space, <eos> a newline */
+    char out[64], piece[64];
+    int32_t ids[] = {2, 3, 0, 4, 1, 0};
+    CHECK(vocab_decode(&v, ids, 6, out, sizeof out) == 18 && strcmp(out, "the cat\nsat <unk>\n") == 0, "decode '%s'", out);
+    CHECK(vocab_piece(&v, -1, 2, piece) == 3 && strcmp(piece, "the") == 0, "first word");
+    CHECK(vocab_piece(&v, 2, 3, piece) == 4 && strcmp(piece, " cat") == 0, "next word");
+    CHECK(vocab_piece(&v, 0, 3, piece) == 3 && strcmp(piece, "cat") == 0, "after a newline");
+    CHECK(vocab_max_piece(&v) == 6, "max piece %zu", vocab_max_piece(&v));
+    vocab_free(&v);
+    CHECK(vocab_parse_kind(&v, w, "[\"<eos>\", \"the\"]", err) == 0, "%s", err);
+    CHECK(vocab_encode(&v, "the dog", 7, &t, &n, err) != 0 && strstr(err, "word 'dog' at byte 4") && strstr(err, "no <unk>"),
+          "no <unk>: %s", err);
+    vocab_free(&v);
+    CHECK(vocab_parse_kind(&v, w, "[\"the\"]", err) != 0 && strstr(err, "needs <eos>"), "no eos: %s", err);
+    CHECK(vocab_parse_kind(&v, w, "[\"<eos>\", \"a b\"]", err) != 0 && strstr(err, "whitespace"), "space: %s", err);
+    CHECK(vocab_parse_kind(&v, w, "[\"<eos>\", \"a\\u3000b\"]", err) != 0 && strstr(err, "whitespace"), "ideographic space: %s", err);
+    CHECK(vocab_parse_kind(&v, w, "[\"<eos>\", \"a\", \"a\"]", err) != 0 && strstr(err, "repeats"), "repeat: %s", err);
+    CHECK(vocab_parse_kind(&v, w, "[\"<eos>\", 3]", err) != 0 && strstr(err, "not a word"), "number: %s", err);
+}
+
 int main(void)
 {
+    check_words();
     check_chunks("aspan-small", MEM_EXACT);
     check_chunks("aspan-small", MEM_SPAN);
     check_chunks("par-small", MEM_EXACT);

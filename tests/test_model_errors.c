@@ -21,6 +21,7 @@
 
 #define ASPAN "aspan-small"
 #define PAR "par-small"
+#define TXL "txl-word"   /* ../shared only: its tests skip without it */
 
 static char tmpdir[512], ckpt[600];
 
@@ -31,9 +32,12 @@ static struct fixture {
     st_file *f;
     model_t *m;          /* the fixture itself, loaded */
     int32_t tokens[64];  /* the first block of stream 0 of vectors.safetensors */
-} fx[2] = {{.name = ASPAN}, {.name = PAR}};
+} fx[3] = {{.name = ASPAN}, {.name = PAR}, {.name = TXL}};
 
-static struct fixture *fixture(const char *name) { return strcmp(name, ASPAN) == 0 ? &fx[0] : &fx[1]; }
+static struct fixture *fixture(const char *name)
+{
+    return strcmp(name, ASPAN) == 0 ? &fx[0] : strcmp(name, PAR) == 0 ? &fx[1] : &fx[2];
+}
 
 /* ------------------------------------------------------------ building copies */
 
@@ -350,7 +354,7 @@ static void test_config_errors(void)
                   "tensor 'layers.0.ff.fc1.weight' has shape [512, 128], expected [256, 128]", NULL);
     refuse_config(ASPAN, "attn_span", json_integer(256), "tensor 'key_pe' has shape [1, 32, 512], expected [1, 32, 256]",
                   NULL);
-    refuse_config(ASPAN, "vocab_size", json_integer(64), "config vocab_size 64 but the vocabulary lists 65 characters",
+    refuse_config(ASPAN, "vocab_size", json_integer(64), "config vocab_size 64 but the vocabulary lists 65 tokens",
                   NULL);
     refuse_config(PAR, "vocab_size", json_integer(66), "config vocab_size 66 but the vocabulary lists 65", NULL);
     refuse_config(ASPAN, "vocab_size", json_integer(0), "config 'vocab_size' = 0 is outside", NULL);
@@ -440,6 +444,58 @@ static void test_span_errors(void)
     refuse(&(edit_t){.fixture = ASPAN, .repl = mt, .repl_dtype = ST_F32, .repl_ndim = 1, .repl_shape = {512},
                      .repl_data = tpl},
            "mask_template shifted", "is not linspace(1-S, 0, S): [0] = -510", NULL);
+}
+
+/* The word-level Transformer-XL: its config, its adaptive layout, its r
+ * biases, its word vocabulary; and copies that load. */
+static void test_txl_errors(void)
+{
+    refuse_config(TXL, "cutoffs", json_pack("[ii]", 4000, 1000), "config cutoffs[1] must be an integer above the one before", NULL);
+    refuse_config(TXL, "cutoffs", json_pack("[ii]", 1000, 9984), "below the vocabulary size 9984", NULL);
+    refuse_config(TXL, "cutoffs", json_string("1000"), "config 'cutoffs' must be an array", NULL);
+    refuse_config(TXL, "cutoffs", json_pack("[i]", 1000), "config 'tie_projs' must be an array of 2 booleans", NULL);
+    refuse_config(TXL, "tie_projs", json_pack("[bb]", 0, 1), "config 'tie_projs' must be an array of 3 booleans", NULL);
+    refuse_config(TXL, "tie_projs", json_pack("[bbi]", 0, 1, 1), "config tie_projs[2] must be true or false", NULL);
+    refuse_config(TXL, "ext_len", json_integer(8), "config 'ext_len' = 8 is outside [0, 0]", NULL);
+    refuse_config(TXL, "attn_type", json_integer(2), "config 'attn_type' = 2 is outside [0, 0]", NULL);
+    refuse_config(TXL, "div_val", json_integer(1), "tensor 'word_emb.emb_layers.0.weight' has shape [1000, 128], expected [9984, 128]", NULL);
+    refuse_config(TXL, "div_val", json_integer(200), "d_embed 128 / div_val 200^1 leaves no dims for cluster 1", NULL);
+    refuse_config(TXL, "d_embed", json_integer(64), "expected [1000, 64]", NULL);
+    refuse_config(TXL, "n_layer", json_integer(5), "missing tensor 'layers.4.dec_attn.qkv_net.weight'", NULL);
+    refuse_config(TXL, "eval_same_length", json_integer(1), "config 'eval_same_length' must be true or false", NULL);
+    refuse_config(TXL, "tokenizer", json_string("bytes"), "config 'tokenizer' must be one of: chars, words", NULL);
+    refuse_config(TXL, "tokenizer", NULL, "vocab[0] is not a string of exactly one character", NULL);
+    refuse(&(edit_t){.fixture = TXL, .drop = {"r_w_bias"}}, "txl one r bias", "r_w_bias and r_r_bias must come together", NULL);
+    refuse(&(edit_t){.fixture = TXL, .drop = {"r_w_bias", "r_r_bias"}}, "txl no r biases",
+           "the r biases must be either shared", NULL);
+    refuse(&(edit_t){.fixture = TXL, .drop = {"crit.out_projs.0"}}, "txl untied projection missing",
+           "missing tensor 'crit.out_projs.0'", "[128, 128]");
+    refuse(&(edit_t){.fixture = TXL, .drop = {"crit.cluster_bias"}}, "txl cluster bias", "missing tensor 'crit.cluster_bias'", NULL);
+    /* the vocabulary: words need <eos>, refuse whitespace and repeats */
+    refuse_vocab(TXL, "[\"a\", \"b\"]", "txl vocab without <eos>", "a word vocabulary needs <eos>", NULL);
+    char *v = vocab_with(TXL, 0, json_string("<eos2>"));
+    refuse_vocab(TXL, v, "txl no <eos>", "a word vocabulary needs <eos>", NULL);
+    free(v);
+    v = vocab_with(TXL, 5, json_string("two words"));
+    refuse_vocab(TXL, v, "txl whitespace", "vocab[5] holds whitespace", NULL);
+    free(v);
+    v = vocab_with(TXL, 5, json_string("the"));
+    refuse_vocab(TXL, v, "txl repeat", "vocab[5] 'the' repeats a word", NULL);
+    free(v);
+    v = vocab_with(TXL, 5, json_string(""));
+    refuse_vocab(TXL, v, "txl empty word", "vocab[5] is not a word", NULL);
+    free(v);
+    /* a copy loads and computes what the fixture does */
+    model_t *m = load(&(edit_t){.fixture = TXL}, "txl copy");
+    if (m) {
+        struct fixture *x = fixture(TXL);
+        float *a = block_logprobs(m, x->tokens), *b = block_logprobs(x->m, x->tokens);
+        CHECK(a && b && memcmp(a, b, (size_t)m->block_len * m->V * sizeof(float)) == 0, "txl copy's logprobs differ");
+        CHECK(m->n_params == x->m->n_params, "txl params %lld vs %lld", (long long)m->n_params, (long long)x->m->n_params);
+        free(a);
+        free(b);
+    }
+    model_free(m);
 }
 
 /* ------------------------------------------------------------ copies that load */
@@ -620,9 +676,13 @@ int main(void)
     }
     snprintf(ckpt, sizeof ckpt, "%s/model.safetensors", tmpdir);
     int ok = 1;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         struct fixture *x = &fx[k];
         char rel[256];
+        if (k == 2 && !shared_path("fixtures/" TXL "/model.safetensors")) {
+            printf("SKIP test_model_errors txl-word: ../shared/fixtures/txl-word is not here (CI has it)\n");
+            break;
+        }
         snprintf(rel, sizeof rel, "fixtures/%s/model.safetensors", x->name);
         snprintf(x->path, sizeof x->path, "%s", ref_path(rel));
         x->f = st_open(x->path, err);
@@ -645,8 +705,9 @@ int main(void)
         test_par_pruned();
         test_par_plain_txl();
         test_half();
+        if (fx[2].m) test_txl_errors();
     }
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         model_free(fx[k].m);
         st_close(fx[k].f);
     }

@@ -20,6 +20,9 @@ block):
                   before the next block without the mark
   gpu             needs a GPU (--device cuda): run where `nvidia-smi -L` lists
                   one, else a SKIP line naming it
+  shared          needs ../shared beside the checkout (the larger reference
+                  fixtures): run where it is (linked beside the copy), else a
+                  SKIP line naming it
   not run: WHY    left out, with a note saying why (make test itself, ...)
 Any other mark is a failure. Ports: the README's 127.0.0.1:8080 and
 127.0.0.1:8081 become free ports here (`make run PORT=`, and
@@ -49,6 +52,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.abspath(os.environ.get("SPANSERVE_BIN", "bin/spanserve"))
 README = os.path.join(ROOT, "README.md")
+SHARED = os.path.abspath(os.environ.get("SPANSERVE_SHARED", os.path.join(ROOT, "..", "shared")))
 BLOCK_SECONDS = int(os.environ.get("TEST_README_BLOCK_SECONDS", "300"))
 VERBOSE = bool(os.environ.get("TEST_README_VERBOSE"))
 SAN = re.compile(r"ERROR: (Address|Undefined|Leak)Sanitizer|runtime error")
@@ -215,7 +219,13 @@ def main():
             if mark is not None and mark.startswith("not run:"):
                 print(f"note: {where} not run: {mark[len('not run:'):].strip()}")
                 continue
-            if mark not in (None, "with make run", "gpu"):
+            if mark == "shared":
+                if not os.path.isdir(os.path.join(SHARED, "fixtures")):
+                    print(f"SKIP test_readme.py: {where}: needs ../shared (the larger reference fixtures)")
+                    continue
+                if not os.path.exists(os.path.join(tmp, "shared")):
+                    os.symlink(SHARED, os.path.join(tmp, "shared"))
+            if mark not in (None, "with make run", "gpu", "shared"):
                 check(where, False, f"unknown mark <!-- readme-test: {mark} -->")
                 continue
             if mark == "gpu":

@@ -7,15 +7,88 @@
  * text. A refusal comes with a message; text that encodes decodes back to
  * the same bytes, and valid UTF-8 decodes code point by code point to
  * values below 0x110000 that are no surrogates.
+ * With the first byte 2 or 3 mod 4 the vocabulary is words instead (a fixed
+ * one for the input's text, or one parsed from the input with a fixed
+ * text): every valid UTF-8 text encodes (unknown words are <unk>), as a
+ * whole text and as a prompt; offsets rise and point at each word as the
+ * vocabulary spells it; the ids' text encodes back to the same ids.
  */
 #include "fuzz_models.h"
 #include "vocab.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static void check_words(const vocab_t *v, const char *text, size_t len)
+{
+    char err[ERR_LEN];
+    for (int open = 0; open < 2; open++) {
+        int32_t *ids = NULL;
+        size_t *offs = NULL, n = 0;
+        err[0] = 0;
+        if (vocab_encode_offsets(v, text, len, open, &ids, &offs, &n, err)) {
+            /* only invalid UTF-8 is refused, or an unknown word where there is no <unk> */
+            REQUIRE(err[0] != 0 && (strstr(err, "UTF-8") || (v->unk < 0 && strstr(err, "no <unk>"))));
+            return;
+        }
+        REQUIRE(n <= len + 1);
+        for (size_t i = 0; i < n; i++) {
+            REQUIRE(ids[i] >= 0 && ids[i] < v->n && offs[i] <= len && (i == 0 || offs[i] > offs[i - 1]));
+            if (ids[i] == v->eos)   /* a line's end, or the word <eos> written out (the reference reads it so) */
+                REQUIRE(offs[i] == len || text[offs[i]] == '\n' || text[offs[i]] == '\r' ||
+                        (len - offs[i] >= 5 && memcmp(text + offs[i], "<eos>", 5) == 0));
+            else if (ids[i] != v->unk) REQUIRE(strncmp(text + offs[i], v->tok[ids[i]], strlen(v->tok[ids[i]])) == 0);
+        }
+        if (!open && len) REQUIRE(n && ids[n - 1] == v->eos);
+        if (!open) {   /* the ids' text reads back as the same ids */
+            size_t cap = n * (vocab_max_piece(v) + 1) + 1;
+            char *back = malloc(cap);
+            REQUIRE(back);
+            int bl = vocab_decode(v, ids, n, back, cap);
+            REQUIRE(bl >= 0);
+            int32_t *again = NULL;
+            size_t m = 0;
+            REQUIRE(vocab_encode(v, back, (size_t)bl, &again, &m, err) == 0);
+            REQUIRE(m == n && memcmp(again, ids, n * sizeof *ids) == 0);
+            free(again);
+            free(back);
+        }
+        free(ids);
+        free(offs);
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
+    if ((data[0] & 3) >= 2) {   /* words */
+        char err[ERR_LEN];
+        vocab_t w;
+        static const char fixed_vocab[] = "[\"<eos>\", \"<unk>\", \"the\", \"cat\", \"sat\", \"\u00e9t\u00e9\", \"a\", \"<\"]";
+        static const char fixed_text[] = "the cat  sat\ton a\r\nmat\r\xc3\xa9t\xc3\xa9 <\n\n";
+        const char *text = (const char *)data + 1;
+        size_t len = size - 1;
+        char *json = NULL;
+        if (data[0] & 1) {
+            json = malloc(size);
+            REQUIRE(json);
+            memcpy(json, data + 1, size - 1);
+            json[size - 1] = 0;
+            err[0] = 0;
+            if (vocab_parse_kind(&w, vocab_kind("words"), json, err)) {
+                REQUIRE(err[0] != 0);
+                free(json);
+                return 0;
+            }
+            text = fixed_text;
+            len = sizeof fixed_text - 1;
+        } else {
+            REQUIRE(vocab_parse_kind(&w, vocab_kind("words"), fixed_vocab, err) == 0);
+        }
+        check_words(&w, text, len);
+        vocab_free(&w);
+        free(json);
+        return 0;
+    }
     char err[ERR_LEN];
     vocab_t own;
     const vocab_t *v;

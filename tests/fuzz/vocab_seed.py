@@ -1,5 +1,7 @@
 """vocab_seed.py MODEL DIR - fuzz_vocab's seeds from a checkpoint: its
-vocabulary's JSON (selector byte 1) and texts in it (selector 0 and 2)."""
+vocabulary's JSON (selector byte 1) and texts in it (selector 0 and 4);
+and for words (selector 2: a text for a fixed word vocabulary, 3: a word
+vocabulary's JSON)."""
 import json
 import os
 import struct
@@ -11,7 +13,9 @@ with open(path, "rb") as f:
     vocab = json.loads(json.loads(f.read(n))["__metadata__"]["vocab"])
 name = os.path.basename(path).split(".")[0]
 text = "".join(vocab[i % len(vocab)] for i in range(0, 7 * len(vocab), 7)).encode()
-seeds = {"json": b"\x01" + json.dumps(vocab).encode(), "text0": b"\x00" + text, "text2": b"\x04" + text + "é€😀".encode()}
+seeds = {"json": b"\x01" + json.dumps(vocab).encode(), "text0": b"\x00" + text, "text2": b"\x04" + text + "é€😀".encode(),
+         "words-text": b"\x02" + b"the cat  sat\r\n\ton a mat\r" + text,
+         "words-json": b"\x03" + json.dumps(["<eos>", "<unk>", "the", "cat", "été", "a"]).encode()}
 for k, b in seeds.items():
     with open(os.path.join(out, f"{name}-{k}"), "wb") as f:
         f.write(b)
