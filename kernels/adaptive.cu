@@ -10,9 +10,13 @@
  *   softmax: the head (the shortlist and a column per tail cluster) by a
  *     GEMM into a buffer of its own and log_softmax; its shortlist copied
  *     into the logits; each tail cluster k by a GEMM straight into its
- *     columns [c_k, c_{k+1}) of the logits (rows V apart), then one launch a
- *     row that adds its bias, takes the log-softmax of the segment and adds
- *     the head's column for cluster k (the k-th from the end).
+ *     columns [c_k, c_{k+1}) of the logits (rows V apart), then its bias,
+ *     the log-softmax of the segment and the head's column for cluster k
+ *     (the k-th from the end). A segment is cut in chunks of ADA_CHUNK, one
+ *     thread block each (a decode step has one row: a block a row would
+ *     leave the device idle, waiting on one SM's loads): each chunk's max
+ *     and sum of exp (double), then each chunk's block meets its row's
+ *     partials into the log-sum-exp and writes its chunk.
  * GPU_BF16: the projections write bfloat16, the GEMMs read bfloat16 weights
  * and sum in float32 (as every linear layer of the bf16 step).
  */
@@ -67,37 +71,101 @@ int gpu_ada_embed(gpu_model *g, float *x, bf16 *xb, const int32_t *tok, int n, c
     return 0;
 }
 
-/* logits[r][j] = head[r][j], j < c1 */
-__global__ static void ada_head_kernel(float *logits, const float *head, int V, int H, int c1)
-{
-    const float *h = head + (size_t)blockIdx.x * H;
-    float *o = logits + (size_t)blockIdx.x * V;
-    for (int j = threadIdx.x; j < c1; j += blockDim.x) o[j] = h[j];
-}
+#define ADA_CHUNK 4096
 
-/* Row r's segment [lo, lo + Vk) of the logits: + bias, log-softmax (sums in
- * double, as log_softmax_kernel and core), + the head's column COL. */
-__global__ static void ada_tail_kernel(float *logits, const float *bias, const float *head, int V, int H, int lo,
-                                       int Vk, int col)
+/* Chunk c of row r of Y (rows LD apart, LEN wide): + bias, in place; its
+ * max and sum of exp into part[(r * C + c) * 2]. */
+__global__ static void ada_part_kernel(float *y, int ld, int len, const float *bias, double *part, int C)
 {
     __shared__ float fs[32];
     __shared__ double ds[32];
-    float *row = logits + (size_t)blockIdx.x * V + lo;
+    const int r = blockIdx.x, c = blockIdx.y, j0 = c * ADA_CHUNK, j1 = min(len, j0 + ADA_CHUNK);
+    float *row = y + (size_t)r * ld;
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < Vk; j += blockDim.x) {
+    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
         const float v = row[j] + bias[j];
         row[j] = v;
         mx = fmaxf(mx, v);
     }
     mx = block_max(mx, fs);
     double s = 0;
-    for (int j = threadIdx.x; j < Vk; j += blockDim.x) s += exp((double)row[j] - mx);
-    const double lse = mx + log(block_sum(s, ds));
-    const float base = head[(size_t)blockIdx.x * H + col];
-    for (int j = threadIdx.x; j < Vk; j += blockDim.x) row[j] = base + (float)((double)row[j] - lse);
+    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) s += exp((double)row[j] - mx);
+    s = block_sum(s, ds);
+    if (threadIdx.x == 0) {
+        part[((size_t)r * C + c) * 2] = mx;
+        part[((size_t)r * C + c) * 2 + 1] = s;
+    }
 }
 
-int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, char *err)
+/* The row's log-sum-exp from its chunks' partials; chunk c of SRC (rows LDS
+ * apart) written to DST (rows LDD apart) as x - lse (+ head[r][col] when
+ * head is given, rows LDH apart). */
+__global__ static void ada_write_kernel(float *dst, int ldd, const float *src, int lds, int len, const double *part,
+                                        int C, const float *head, int ldh, int col)
+{
+    __shared__ double lse_s;
+    const int r = blockIdx.x, c = blockIdx.y, j0 = c * ADA_CHUNK, j1 = min(len, j0 + ADA_CHUNK);
+    if (threadIdx.x == 0) {
+        const double *p = part + (size_t)r * C * 2;
+        double mx = -INFINITY, s = 0;
+        for (int k = 0; k < C; k++) mx = fmax(mx, p[2 * k]);
+        for (int k = 0; k < C; k++) s += p[2 * k + 1] * exp(p[2 * k] - mx);
+        lse_s = mx + log(s);
+    }
+    __syncthreads();
+    const double lse = lse_s;
+    const float base = head ? head[(size_t)r * ldh + col] : 0.0f;
+    const float *in = src + (size_t)r * lds;
+    float *out = dst + (size_t)r * ldd;
+    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x)
+        out[j] = head ? base + (float)((double)in[j] - lse) : (float)((double)in[j] - lse);
+}
+
+/* DST = log_softmax(SRC + bias) over rows of LEN (+ head's column COL if
+ * head), N rows. */
+static int ada_lsm(gpu_model *g, float *dst, int ldd, float *src, int lds, int len, const float *bias, const float *head,
+                   int ldh, int col, int n, char *err)
+{
+    const int C = (len + ADA_CHUNK - 1) / ADA_CHUNK;
+    dim3 grid((unsigned)n, (unsigned)C);
+    ada_part_kernel<<<grid, 256, 0, g->stream>>>(src, lds, len, bias, g->ada->part, C);
+    ada_write_kernel<<<grid, 256, 0, g->stream>>>(dst, ldd, src, lds, len, g->ada->part, C, head, ldh, col);
+    LAUNCH_TRY(err, "ada_lsm");
+    return 0;
+}
+
+/* Scoring (every row wants only its target's logprob): row r's target T,
+ * in the shortlist, is the head's column T; in tail cluster K (LO its first
+ * id), the head's column COL plus its logit in the tail buffer less the
+ * tail's log-sum-exp (from the chunks' partials). Nothing else is written. */
+__global__ static void ada_target_kernel(float *tl, const int32_t *tgt, const float *head, int ldh, const float *tail,
+                                         int ldt, const double *part, int C, int lo, int hi, int col, int n)
+{
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    const int t = tgt[r];
+    if (lo == 0) {   /* the head's pass: shortlist targets */
+        if (t >= 0 && t < hi) tl[r] = head[(size_t)r * ldh + t];
+        return;
+    }
+    if (t < lo || t >= hi) return;
+    const double *p = part + (size_t)r * C * 2;
+    double mx = -INFINITY, s = 0;
+    for (int k = 0; k < C; k++) mx = fmax(mx, p[2 * k]);
+    for (int k = 0; k < C; k++) s += p[2 * k + 1] * exp(p[2 * k] - mx);
+    const double lse = mx + log(s);
+    tl[r] = head[(size_t)r * ldh + col] + (float)((double)tail[(size_t)r * ldt + (t - lo)] - lse);
+}
+
+/* logits[r][j] = head[r][j], j < c1 */
+__global__ static void ada_head_kernel(float *logits, const float *head, int V, int ldh, int c1)
+{
+    const float *h = head + (size_t)blockIdx.x * ldh;
+    float *o = logits + (size_t)blockIdx.x * V;
+    for (int j = threadIdx.x; j < c1; j += blockDim.x) o[j] = h[j];
+}
+
+int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const int32_t *tgt, float *tl, char *err)
 {
     const gpu_ada *a = g->ada;
     const int D = g->m->d_model, V = g->m->V, H = a->H, c1 = a->cut[1];
@@ -113,21 +181,31 @@ int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, char *
             p = a->hp;
             pb = a->hpb;
         }
+        /* GEMMs into buffers whose rows are 8 floats aligned (the logits' V
+         * apart are not: cuBLAS then leaves the tensor cores) */
         if (k == 0) {
-            if ((bf ? gpu_linear_bf16(g, a->head, pb, a->head_w_h, n, a->dim[0], H, err)
-                    : gpu_linear(g, a->head, p, a->head_w, n, a->dim[0], H, err)) ||
-                gpu_log_softmax(g, a->head, a->head_b, n, H, err))
+            if ((bf ? gpu_linear_bf16_ld(g, a->head, a->ldh, pb, a->head_w_h, n, a->dim[0], H, err)
+                    : gpu_linear_ld(g, a->head, a->ldh, p, a->head_w, n, a->dim[0], H, err)) ||
+                ada_lsm(g, a->head, a->ldh, a->head, a->ldh, H, a->head_b, NULL, 0, 0, n, err))
                 return -1;
-            ada_head_kernel<<<n, 256, 0, g->stream>>>(g->logits, a->head, V, H, c1);
+            if (tgt) ada_target_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, tgt, a->head, a->ldh, NULL, 0, NULL, 0, 0,
+                                                                               c1, 0, n);
+            else ada_head_kernel<<<n, 256, 0, g->stream>>>(g->logits, a->head, V, a->ldh, c1);
             LAUNCH_TRY(err, "ada_head");
             continue;
         }
         const int lo = a->cut[k], Vk = a->cut[k + 1] - lo;
-        if (bf ? gpu_linear_bf16_ld(g, g->logits + lo, V, pb, a->out_w_h[k], n, a->dim[k], Vk, err)
-               : gpu_linear_ld(g, g->logits + lo, V, p, a->out_w[k], n, a->dim[k], Vk, err))
+        if (bf ? gpu_linear_bf16_ld(g, a->tail, a->ldt, pb, a->out_w_h[k], n, a->dim[k], Vk, err)
+               : gpu_linear_ld(g, a->tail, a->ldt, p, a->out_w[k], n, a->dim[k], Vk, err))
             return -1;
-        ada_tail_kernel<<<n, Vk >= 1024 ? 256 : 128, 0, g->stream>>>(g->logits, a->out_b[k], a->head, V, H, lo, Vk, H - k);
-        LAUNCH_TRY(err, "ada_tail");
+        if (tgt) {   /* the tail's partials, and each of its rows' target */
+            const int C = (Vk + ADA_CHUNK - 1) / ADA_CHUNK;
+            ada_part_kernel<<<dim3((unsigned)n, (unsigned)C), 256, 0, g->stream>>>(a->tail, a->ldt, Vk, a->out_b[k], a->part, C);
+            ada_target_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, tgt, a->head, a->ldh, a->tail, a->ldt, a->part, C,
+                                                                       lo, lo + Vk, H - k, n);
+            LAUNCH_TRY(err, "ada_target");
+        } else if (ada_lsm(g, g->logits + lo, V, a->tail, a->ldt, Vk, a->out_b[k], a->head, a->ldh, H - k, n, err))
+            return -1;
     }
     return 0;
 }

@@ -129,7 +129,7 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
 
 /* Every launch of a step of B streams x M tokens, after its inputs are on
  * the device: the embedding, the layers, the output layer and log-softmax. */
-static int launch_step(gpu_model *g, int B, int M, char *err)
+static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
 {
     const model_t *m = g->m;
     const int N = B * M;
@@ -141,7 +141,10 @@ static int launch_step(gpu_model *g, int B, int M, char *err)
         return -1;
     if (run_layers(g, B, M, err)) return -1;
     if (m->pre_lnorm && g->prec == GPU_BF16 && gpu_to_bf16(g, g->xb, g->x, (size_t)N * m->d_model, err)) return -1;
-    if (g->ada) return OP(OP_OUT, gpu_ada_logprobs(g, g->x, g->xb, N, err)) ? -1 : 0;
+    /* targets only: an adaptive softmax writes each row's target's logprob into g->tl, no logits */
+    if (g->ada)
+        return OP(OP_OUT, gpu_ada_logprobs(g, g->x, g->xb, N, targets_only ? stage_tgt(g, g->d_stage) : NULL, g->tl, err))
+                   ? -1 : 0;
     if (OP(OP_OUT, linear(g, g->logits, g->x, g->xb, g->out_w, g->out_h, N, m->d_model, m->V, err)) ||
         OP(OP_LOGSOFTMAX, gpu_log_softmax(g, g->logits, g->out_b, N, m->V, err)))
         return -1;
@@ -159,7 +162,7 @@ static cudaGraphExec_t decode_graph(gpu_model *g, int B)
     cudaGraphExec_t exec = NULL;
     cudaError_t e = cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeRelaxed);
     if (e == cudaSuccess) {
-        int rc = launch_step(g, B, 1, err);
+        int rc = launch_step(g, B, 1, 0, err);
         e = cudaStreamEndCapture(g->stream, &graph);
         if (rc == 0 && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
         if (rc && !err[0]) snprintf(err, sizeof err, "a launch failed while capturing");
@@ -200,9 +203,10 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
         if (tokens[i] < 0 || tokens[i] >= V)
             return err_set(err, "token id %d at %zu is outside the vocabulary [0, %d)", tokens[i], i, V);
 
-    int any_tg = 0;   /* streams that want only their targets' logprobs */
+    int any_tg = 0, any_rows = !targets;   /* streams that want only their targets' logprobs, or whole rows */
     for (int b = 0; targets && b < B; b++)
-        if (targets[(size_t)b * M] >= 0) {
+        if (targets[(size_t)b * M] < 0) any_rows = 1;
+        else {
             any_tg = 1;
             for (int i = 0; i < M; i++)
                 if (targets[(size_t)b * M + i] < 0 || targets[(size_t)b * M + i] >= V)
@@ -231,11 +235,14 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
         g->graph_launches++;
     } else {
         if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
-        if (launch_step(g, B, M, err)) return -1;
+        if (launch_step(g, B, M, logprobs && any_tg && !any_rows, err)) return -1;
     }
     if (logprobs && any_tg) {
-        /* the targets' logprobs, a float a row; whole rows only of the streams that want them */
-        if (gpu_gather_targets(g, g->tl, g->logits, stage_tgt(g, g->d_stage), (int)N, V, err)) return -1;
+        /* the targets' logprobs, a float a row (an adaptive softmax wrote them for a step of targets
+         * only); whole rows only of the streams that want them */
+        if (!(g->ada && !any_rows && !graph) &&
+            gpu_gather_targets(g, g->tl, g->logits, stage_tgt(g, g->d_stage), (int)N, V, err))
+            return -1;
         CU_TRY(cudaMemcpyAsync(g->h_tl, g->tl, N * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
                "copying the targets' logprobs");
         for (int b = 0; b < B; b++)

@@ -310,8 +310,14 @@ static int upload_ada(gpu_model *g, char *err)
         if (a->out_proj_t[k]) nf += align16(dim * D);
     }
     d->cut[a->n] = a->cut[a->n];
-    const size_t nhead = align16(N * d->H), nhp = align16(N * (size_t)d->dmax);
-    nf += nhead + nhp + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
+    int vmax = d->H, tmax = 1;   /* the longest segment a log-softmax chunks (adaptive.cu, 4096 a chunk) */
+    for (int k = 1; k < a->n; k++) tmax = a->cut[k + 1] - a->cut[k] > tmax ? a->cut[k + 1] - a->cut[k] : tmax;
+    vmax = tmax > vmax ? tmax : vmax;
+    d->ldh = (d->H + 7) & ~7;
+    d->ldt = (tmax + 7) & ~7;
+    const size_t nhead = align16(N * d->ldh), nhp = align16(N * (size_t)d->dmax), ntail = a->n > 1 ? align16(N * d->ldt) : 0;
+    const size_t npart = align16(N * (size_t)((vmax + 4095) / 4096) * 4);   /* 2 doubles a chunk */
+    nf += nhead + nhp + ntail + npart + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     CU_TRY(cudaMalloc(&g->ada_mem, nf * sizeof(float)), err, "cudaMalloc (adaptive softmax)");
     float *at = g->ada_mem;
     CU_TRY(cudaMemcpy(at, a->head_w, (size_t)d->H * a->dim[0] * sizeof(float), cudaMemcpyHostToDevice), err,
@@ -331,7 +337,10 @@ static int upload_ada(gpu_model *g, char *err)
     g->derived_floats += at - g->ada_mem;   /* weights, as the rk tables */
     d->head = at;
     d->hp = at + nhead;
-    if (g->prec == GPU_BF16) d->hpb = (bf16 *)(d->hp + nhp);
+    d->tail = d->hp + nhp;
+    d->part = (double *)(d->tail + ntail);
+    if (g->prec == GPU_BF16) d->hpb = (bf16 *)(d->tail + ntail + npart);
+    d->step_floats = nhead + nhp + ntail + npart + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     return 0;
 }
 
@@ -523,11 +532,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                 g->qkvb = g->ffb + 2 * align16((nff + 1) / 2);
             }
             g->step_bytes = total * sizeof(float);
-            if (g->ada) {   /* the adaptive softmax's head and projections (upload_ada) */
-                const size_t nhp = align16(N * (size_t)g->ada->dmax);
-                g->step_bytes += (align16(N * g->ada->H) + nhp + (precision == GPU_BF16 ? align16((nhp + 1) / 2) : 0)) *
-                                 sizeof(float);
-            }
+            if (g->ada) g->step_bytes += g->ada->step_floats * sizeof(float);   /* upload_ada's step buffers */
             if (cudaMemset(g->x, 0xFF, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "cudaMemset");
         }
         if (rc == 0 && m->fam == FAM_ASPAN &&

@@ -127,7 +127,10 @@ typedef struct {
     const float *proj_t[ADA_MAX_CLUSTERS];   /* Q_i^T (d_i x d_model) in `derived`, or NULL */
     const float *head_w, *head_b;            /* [W_0; cluster_w], [b_0; cluster_b] in `derived` */
     const bf16 *proj_t_h[ADA_MAX_CLUSTERS], *out_w_h[ADA_MAX_CLUSTERS], *head_w_h;   /* GPU_BF16 */
-    float *head, *hp;             /* step buffers: N x H, N x dmax */
+    float *head, *hp, *tail;      /* step buffers: N x ldh, N x dmax, N x ldt */
+    int ldh, ldt;                 /* head and tail rows: H and the widest tail cluster, rounded up to 8 */
+    double *part;                 /* the log-softmaxes' chunk partials (adaptive.cu): N x chunks x 2 */
+    size_t step_floats;           /* floats of those step buffers */
     bf16 *hpb;                    /* GPU_BF16: N x dmax */
 } gpu_ada;
 
@@ -255,7 +258,8 @@ int gpu_add_residual(gpu_model *g, float *x, bf16 *xb, const float *r, const flo
 /* adaptive.cu: x[n] = the adaptive input of tok[n] (and into xb); the
  * adaptive softmax of x (xb) into g->logits, whole rows */
 int gpu_ada_embed(gpu_model *g, float *x, bf16 *xb, const int32_t *tok, int n, char *err);
-int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, char *err);
+int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const int32_t *tgt, float *tl, char *err);
+/* (TGT: every row's target id on the device: only tl[r], its logprob, is written) */
 /* aspan_attn.cu: one layer's span-limited attention for B streams x M
  * queries, into g->att (GPU_FP32) or g->attb (GPU_BF16); the rings are read
  * in the model's precision (so are rel_attn's and written by ring.cu's) */

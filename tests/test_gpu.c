@@ -561,12 +561,15 @@ static void check_txl(void)
         memcpy(nll, nt->data, sizeof(float) * S * G * Q);
         memcpy(full, ft->data, sizeof(float) * 4 * V);
         memcpy(snll, st->data, sizeof snll);
-        gpu_mem *gm[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)}, *gt[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)};
+        gpu_mem *gm[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)}, *gt[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)},
+                *ga[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)};
         mem_t *cm[2] = {mem_new(m), mem_new(m)};
         fwd_ws *ws = ws_new();
         float *lp = malloc(sizeof(float) * S * Q * V), *clp = malloc(sizeof(float) * S * Q * V),
-              *tlp = malloc(sizeof(float) * S * Q * V);
-        int32_t *in = malloc(sizeof(int32_t) * S * Q), *tg = malloc(sizeof(int32_t) * S * Q);
+              *tlp = malloc(sizeof(float) * S * Q * V), *alp = malloc(sizeof(float) * S * Q * V);
+        int32_t *in = malloc(sizeof(int32_t) * S * Q), *tg = malloc(sizeof(int32_t) * S * Q),
+                *tga = malloc(sizeof(int32_t) * S * Q);
+        double worst_all_tg = 0;
         static const int at[4][2] = {{0, 0}, {0, 47}, {1, 5}, {1, 47}};
         double worst = 0, worst_full = 0, worst_cpu = 0, worst_step = 0;
         int same = 1;
@@ -576,6 +579,10 @@ static void check_txl(void)
             tg[Q] = -1;
             CHECK(gpu_forward(g, gm, S, in, Q, lp, err) == 0, "%s", err);
             CHECK(gpu_forward_targets(g, gt, S, in, Q, tg, tlp, err) == 0, "%s", err);
+            /* both streams targets only: the softmax writes no logits, only each row's target's */
+            for (int s = 0; s < S; s++)
+                for (int i = 0; i < Q; i++) tga[s * Q + i] = tok[s * T + seg * Q + i + 1];
+            CHECK(gpu_forward_targets(g, ga, S, in, Q, tga, alp, err) == 0, "%s", err);
             CHECK(model_forward(m, cm, S, in, Q, clp, ws, err) == 0, "%s", err);
             for (int s = 0; s < S; s++)
                 for (int i = 0; i < Q; i++) {
@@ -583,6 +590,10 @@ static void check_txl(void)
                     worst = d > worst || isnan(d) ? d : worst;
                 }
             for (int i = 0; i < Q; i++) same &= tlp[(size_t)i * V + tg[i]] == lp[(size_t)i * V + tg[i]];
+            for (int r = 0; r < S * Q; r++) {
+                double d = fabs((double)alp[(size_t)r * V + tga[r]] - lp[(size_t)r * V + tga[r]]);
+                worst_all_tg = d > worst_all_tg || isnan(d) ? d : worst_all_tg;
+            }
             same &= memcmp(tlp + (size_t)Q * V, lp + (size_t)Q * V, sizeof(float) * Q * V) == 0;
             for (int k = 0; seg == 0 && k < 4; k++) {
                 double d = max_diff(lp + ((size_t)at[k][0] * Q + at[k][1]) * V, full + (size_t)k * V, (size_t)V);
@@ -603,11 +614,14 @@ static void check_txl(void)
               worst_step, worst_full);
         CHECK(worst_cpu <= 1e-4, "txl-word GPU vs CPU: %.3g", worst_cpu);
         CHECK(same, "txl-word: the targets' logprobs differ from the whole rows'");
+        printf("txl-word: a step of targets only (no logits) vs whole rows: %.2e\n", worst_all_tg);
+        CHECK(worst_all_tg <= 1e-6, "txl-word targets-only step: %.3g", worst_all_tg);
         note_worst(worst_cpu);
-        free(nll); free(full); free(lp); free(clp); free(tlp); free(in); free(tg);
+        free(nll); free(full); free(lp); free(clp); free(tlp); free(alp); free(in); free(tg); free(tga);
         for (int s = 0; s < 2; s++) {
             gpu_mem_free(gm[s]);
             gpu_mem_free(gt[s]);
+            gpu_mem_free(ga[s]);
             mem_free(cm[s]);
         }
         ws_free(ws);

@@ -113,8 +113,12 @@ def run(S, vocab, expected, s0, nll, step_nll, G, Q, TT):
     n_pred = TT - 1 + (vocab[s0[-1]] != "<eos>")
     check("score: 200, tokens, no bpc", r.status == 200 and j.get("tokens") == n_pred and "bpc" not in j
           and len(lps) == n_pred, f"{r}")
+    # fp32 (the CPU, or a GPU in fp32) is the reference's to 1e-4; bf16 near it
+    prec = (S.call("GET", "/v1/models/w").json or {}).get("precision", "fp32")
+    tol = 1e-4 if prec == "fp32" else 0.05
     worst = max((abs(a - b) for a, b in zip(lps, want)), default=1)
-    check("score: every token's logprob is the reference's (1e-4)", len(lps) >= len(want) and worst <= 1e-4, f"{worst}")
+    check(f"score: every token's logprob is the reference's ({tol:g}, {prec})", len(lps) >= len(want) and worst <= tol,
+          f"{worst}")
     mean = sum(-x for x in lps) / max(1, len(lps))
     check("score: nll and ppl", math.isclose(j.get("nll", 0), mean, rel_tol=1e-5)
           and math.isclose(j.get("ppl", 0), math.exp(mean), rel_tol=1e-5), f"{j.get('nll')} vs {mean}")
