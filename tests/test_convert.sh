@@ -257,13 +257,179 @@ expect 1 "$conv" "$tmp/txl_model.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.js
 contains "$tmp/err" "--mem_len 128 contradicts"
 expect 1 "$conv" "$tmp/txl_sd.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --tgt_len 48
 contains "$tmp/err" "mem_len"
-expect 1 "$conv" "$tmp/txl_adaptive.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --mem_len 96 --tgt_len 48
+expect 1 "$conv" "$tmp/txl_adaptive.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --mem_len 96 --tgt_len 48 --tokenizer chars
 contains "$tmp/err" "adaptive softmax"
+# the same file as a word-level model: its cutoffs are not in the tensors, and
+# it lacks crit.cluster_bias
+expect 1 "$conv" "$tmp/txl_adaptive.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --mem_len 96 --tgt_len 48
+contains "$tmp/err" "pass --cutoffs as trained"
+expect 1 "$conv" "$tmp/txl_adaptive.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --mem_len 96 --tgt_len 48 --cutoffs 60
+contains "$tmp/err" "missing tensor 'crit.cluster_bias'"
 expect 1 "$conv" "$tmp/aspan.pt" "$tmp/x.safetensors" --vocab "$tmp/train5.txt" --block-sz 64 --adapt-span-ramp 32
 contains "$tmp/err" "vocabulary file"
 [ ! -e "$tmp/x.safetensors" ] && ok || bad "a failed conversion left $tmp/x.safetensors"
 expect 2 "$conv" "$tmp/aspan.pt" "$tmp/x.safetensors"
 contains "$tmp/err" "--text FILE"
+
+# ---- word-level Transformer-XL: ../shared's txl-word fixture (the
+# reference's model.pt, and its tensors as a state_dict and as NVIDIA's
+# checkpoint dict) converts back to the fixture itself
+if W=$(shared_path fixtures/txl-word/model.safetensors); then
+WD=$(dirname "$W")
+python3 - "$W" "$TEXT" "$tmp" <<'EOF' || bad "could not write the word-level .pt files"
+import argparse, collections, json, struct, sys, types
+import numpy as np, torch
+W, TEXT, tmp = sys.argv[1:4]
+b = open(W, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); m = h.pop("__metadata__")
+c, v = json.loads(m["config"]), json.loads(m["vocab"])
+t = collections.OrderedDict()
+for k in sorted(h):
+    s, e = h[k]["data_offsets"]
+    t[k] = torch.from_numpy(np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4").reshape(h[k]["shape"]).copy())
+json.dump(v, open(tmp + "/wvocab.json", "w"))
+json.dump(["EOS"] + v[1:], open(tmp + "/wvocab_noeos.json", "w"))
+open(tmp + "/wvocab.txt", "w", encoding="utf-8").write("".join(s + " 0\n" for s in v))
+# the text the fixture's vocabulary was counted over: the first 90% of the lines
+lines = open(TEXT, encoding="utf-8").read().split("\n")
+open(tmp + "/wtrain.txt", "w", encoding="utf-8").write("".join(l + "\n" for l in lines[:int(0.9 * len(lines))]))
+# a bare state_dict under the reference's names
+torch.save(t, tmp + "/wsd.pt")
+def without(name, path, **extra):
+    u = collections.OrderedDict((k, x) for k, x in t.items() if k != name)
+    u.update(extra)
+    torch.save(u, path)
+without("layers.2.pos_ff.CoreNet.3.bias", tmp + "/wsd_missing.pt")
+without("word_emb.emb_projs.1", tmp + "/wsd_shape.pt", **{"word_emb.emb_projs.1": torch.zeros(128, 63)})
+without("", tmp + "/wsd_attn1.pt", r_emb=torch.zeros(4, 64, 4, 32))
+# NVIDIA DeepLearningExamples train.py's save_checkpoint: its adaptive
+# softmax keeps biases in crit.out_layers_biases, leaves tied weights and
+# projections out of crit (crit.shared_out_projs is word_emb.emb_projs again)
+ms = collections.OrderedDict()
+for k, x in t.items():
+    if k.startswith("crit.out_layers.") and k.endswith(".weight"):
+        continue
+    if k.startswith("crit.out_layers.") and k.endswith(".bias"):
+        ms["crit.out_layers_biases." + k.split(".")[2]] = x
+    elif k.startswith("crit.out_projs.") and k != "crit.out_projs.0":
+        continue
+    else:
+        ms[k] = x
+for i in range(3):
+    ms["crit.shared_out_projs.%d" % i] = t["word_emb.emb_projs.%d" % i]
+sys.modules["utils"] = types.ModuleType("utils")
+sys.modules["utils.vocabulary"] = types.ModuleType("utils.vocabulary")
+class Vocab(object):
+    pass
+Vocab.__module__ = "utils.vocabulary"; sys.modules["utils.vocabulary"].Vocab = Vocab
+voc = Vocab()
+voc.__dict__.update(counter=collections.Counter(), special=["<eos>", "<unk>"], min_freq=2, max_size=None,
+                    lower_case=False, delimiter=None, vocab_file=None, idx2sym=list(v),
+                    sym2idx=collections.OrderedDict((s, i) for i, s in enumerate(v)), eos_idx=0, unk_idx=1)
+mc = dict(n_token=len(v), n_layer=4, n_head=4, d_model=128, d_head=32, d_inner=512, dropout=0.1, dropatt=0.0,
+          dtype=None, tie_weight=True, d_embed=128, div_val=2, tie_projs=[False, True, True], pre_lnorm=False,
+          tgt_len=32, ext_len=0, mem_len=32, cutoffs=[1000, 4000], same_length=True, attn_type=0, clamp_len=80,
+          sample_softmax=-1)
+args = argparse.Namespace(dataset="wt103", vocab="word", tgt_len=32, mem_len=32, eval_tgt_len=48)
+ck = {"args": args, "model_config": mc, "model_state": ms, "optimizer_state": {"state": {}, "param_groups": []},
+      "scheduler_state": {}, "vocab": voc, "amp_state": None, "epoch": 1, "batch": 0, "last_iter": 0,
+      "train_step": 2400, "best_val_loss": 5.65}
+torch.save(ck, tmp + "/nvidia.pt")
+torch.save(dict(ck, model_config=dict(mc, attn_type=2)), tmp + "/nvidia_attn2.pt")
+torch.save(dict(ck, args=argparse.Namespace(dataset="wt103", vocab="bpe")), tmp + "/nvidia_bpe.pt")
+EOF
+# same_word OUT: the tensors bit-equal to the fixture's under the same names,
+# the config equal on the keys both have, the vocabulary equal
+same_word() {
+    python3 - "$W" "$1" <<'EOF' && ok || bad "$1 differs from the fixture"
+import json, struct, sys
+def read(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); m = h.pop("__metadata__")
+    return ({k: (x["shape"], b[8 + n + x["data_offsets"][0]:8 + n + x["data_offsets"][1]]) for k, x in h.items()},
+            json.loads(m["config"]), json.loads(m["vocab"]))
+(ta, ca, va), (tb, cb, vb) = read(sys.argv[1]), read(sys.argv[2])
+bad = [k for k in set(ta) | set(tb) if ta.get(k) != tb.get(k)]
+cfg = [k for k in set(ca) & set(cb) if ca[k] != cb[k]]
+for k in bad[:5]: print("tensor %s differs or is missing" % k)
+for k in cfg: print("config %s: %r vs %r" % (k, ca[k], cb[k]))
+if va != vb: print("vocab differs")
+sys.exit(1 if bad or cfg or va != vb or len(set(ca) & set(cb)) < 20 else 0)
+EOF
+}
+expect 0 "$conv" "$WD/model.pt" "$tmp/w_pt.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 32
+contains "$tmp/out" "9984 words"
+same_word "$tmp/w_pt.safetensors"
+# the same scores as the fixture
+python3 -c "import sys; t=open(sys.argv[1]).read(); sys.stdout.write(t[int(0.9*len(t)):][:20000])" "$TEXT" >"$tmp/wtext.txt"
+"$bin" score --json --model "$W" "$tmp/wtext.txt" >"$tmp/s1" 2>&1 && "$bin" score --json --model "$tmp/w_pt.safetensors" "$tmp/wtext.txt" >"$tmp/s2" 2>&1 \
+    && cmp -s "$tmp/s1" "$tmp/s2" && ok || bad "the converted model.pt scores differently: $(cat "$tmp/s1") vs $(cat "$tmp/s2")"
+# the vocabulary rebuilt from the training text as the reference's Vocab
+# (special <eos>, <unk>; min_freq 2), or read from a vocab_file
+expect 0 "$conv" "$WD/model.pt" "$tmp/w_text.safetensors" --text "$tmp/wtrain.txt" --special '<unk>' --min-freq 2 --tgt_len 32 --mem_len 32
+same_word "$tmp/w_text.safetensors"
+expect 0 "$conv" "$WD/model.pt" "$tmp/w_vtxt.safetensors" --vocab "$tmp/wvocab.txt" --tgt_len 32 --mem_len 32
+same_word "$tmp/w_vtxt.safetensors"
+expect 1 "$conv" "$WD/model.pt" "$tmp/x.safetensors" --text "$tmp/wtrain.txt" --min-freq 2 --tgt_len 32 --mem_len 32
+contains "$tmp/err" "add --special '<unk>'"
+# model.pt holds the evaluation's lengths (set after it was built): the
+# trained ones must be given, and add up to what it was built for
+expect 1 "$conv" "$WD/model.pt" "$tmp/x.safetensors" --vocab "$tmp/wvocab.json"
+contains "$tmp/err" "pass --tgt_len and --mem_len as trained"
+expect 1 "$conv" "$WD/model.pt" "$tmp/x.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 64
+contains "$tmp/err" "tgt_len + mem_len = 64"
+# a state_dict: the evaluation settings from flags
+expect 0 "$conv" "$tmp/wsd.pt" "$tmp/w_sd.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 32 \
+    --eval-tgt-len 48 --eval-mem-len 96 --eval-clamp-len 80 --eval-same-length
+same_word "$tmp/w_sd.safetensors"
+expect 0 "$conv" "$tmp/wsd.pt" "$tmp/w_sd2.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 32
+meta "$tmp/w_sd2.safetensors" 'c["eval_tgt_len"] == 32 and c["eval_mem_len"] == 32 and c["eval_clamp_len"] == -1 and c["eval_same_length"] is False and c["tie_projs"] == [False, True, True] and c["tie_weight"] is True'
+# NVIDIA: the vocabulary from the checkpoint; its same_length mask shows a
+# query one key more than the reference's, which is eval_mem_len + 1 here
+expect 0 "$conv" "$tmp/nvidia.pt" "$tmp/w_nv.safetensors" --eval-tgt-len 48 --eval-mem-len 95
+contains "$tmp/err" "mem_len + 1 keys"
+same_word "$tmp/w_nv.safetensors"
+# errors
+expect 1 "$conv" "$tmp/wsd.pt" "$tmp/x.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32
+contains "$tmp/err" "pass --mem_len"
+expect 1 "$conv" "$tmp/wsd_missing.pt" "$tmp/x.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 32
+contains "$tmp/err" "missing tensor 'layers.2.pos_ff.CoreNet.3.bias'"
+expect 1 "$conv" "$tmp/wsd_shape.pt" "$tmp/x.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 32
+contains "$tmp/err" "'word_emb.emb_projs.1' has shape \[128, 63\], expected \[128, 64\]"
+expect 1 "$conv" "$tmp/wsd_attn1.pt" "$tmp/x.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 32
+contains "$tmp/err" "attn_type 1 or 3"
+expect 1 "$conv" "$tmp/nvidia_attn2.pt" "$tmp/x.safetensors"
+contains "$tmp/err" "attn_type 2: only Transformer-XL's relative attention"
+expect 1 "$conv" "$tmp/nvidia_bpe.pt" "$tmp/x.safetensors"
+contains "$tmp/err" "GPT-2 tokenizer"
+expect 1 "$conv" "$tmp/wsd.pt" "$tmp/x.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 32 --div_val 4
+contains "$tmp/err" "--div_val 4 contradicts"
+expect 1 "$conv" "$tmp/wsd.pt" "$tmp/x.safetensors" --vocab "$tmp/wvocab_noeos.json" --tgt_len 32 --mem_len 32
+contains "$tmp/err" "no '<eos>'"
+expect 1 "$conv" "$tmp/wsd.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --tgt_len 32 --mem_len 32
+contains "$tmp/err" "not one whitespace-free word"
+[ ! -e "$tmp/x.safetensors" ] && ok || bad "a failed word-level conversion left $tmp/x.safetensors"
+expect 2 "$conv" "$tmp/aspan.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --block-sz 64 --adapt-span-ramp 32 --eval-tgt-len 8
+contains "$tmp/err" "word-level Transformer-XL models only"
+else
+    echo "SKIP test_convert.sh word-level: no $shared/fixtures/txl-word (set SPANSERVE_SHARED)"
+fi
+
+# ---- Hugging Face: small random TransfoXLLMHeadModel directories, scored by
+# spanserve against transformers' own numbers (its own counts; SKIP without
+# transformers)
+python3 tests/test_convert_hf.py "$bin" "$conv" >"$tmp/hf" 2>&1; rc=$?
+grep -E '^(FAIL|SKIP)|predictions, nll' "$tmp/hf"
+line=$(grep -E '^test_convert_hf.py: [0-9]+ passed, [0-9]+ failed' "$tmp/hf" | tail -n 1)
+if [ -z "$line" ]; then
+    bad "tests/test_convert_hf.py exited $rc without its counts: $(tail -c 800 "$tmp/hf")"
+else
+    pass=$((pass + $(echo "$line" | sed -E 's/.* ([0-9]+) passed.*/\1/')))
+    fail=$((fail + $(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')))
+    [ $rc -ne 0 ] && ! grep -q '^FAIL' "$tmp/hf" && bad "tests/test_convert_hf.py exited $rc"
+fi
 
 echo "test_convert.sh: $pass passed, $fail failed"
 [ "$fail" = 0 ]
