@@ -108,6 +108,20 @@ static int words_parse(vocab_t *v, const char *text, char *err)
     return 0;
 }
 
+/* Token *K: ID (-1: the word of N bytes at byte AT is unknown: <unk>, or an
+ * error where the vocabulary has none), beginning at byte AT. */
+static int put(const vocab_t *v, int32_t id, const char *text, size_t at, size_t n, int32_t *ids, size_t *offs,
+               size_t *k, size_t cap, char *err)
+{
+    if (id < 0 && v->unk < 0)
+        return err_set(err, "word '%.*s' at byte %zu is not in the model's vocabulary, which has no <unk>",
+                       (int)(n < 64 ? n : 64), text + at, at);
+    if (*k == cap) return err_set(err, "too many tokens");
+    offs[*k] = at;
+    ids[(*k)++] = id < 0 ? v->unk : id;
+    return 0;
+}
+
 static long words_encode(const vocab_t *v, const char *text, size_t len, int open, int32_t *ids, size_t *offs,
                          size_t cap, char *err)
 {
@@ -119,19 +133,11 @@ static long words_encode(const vocab_t *v, const char *text, size_t len, int ope
         if (!m) return err_set(err, "invalid UTF-8 at byte %zu", i);
         int end_line = cp == '\n' || cp == '\r';
         if (in_word && (end_line || py_space(cp))) {
-            int32_t id = lookup(v, text + word, i - word);
-            if (id < 0 && v->unk < 0)
-                return err_set(err, "word '%.*s' at byte %zu is not in the model's vocabulary, which has no <unk>",
-                               (int)(i - word < 64 ? i - word : 64), text + word, word);
-            if (k == cap) return err_set(err, "too many tokens");
-            offs[k] = word;
-            ids[k++] = id < 0 ? v->unk : id;
+            if (put(v, lookup(v, text + word, i - word), text, word, i - word, ids, offs, &k, cap, err)) return -1;
             in_word = 0;
         }
         if (end_line) {
-            if (k == cap) return err_set(err, "too many tokens");
-            offs[k] = i;
-            ids[k++] = v->eos;
+            if (put(v, v->eos, text, i, 0, ids, offs, &k, cap, err)) return -1;
             if (cp == '\r' && i + 1 < len && text[i + 1] == '\n') i++;   /* \r\n ends one line */
         } else if (!in_word && !py_space(cp)) {
             in_word = 1;
@@ -139,21 +145,11 @@ static long words_encode(const vocab_t *v, const char *text, size_t len, int ope
         }
         i += (size_t)m;
     }
-    if (in_word) {
-        int32_t id = lookup(v, text + word, len - word);
-        if (id < 0 && v->unk < 0)
-            return err_set(err, "word '%.*s' at byte %zu is not in the model's vocabulary, which has no <unk>",
-                           (int)(len - word < 64 ? len - word : 64), text + word, word);
-        if (k == cap) return err_set(err, "too many tokens");
-        offs[k] = word;
-        ids[k++] = id < 0 ? v->unk : id;
-    }
+    if (in_word && put(v, lookup(v, text + word, len - word), text, word, len - word, ids, offs, &k, cap, err)) return -1;
     /* a last line without its end still ends in <eos>, unless the text goes on */
-    if (!open && len > 0 && text[len - 1] != '\n' && text[len - 1] != '\r') {
-        if (k == cap) return err_set(err, "too many tokens");
-        offs[k] = len;
-        ids[k++] = v->eos;
-    }
+    if (!open && len > 0 && text[len - 1] != '\n' && text[len - 1] != '\r' &&
+        put(v, v->eos, text, len, 0, ids, offs, &k, cap, err))
+        return -1;
     return (long)k;
 }
 

@@ -10,9 +10,12 @@
 #define _GNU_SOURCE
 #include "server.h"
 
+#include "report.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* white -> deep blue as X goes 0 -> 1 */
 static void heat(double x, char *buf, size_t cap)
@@ -22,60 +25,76 @@ static void heat(double x, char *buf, size_t cap)
     snprintf(buf, cap, "#%02x%02x%02x", r, g, b);
 }
 
+/* Drawn from the model's report (report_spans: what `spans --json` and
+ * /spans give): the heads' spans where it has layers of heads, else its
+ * blocks. */
 char *svg_spans(const model_t *m)
 {
     char *buf = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) return NULL;
-    if (m->fam == FAM_ASPAN) {
-        int cw = 64, chh = 28, x0 = 70, y0 = 50, W = x0 + cw * m->n_head + 20, H = y0 + chh * m->n_layers + 50;
+    json_t *r = report_spans(m);
+    FILE *f = r ? open_memstream(&buf, &len) : NULL;
+    if (!f) {
+        json_decref(r);
+        return NULL;
+    }
+    json_t *layers = json_object_get(r, "layers"), *blocks = json_object_get(r, "blocks"), *mem = json_object_get(r, "memory");
+    const size_t bytes = (size_t)json_integer_value(json_object_get(mem, "bytes_per_stream"));
+    if (layers) {
+        const int nl = (int)json_array_size(layers), nh = (int)json_array_size(json_object_get(json_array_get(layers, 0), "heads"));
+        const int S = (int)json_integer_value(json_object_get(r, "attn_span")), R = (int)json_integer_value(json_object_get(r, "ramp"));
+        int cw = 64, chh = 28, x0 = 70, y0 = 50, W = x0 + cw * nh + 20, H = y0 + chh * nl + 50;
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-        fprintf(f, "<title>Adaptive spans: %d layers x %d heads, maximum span %d</title>\n", m->n_layers, m->n_head, m->span);
-        fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Learned span z per head (tokens; maximum %d, ramp %d)</text>\n", x0, m->span, m->ramp);
-        for (int h = 0; h < m->n_head; h++)
+        fprintf(f, "<title>Adaptive spans: %d layers x %d heads, maximum span %d</title>\n", nl, nh, S);
+        fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Learned span z per head (tokens; maximum %d, ramp %d)</text>\n", x0, S, R);
+        for (int h = 0; h < nh; h++)
             fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">head %d</text>\n", x0 + h * cw + cw / 2, y0 - 8, h);
-        for (int l = 0; l < m->n_layers; l++) {
-            const layer_t *y = &m->layers[l];
+        for (int l = 0; l < nl; l++) {
+            json_t *heads = json_object_get(json_array_get(layers, (size_t)l), "heads");
             fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">layer %d</text>\n", x0 - 8, y0 + l * chh + chh / 2 + 4, l);
-            for (int h = 0; h < m->n_head; h++) {
-                double span = (double)y->zfrac[h] * m->span;
+            for (int h = 0; h < nh; h++) {
+                json_t *hd = json_array_get(heads, (size_t)h);
+                double span = json_number_value(json_object_get(hd, "span"));
                 char col[8];
-                heat(log1p(span) / log1p(m->span), col, sizeof col);
+                heat(log1p(span) / log1p(S), col, sizeof col);
                 fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"#888\"><title>layer %d head %d: span %.1f, reach %d</title></rect>\n",
-                        x0 + h * cw, y0 + l * chh, cw, chh, col, l, h, span, y->reach[h]);
+                        x0 + h * cw, y0 + l * chh, cw, chh, col, l, h, span, (int)json_integer_value(json_object_get(hd, "reach")));
                 fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"%s\">%.0f</text>\n", x0 + h * cw + cw / 2,
-                        y0 + l * chh + chh / 2 + 4, span > m->span * 0.3 ? "#fff" : "#000", span);
+                        y0 + l * chh + chh / 2 + 4, span > S * 0.3 ? "#fff" : "#000", span);
             }
         }
-        fprintf(f, "<text x=\"%d\" y=\"%d\">memory per session: %zu bytes (reference: %zu)</text>\n", x0,
-                y0 + chh * m->n_layers + 30, mem_bytes(m), mem_bytes_reference(m));
+        fprintf(f, "<text x=\"%d\" y=\"%d\">memory per session: %zu bytes (reference: %zu)</text>\n", x0, y0 + chh * nl + 30,
+                bytes, (size_t)json_integer_value(json_object_get(mem, "reference_bytes_per_stream")));
     } else {
-        int bw = 56, x0 = 20, y0 = 50, bh = 90, W = x0 * 2 + bw * m->n_layers, H = y0 + bh + 80;
-        static const char *kind_col[3] = {"#d9534f", "#5b9bd5", "#bbbbbb"};
+        static const char *kinds[3] = {"attn", "ffn", "skip"}, *kind_col[3] = {"#d9534f", "#5b9bd5", "#bbbbbb"};
+        const int nb = (int)json_array_size(blocks);
+        int bw = 56, x0 = 20, y0 = 50, bh = 90, W = x0 * 2 + bw * nb, H = y0 + bh + 80;
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-        fprintf(f, "<title>%s: %d blocks</title>\n", model_family_name(m->fam), m->n_layers);
+        fprintf(f, "<title>%s: %d blocks</title>\n", json_string_value(json_object_get(r, "family")), nb);
         fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Blocks and their architecture weights (attn / ffn / skip)</text>\n", x0);
-        for (int b = 0; b < m->n_layers; b++) {
-            const layer_t *y = &m->layers[b];
+        for (int b = 0; b < nb; b++) {
+            json_t *y = json_array_get(blocks, (size_t)b), *p = json_object_get(y, "alpha_softmax");
+            const char *kind = json_string_value(json_object_get(y, "kind"));
+            int k0 = 0;
+            while (k0 < 2 && (!kind || strcmp(kind, kinds[k0]) != 0)) k0++;
             int x = x0 + b * bw;
             fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"24\" fill=\"%s\" stroke=\"#444\"><title>block %d: %s</title></rect>\n",
-                    x + 2, y0, bw - 4, kind_col[y->kind], b, blk_kind_name(y->kind));
-            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#fff\">%s</text>\n", x + bw / 2, y0 + 16, blk_kind_name(y->kind));
-            double p[3];
-            if (model_alpha_softmax(y, p) == 0)
-                for (int k = 0; k < 3; k++) {
-                    int h = (int)(p[k] * (bh - 30));
-                    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"%d\" fill=\"%s\"><title>block %d p(%s) = %.3f</title></rect>\n",
-                            x + 6 + k * 15, y0 + bh + 10 - h, h, kind_col[k], b, blk_kind_name((blk_kind)k), p[k]);
-                }
+                    x + 2, y0, bw - 4, kind_col[k0], b, kinds[k0]);
+            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#fff\">%s</text>\n", x + bw / 2, y0 + 16, kinds[k0]);
+            for (int k = 0; p && k < 3; k++) {
+                double pk = json_number_value(json_object_get(p, kinds[k]));
+                int h = (int)(pk * (bh - 30));
+                fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"%d\" fill=\"%s\"><title>block %d p(%s) = %.3f</title></rect>\n",
+                        x + 6 + k * 15, y0 + bh + 10 - h, h, kind_col[k], b, kinds[k], pk);
+            }
             fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%d</text>\n", x + bw / 2, y0 + bh + 26, b);
         }
-        fprintf(f, "<text x=\"%d\" y=\"%d\">memory per session: %zu bytes (mem_len %d)</text>\n", x0, y0 + bh + 50,
-                mem_bytes(m), m->mem_len);
+        fprintf(f, "<text x=\"%d\" y=\"%d\">memory per session: %zu bytes (mem_len %d)</text>\n", x0, y0 + bh + 50, bytes,
+                (int)json_integer_value(json_object_get(r, "mem_len")));
     }
     fprintf(f, "</svg>\n");
     fclose(f);
+    json_decref(r);
     return buf;
 }
 

@@ -41,4 +41,29 @@ static inline int32_t *val_tokens(const model_t *m, size_t *n)
     return t;
 }
 
+/* The word fixture's validation lines (fixtures/README.md, "txl-word"):
+ * lines[FROM:] of the text split at newlines, each with its newline (the
+ * last, empty after the file's final newline, too), as M's token ids. NULL
+ * with ERR when the text is missing or does not encode. */
+static inline int32_t *val_lines_tokens(const model_t *m, long from, size_t *n, char *err)
+{
+    FILE *f = fopen(ref_path("data/tiny_shakespeare.txt"), "rb");
+    if (!f) return err_set(err, "no data/tiny_shakespeare.txt"), NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)len + 2);
+    size_t got = text ? fread(text, 1, (size_t)len, f) : 0, start = 0;
+    fclose(f);
+    if (!text) return err_set(err, "out of memory"), NULL;
+    long line = 0;
+    for (size_t i = 0; i < got && line < from; i++)
+        if (text[i] == '\n') line++, start = i + 1;
+    text[got] = '\n';
+    int32_t *t = NULL;
+    if (vocab_encode(&m->vocab, text + start, got + 1 - start, &t, n, err)) t = NULL;
+    free(text);
+    return t;
+}
+
 #endif

@@ -344,27 +344,10 @@ static void check_txl_word(void)
 
     /* the validation lines: lines[36000:] of text.split("\n"), each with its newline */
     json_t *e = json_load_file(shared_path("fixtures/txl-word/expected.json"), 0, NULL);
-    FILE *f = fopen(ref_path("data/tiny_shakespeare.txt"), "rb");
-    char *text = NULL;
-    size_t len = 0;
-    if (f) {
-        fseek(f, 0, SEEK_END);
-        len = (size_t)ftell(f);
-        fseek(f, 0, SEEK_SET);
-        text = malloc(len + 2);
-        len = fread(text, 1, len, f);
-        fclose(f);
-    }
-    CHECK(e && text, "expected.json and the text");
-    if (e && text) {
-        long from = (long)json_integer_value(json_object_get(e, "val_lines_from")), line = 0;
-        size_t start = 0;
-        for (size_t i = 0; i < len && line < from; i++)
-            if (text[i] == '\n') line++, start = i + 1;
-        text[len] = '\n';   /* the last line (after the final newline: empty) with its newline */
-        int32_t *t = NULL;
-        size_t n = 0;
-        CHECK(vocab_encode(&m->vocab, text + start, len + 1 - start, &t, &n, err) == 0, "%s", err);
+    size_t n = 0;
+    int32_t *t = e ? val_lines_tokens(m, (long)json_integer_value(json_object_get(e, "val_lines_from")), &n, err) : NULL;
+    CHECK(e && t, "expected.json and the validation lines: %s", err);
+    if (e && t) {
         long want = (long)json_integer_value(json_object_get(e, "val_tokens_scored"));
         CHECK((long)n == want + 1, "validation lines: %zu tokens, expected %ld", n, want + 1);
         mem_reset(mems[0]);
@@ -374,9 +357,8 @@ static void check_txl_word(void)
         printf("txl-word: validation ppl %.6f over %ld predictions, reference %.6f\n", ppl, sc.tokens, ref);
         CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
         CHECK(fabs(ppl - ref) <= 1e-4 * ref, "val_ppl_full_eval %.8f vs %.8f", ppl, ref);
-        free(t);
     }
-    free(text);
+    free(t);
     json_decref(e);
     free(tok); free(in); free(nll); free(snll); free(full); free(lp);
     mem_free(mems[0]); mem_free(mems[1]);

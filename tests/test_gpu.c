@@ -629,26 +629,10 @@ static void check_txl(void)
     gpu_model_free(g);
     /* the validation lines' perplexity, fp32 to the reference, bf16 near it */
     json_t *e = json_load_file(shared_path("fixtures/txl-word/expected.json"), 0, NULL);
-    FILE *f = fopen(ref_path("data/tiny_shakespeare.txt"), "rb");
-    char *text = NULL;
-    size_t len = 0;
-    if (f) {
-        fseek(f, 0, SEEK_END);
-        len = (size_t)ftell(f);
-        fseek(f, 0, SEEK_SET);
-        text = malloc(len + 2);
-        len = fread(text, 1, len, f);
-        fclose(f);
-    }
-    if (e && text) {
-        long from = (long)json_integer_value(json_object_get(e, "val_lines_from")), line = 0;
-        size_t start = 0;
-        for (size_t i = 0; i < len && line < from; i++)
-            if (text[i] == '\n') line++, start = i + 1;
-        text[len] = '\n';
-        int32_t *t = NULL;
-        size_t n = 0;
-        CHECK(vocab_encode(&m->vocab, text + start, len + 1 - start, &t, &n, err) == 0, "%s", err);
+    size_t n = 0;
+    int32_t *t = e ? val_lines_tokens(m, (long)json_integer_value(json_object_get(e, "val_lines_from")), &n, err) : NULL;
+    CHECK(e && t, "expected.json and the validation lines: %s", err);
+    if (e && t) {
         const double ref = json_real_value(json_object_get(e, "val_ppl_full_eval"));
         for (int prec = GPU_FP32; t && prec <= GPU_BF16; prec++) {
             gpu_model *gv = gpu_model_new(m, 1, m->block_len, prec, err);
@@ -663,9 +647,8 @@ static void check_txl(void)
             gpu_mem_free(s);
             gpu_model_free(gv);
         }
-        free(t);
     }
-    free(text);
+    free(t);
     json_decref(e);
     st_close(vf);
     model_free(m);
