@@ -259,7 +259,8 @@ static const tokenizer *tokenizer_of(const char *name, json_t *cfg, char *err)
     return k;
 }
 
-/* SETTINGS (JSON object text) over CFG, each key one FAM lets a load set. */
+/* SETTINGS (JSON object text) over CFG, each key one FAM lets a load set:
+ * how many there were, or -1. */
 static int apply_settings(const char *name, const family_ops *fam, json_t *cfg, const char *settings, char *err)
 {
     json_error_t je;
@@ -284,8 +285,9 @@ static int apply_settings(const char *name, const family_ops *fam, json_t *cfg, 
         }
         json_object_set(cfg, key, v);
     }
+    int n = (int)json_object_size(set);
     json_decref(set);
-    return 0;
+    return n;
 }
 
 model_t *model_load_named(const char *path, const char *name, mem_mode mode, char *err)
@@ -315,8 +317,10 @@ model_t *model_load_set(const char *path, const char *name, mem_mode mode, const
     const tokenizer *tk = fam ? tokenizer_of(name, cfg, err) : NULL;
     if (!tk) goto fail;
     if (vocab_parse_kind(&m->vocab, tk, vj, e2)) { err_set(err, "%s: %s", name, e2); goto fail; }
-    if (settings && apply_settings(name, fam, cfg, settings, err)) goto fail;
-    m->config_json = settings ? json_dumps(cfg, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup(cj);
+    /* with settings the config (and so the fingerprint a saved session names) is the one served */
+    int n_set = settings ? apply_settings(name, fam, cfg, settings, err) : 0;
+    if (n_set < 0) goto fail;
+    m->config_json = n_set ? json_dumps(cfg, JSON_COMPACT | JSON_PRESERVE_ORDER) : strdup(cj);
     m->vocab_json = strdup(vj);
     if (!m->config_json || !m->vocab_json) { err_set(err, "out of memory"); goto fail; }
     m->V = m->vocab.n;
