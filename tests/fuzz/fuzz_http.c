@@ -104,7 +104,7 @@ static void start_server(void)
         int status;
         snprintf(to, sizeof to, "%s/%s.safetensors", c->model_dir, i == 2 ? "tiny-par" : "tiny-aspan");
         c->mem_mode = i == 1 ? MEM_SPAN : MEM_EXACT;
-        if (!models_add(names[i], to, to, err, &status)) {
+        if (!models_add(names[i], to, to, NULL, err, &status)) {
             fprintf(stderr, "fuzz_http: %s\n", err);
             exit(2);
         }
