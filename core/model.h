@@ -146,7 +146,7 @@ const char *model_family_name(model_family f);
 int model_alpha_softmax(const layer_t *y, double p[3]);
 const char *blk_kind_name(blk_kind k);
 
-/* The model's functions and its vocabulary kind by name, for reports. */
+/* The name of the model's vocabulary kind (chars, words), for reports. */
 static inline const char *model_tokenizer_name(const model_t *m) { return m->vocab.kind->name; }
 
 /* ------------------------------------------------------------------ memory
