@@ -34,8 +34,10 @@ int model_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
     return model_forward_targets(m, mems, B, tokens, M, NULL, logprobs, ws, err);
 }
 
-int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
-                          const int32_t *targets, float *logprobs, fwd_ws *ws, char *err)
+/* What every forward checks before it runs: the streams' memories, their
+ * positions, the tokens and the targets. */
+static int forward_check(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                         char *err)
 {
     if (B <= 0 || M <= 0) return err_set(err, "empty batch (%d streams x %d tokens)", B, M);
     for (int b = 0; b < B; b++)
@@ -51,10 +53,44 @@ int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *
             if (targets[(long)b * M + i] < 0 || targets[(long)b * M + i] >= m->V)
                 return err_set(err, "target id %d of stream %d is outside the vocabulary [0, %d)",
                                targets[(long)b * M + i], b, m->V);
+    return 0;
+}
+
+static void advance(mem_t **mems, int B, int M)
+{
+    for (int b = 0; b < B; b++) mems[b]->pos += M;
+}
+
+int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
+                          const int32_t *targets, float *logprobs, fwd_ws *ws, char *err)
+{
+    if (forward_check(m, mems, B, tokens, M, targets, err)) return -1;
     int rc;
     if (m->backend) rc = m->backend->forward(m->backend->ctx, mems, B, tokens, M, targets, logprobs, err);
     else rc = m->family->forward(m, mems, B, tokens, M, targets, logprobs, ws, err);
-    if (rc == 0)
-        for (int b = 0; b < B; b++) mems[b]->pos += M;
+    if (rc == 0) advance(mems, B, M);
     return rc;
+}
+
+int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, int n,
+                       const pick_req *q, pick_out *o, fwd_ws *ws, char *err)
+{
+    if (n < 0 || (n && (!q || !o))) return err_set(err, "no picks");
+    for (int i = 0; i < n; i++)
+        if (q[i].row < 0 || (long)q[i].row >= (long)B * M || q[i].top_n < 0 || q[i].top_n > PICK_MAX_TOP ||
+            (q[i].sample && sample_draws(&q[i].sp) && !(q[i].u >= 0 && q[i].u < 1)))
+            return err_set(err, "pick %d: row %d of %d, %d top tokens (at most %d) or a draw outside [0, 1)", i,
+                           q[i].row, B * M, q[i].top_n, PICK_MAX_TOP);
+    if (forward_check(m, mems, B, tokens, M, NULL, err)) return -1;
+    if (m->backend && m->backend->forward_pick) {
+        if (m->backend->forward_pick(m->backend->ctx, mems, B, tokens, M, n, q, o, err)) return -1;
+        advance(mems, B, M);
+        return 0;
+    }
+    const size_t V = (size_t)m->V;
+    float *rows = ws_get(ws, WS_PICK, (size_t)B * M * V), *scratch = ws_get(ws, WS_PICK_SCRATCH, SAMPLE_SCRATCH(V));
+    if (!rows || !scratch) return err_set(err, "out of memory for %d x %d rows of logprobs", B, M);
+    if (model_forward(m, mems, B, tokens, M, rows, ws, err)) return -1;
+    for (int i = 0; i < n; i++) sample_pick(rows + (size_t)q[i].row * V, m->V, &q[i], &o[i], scratch);
+    return 0;
 }

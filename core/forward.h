@@ -11,6 +11,7 @@ enum {
     WS_H, WS_Q, WS_K, WS_V, WS_QKV, WS_ATT, WS_TMP, WS_FF, WS_LOGITS,
     WS_KWIN, WS_VWIN, WS_SC, WS_PE, WS_QU, WS_QV, WS_RK, WS_POS, WS_P,
     WS_ADA_HP, WS_ADA_HEAD, WS_ADA_TAIL, WS_ADA_ROWS,
+    WS_PICK, WS_PICK_SCRATCH,   /* model_forward_pick's rows, on the host */
     WS_N
 };
 

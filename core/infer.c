@@ -57,20 +57,6 @@ static size_t held_back(const char *text, size_t len, const gen_params *p)
     return hold;
 }
 
-void top_tokens(const float *lp, int V, int n, int32_t *ids, float *lps)
-{
-    for (int k = 0; k < n; k++) {
-        int best = -1;
-        for (int i = 0; i < V; i++) {
-            int taken = 0;
-            for (int j = 0; j < k; j++) taken |= ids[j] == i;
-            if (!taken && (best < 0 || lp[i] > lp[best])) best = i;
-        }
-        ids[k] = best;
-        lps[k] = best >= 0 ? lp[best] : -INFINITY;
-    }
-}
-
 int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, size_t n_prompt,
               const gen_params *p, int top_n, int echo, char *err)
 {
@@ -89,9 +75,7 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
     rng_seed(&g->rng, p->seed);
     size_t tn = (size_t)(g->top_n ? g->top_n : 1);
     g->in = malloc(g->n_in * sizeof *g->in);
-    g->cur = malloc((size_t)V * sizeof *g->cur);
-    g->scratch = malloc(2 * (size_t)V * sizeof *g->scratch);
-    g->block = malloc((size_t)m->block_len * V * sizeof *g->block);
+    g->scratch = malloc(SAMPLE_SCRATCH(V) * sizeof *g->scratch);
     g->res.tokens = malloc(((size_t)maxt + 1) * sizeof *g->res.tokens);
     g->res.logprobs = malloc(((size_t)maxt + 1) * sizeof *g->res.logprobs);
     g->res.text = malloc((size_t)maxt * vocab_max_piece(&m->vocab) + 1);
@@ -103,7 +87,7 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
         g->prompt_top = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top);
         g->prompt_top_lp = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top_lp);
     }
-    if (!g->in || !g->cur || !g->scratch || !g->block || !g->res.tokens || !g->res.logprobs || !g->res.text || !g->piece ||
+    if (!g->in || !g->scratch || !g->res.tokens || !g->res.logprobs || !g->res.text || !g->piece ||
         !g->top || !g->top_lp || (echo && (!g->prompt_lp || !g->prompt_top || !g->prompt_top_lp))) {
         gen_result r;
         gen_end(g, &r);
@@ -135,6 +119,8 @@ size_t gen_prefill_left(const gen_state *g)
 long gen_prefill(gen_state *g, fwd_ws *ws, char *err)
 {
     size_t left = gen_prefill_left(g), L = (size_t)g->m->block_len;
+    if (!g->block && !(g->block = malloc((left < L ? left : L) * g->m->V * sizeof *g->block)))
+        return err_set(err, "out of memory for a block of the prompt");
     if (infer_feed_many(g->m, NULL, 0, &g, 1, left < L ? left : L, g->block, ws, err)) return -1;
     return (long)gen_prefill_left(g);
 }
@@ -151,11 +137,14 @@ static void prefill_accept(gen_state *g, int k, const float *rows)
         size_t j = r - (size_t)g->has_pending_in;
         const float *row = rows + (size_t)i * V;
         g->prompt_lp[j] = row[g->in[r]];
-        if (g->top_n) top_tokens(row, V, g->top_n, g->prompt_top + j * g->top_n, g->prompt_top_lp + j * g->top_n);
+        if (g->top_n) sample_top(row, V, g->top_n, g->prompt_top + j * g->top_n, g->prompt_top_lp + j * g->top_n);
     }
     g->fed += (size_t)k;
-    if (g->fed == prefill_total(g) && g->p.max_tokens > 0)
-        memcpy(g->cur, rows + (size_t)(k - 1) * V, (size_t)V * sizeof *g->cur);
+    if (g->fed == prefill_total(g) && g->p.max_tokens > 0) {   /* the first token's pick, from the last row */
+        pick_req q;
+        gen_pick_req(g, 0, &q);
+        sample_pick(rows + (size_t)(k - 1) * V, V, &q, &g->picked, g->scratch);
+    }
 }
 
 /* Checks the streams of infer_feed_many; the memories of those with inputs
@@ -277,13 +266,16 @@ int gen_sample(gen_state *g)
     gen_result *r = &g->res;
     const model_t *m = g->m;
     if (r->finish != FINISH_LENGTH || r->n_tokens >= g->p.max_tokens) return 0;
-    for (int i = 0; i < m->V; i++)
-        if (!isfinite(g->cur[i])) return -1;   /* nothing to draw from */
-    int32_t x = sample_token(g->cur, m->V, &g->p.sp, &g->rng, g->scratch);
+    const pick_out *o = &g->picked;
+    if (o->token < 0) return -1;   /* nothing to draw from */
+    int32_t x = o->token;
     int t = r->n_tokens++;
     r->tokens[t] = x;
-    r->logprobs[t] = g->cur[x];
-    if (g->top_n) top_tokens(g->cur, m->V, g->top_n, g->top + (size_t)t * g->top_n, g->top_lp + (size_t)t * g->top_n);
+    r->logprobs[t] = o->lp;
+    if (g->top_n) {
+        memcpy(g->top + (size_t)t * g->top_n, o->top, (size_t)g->top_n * sizeof *o->top);
+        memcpy(g->top_lp + (size_t)t * g->top_n, o->top_lp, (size_t)g->top_n * sizeof *o->top_lp);
+    }
     g->s->pending = x;
     size_t l = vocab_piece(&m->vocab, t ? r->tokens[t - 1] : g->prev0, x, g->piece);
     memcpy(r->text + r->text_len, g->piece, l);
@@ -311,10 +303,19 @@ int gen_sample(gen_state *g)
     return 1;
 }
 
-void gen_accept(gen_state *g, const float *logprobs)
+void gen_pick_req(gen_state *g, int row, pick_req *q)
+{
+    q->row = row;
+    q->sample = 1;
+    q->sp = g->p.sp;
+    q->u = sample_draws(&g->p.sp) ? rng_uniform(&g->rng) : 0;
+    q->top_n = g->top_n;
+}
+
+void gen_accept(gen_state *g, const pick_out *o)
 {
     g->s->pending = -1;
-    memcpy(g->cur, logprobs, (size_t)g->m->V * sizeof *g->cur);
+    g->picked = *o;
 }
 
 void gen_take_text(gen_state *g, const char **text, size_t *len)
@@ -332,7 +333,6 @@ void gen_end(gen_state *g, gen_result *out)
 {
     *out = g->res;
     free(g->in);
-    free(g->cur);
     free(g->scratch);
     free(g->block);
     free(g->top);
@@ -360,8 +360,11 @@ int infer_generate(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *prompt
         if (more < 0) { rc = err_set(err, "the model gave a log-probability that is not finite"); break; }
         gen_take_text(&g, &piece, &len);
         if (emit && len && emit(ctx, piece, len)) { g.res.finish = FINISH_CANCELLED; break; }
-        if (model_forward(m, &s, 1, &g.next, 1, g.block, ws, err)) { rc = -1; break; }
-        gen_accept(&g, g.block);
+        pick_req q;
+        pick_out o;
+        gen_pick_req(&g, 0, &q);
+        if (model_forward_pick(m, &s, 1, &g.next, 1, 1, &q, &o, ws, err)) { rc = -1; break; }
+        gen_accept(&g, &o);
     }
     if (rc == 0 && emit && g.res.finish != FINISH_CANCELLED) {
         gen_take_text(&g, &piece, &len);

@@ -83,14 +83,18 @@ typedef struct {
  *
  *   gen_begin(...)                        prompt tokens queued for feeding
  *   while (gen_prefill(g, ws, limit) > 0) one block of the prompt a call
- *   while (gen_sample(g) == 1) {          picks the next token; 0 when done
- *       model_forward(.., &g->next, 1 ..) (any number of streams at once)
- *       gen_accept(g, row)                the logprobs of the next position
+ *   while (gen_sample(g) == 1) {          takes the picked token; 0 when done
+ *       gen_pick_req(g, row, &q)          what to pick from the next position
+ *       model_forward_pick(.., &g->next, 1, .., &q, &o ..)   any number of streams at once
+ *       gen_accept(g, &o)                 the pick
  *   }
+ *
+ * The pick (sample.h) happens where the logprobs are (on a GPU, on the
+ * device): only the token, its logprob and the top tokens come back.
  *
  * TOP_N > 0 records, for each generated token (and, with ECHO, each prompt
  * token), the TOP_N most likely tokens and their logprobs. */
-#define GEN_MAX_TOP 5
+#define GEN_MAX_TOP PICK_MAX_TOP
 
 typedef struct {
     const model_t *m;
@@ -100,10 +104,10 @@ typedef struct {
     int32_t *in;             /* inputs still to feed in prefill: [pending] + prompt */
     size_t n_in, fed;
     int has_pending_in;      /* in[0] was the stream's pending token */
-    float *cur;              /* V logprobs of the next token */
-    float *scratch;          /* 2V floats for the sampler */
-    float *block;            /* block_len * V logprobs of the prefill */
-    int32_t next;            /* the token gen_sample picked, to feed */
+    pick_out picked;         /* the next token, picked from its logprobs */
+    float *scratch;          /* 2V floats for the host's sampler (the prompt's last row) */
+    float *block;            /* gen_prefill's block of logprobs (allocated there) */
+    int32_t next;            /* the token gen_sample took, to feed */
     int32_t prev0;           /* the token before the first generated one (-1: none): a word's text depends on it */
     char *piece;             /* one token's text (vocab_piece) */
     size_t emitted;          /* bytes of text handed out as settled */
@@ -123,12 +127,15 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
 long gen_prefill(gen_state *g, fwd_ws *ws, char *err);
 /* The prompt inputs gen_prefill has still to feed. */
 size_t gen_prefill_left(const gen_state *g);
-/* Samples the next token from the current logprobs. Returns 1 when it must
- * be fed (g->next) before the next sample, 0 when the generation finished
- * (length or stop), -1 when the logprobs are not all finite (nothing drawn). */
+/* Takes the picked token. Returns 1 when it must be fed (g->next) before
+ * the next sample, 0 when the generation finished (length or stop), -1 when
+ * the logprobs were not all finite (nothing drawn). */
 int gen_sample(gen_state *g);
-/* The logprobs after feeding g->next. */
-void gen_accept(gen_state *g, const float *logprobs);
+/* The pick of the next token from ROW of the coming forward (draws from the
+ * generation's generator when it samples: one draw a token, in order). */
+void gen_pick_req(gen_state *g, int row, pick_req *q);
+/* The pick after feeding g->next. */
+void gen_accept(gen_state *g, const pick_out *o);
 /* The settled text not yet handed out: [*text, *text + *len). Advances. */
 void gen_take_text(gen_state *g, const char **text, size_t *len);
 /* Moves the result out (caller frees with gen_result_free) and frees the rest. */
@@ -150,7 +157,5 @@ void gen_result_free(gen_result *r);
 int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens, int ng, size_t M, float *lp,
                     fwd_ws *ws, char *err);
 
-/* The N most likely tokens of LOGPROBS (V), most likely first. */
-void top_tokens(const float *logprobs, int V, int n, int32_t *ids, float *lps);
 
 #endif

@@ -230,7 +230,7 @@ static int launch(gpu_model *g, int l, int B, int M, int nsplit, int chunk, floa
 size_t gpu_aspan_tile_part_floats(const gpu_model *g)
 {
     const model_t *m = g->m;
-    if (m->fam != FAM_ASPAN || (m->d_head != 32 && m->d_head != 64)) return 0;
+    if (m->d_head != 32 && m->d_head != 64) return 0;
     size_t want = (size_t)g->max_batch * g->max_block * m->n_head * ASPAN_TILE_SPLITS * (m->d_head + 3);
     return want < ASPAN_TILE_PART_FLOATS ? want : ASPAN_TILE_PART_FLOATS;
 }

@@ -1,6 +1,7 @@
 /*
- * forward.cu - one step of either family on the device: core's
- * model_forward (core/aspan.c, core/par.c) launch by launch.
+ * forward.cu - one step on the device: core's model_forward launch by
+ * launch, each family's attention through its gpu_family (fam_aspan.cu,
+ * fam_rel.cu).
  *
  *   adaptive-span layer: qkv = x [Wq;Wk;Wv]^T; span attention (reads the
  *     rings and the block); ring writes (a separate launch, so that no write
@@ -36,7 +37,7 @@
 
 /* gpu_profile: an event after each operation (the step's first event is
  * recorded before the embedding). */
-static void mark(gpu_model *g, int op)
+void gpu_mark(gpu_model *g, int op)
 {
     if (!g->prof_on || g->prof_n >= GPU_PROF_EVENTS) return;
     cudaEventRecord(g->prof_ev[g->prof_n + 1], g->stream);
@@ -44,7 +45,7 @@ static void mark(gpu_model *g, int op)
 }
 
 /* Runs CALL (a launcher returning 0 or -1), then marks it as operation OP. */
-#define OP(op, call) ((call) != 0 || (mark(g, op), 0))   /* true when it failed */
+#define OP(op, call) ((call) != 0 || (gpu_mark(g, op), 0))   /* true when it failed */
 
 /* y = x W^T in the model's precision: float32 (x, W) or bfloat16 (xb, Wb). */
 static int linear(gpu_model *g, float *y, const float *x, const bf16 *xb, const float *W, const bf16 *Wb, int n, int in,
@@ -83,7 +84,7 @@ static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
     /* a few rows: fc1, its bias and the ReLU in one launch (matmul.cu) */
     const int fused = gpu_linear_bias_relu(g, g->ff, g->ffb, in, g->xb, d->fc1_w, d->fc1_h, d->fc1_b, N, Dm, I, err);
     if (fused < 0) return -1;
-    if (fused) mark(g, OP_FC1);
+    if (fused) gpu_mark(g, OP_FC1);
     else if (OP(OP_FC1, linear(g, g->ff, in, g->xb, d->fc1_w, d->fc1_h, N, Dm, I, err)) ||
              OP(OP_RELU, gpu_bias_relu(g, g->ff, g->ffb, d->fc1_b, N, I, err)))
         return -1;
@@ -99,30 +100,20 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
     const int Dm = m->d_model, A = m->n_head * m->d_head, N = B * M;
     for (int l = 0; l < m->n_layers; l++) {
         const gpu_layer *d = &g->L[l];
-        const blk_kind kind = m->fam == FAM_ASPAN ? BLK_ATTN : m->layers[l].kind;
-        if (kind == BLK_SKIP) continue;
-        if (kind == BLK_ATTN) {
+        const int sub = g->fam->sublayers(m, l);
+        if (sub & GPU_SUB_ATTN) {
             const float *in;
             if (sublayer_in(g, d->ln1_w, d->ln1_b, N, &in, err)) return -1;
             /* GPU_BF16: queries, keys and values in bf16, the rings' type */
             if (OP(OP_QKV, g->prec == GPU_BF16 ? gpu_linear_bf16_out(g, g->qkvb, g->xb, d->wqkv_h, N, Dm, 3 * A, err)
-                                                : gpu_linear(g, g->qkv, in, d->wqkv, N, Dm, 3 * A, err)))
+                                                : gpu_linear(g, g->qkv, in, d->wqkv, N, Dm, 3 * A, err)) ||
+                g->fam->attend(g, l, B, M, err))
                 return -1;
-            if (m->fam == FAM_ASPAN) {
-                int ring_done = 0;   /* a one-token step's rings are written by the attention (aspan_decode.cu) */
-                if (OP(OP_ATTN, gpu_aspan_attn(g, l, B, M, &ring_done, err)) ||
-                    (!ring_done && OP(OP_RING, gpu_aspan_ring_write(g, l, B, M, err))))
-                    return -1;
-            } else {
-                if (OP(OP_ATTN, gpu_rel_attn(g, l, B, M, err)) || OP(OP_RING, gpu_par_ring_write(g, l, B, M, err)))
-                    return -1;
-            }
             if (OP(OP_WO, linear(g, g->tmp, g->att, g->attb, d->wo, d->wo_h, N, A, Dm, err)) ||
                 sublayer_out(g, g->tmp, NULL, d->ln1_w, d->ln1_b, N, err))
                 return -1;
         }
-        if (m->fam == FAM_ASPAN || kind == BLK_FFN)
-            if (ffn(g, d, N, err)) return -1;
+        if ((sub & GPU_SUB_FFN) && ffn(g, d, N, err)) return -1;
     }
     return 0;
 }
@@ -133,7 +124,7 @@ static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
 {
     const model_t *m = g->m;
     const int N = B * M;
-    const float scale = m->fam == FAM_PAR ? (float)sqrt((double)m->d_model) : 1.0f;
+    const float scale = g->fam->embed_scale(m);
     /* with pre_lnorm xb holds the sublayers' LN(x): the output layer's bf16 input is made at the end */
     bf16 *xb = m->pre_lnorm ? NULL : g->xb;
     if (g->ada ? OP(OP_EMBED, gpu_ada_embed(g, g->x, xb, stage_tok(g, g->d_stage), N, err))
@@ -185,8 +176,11 @@ int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int 
     return gpu_forward_targets(g, mems, B, tokens, M, NULL, logprobs, err);
 }
 
-int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
-                        float *logprobs, char *err)
+/* The step's inputs to the device and its launches (a graph for a decode
+ * step); *ANY_TG and *ANY_ROWS say whether streams want only their targets'
+ * logprobs, or whole rows. */
+static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                       int want_lp, int *any_tg, int *any_rows, cudaGraphExec_t *graph, char *err)
 {
     const model_t *m = g->m;
     const int nl = m->n_layers, V = m->V;
@@ -203,11 +197,11 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
         if (tokens[i] < 0 || tokens[i] >= V)
             return err_set(err, "token id %d at %zu is outside the vocabulary [0, %d)", tokens[i], i, V);
 
-    int any_tg = 0, any_rows = !targets;   /* streams that want only their targets' logprobs, or whole rows */
+    *any_tg = 0, *any_rows = !targets;
     for (int b = 0; targets && b < B; b++)
-        if (targets[(size_t)b * M] < 0) any_rows = 1;
+        if (targets[(size_t)b * M] < 0) *any_rows = 1;
         else {
-            any_tg = 1;
+            *any_tg = 1;
             for (int i = 0; i < M; i++)
                 if (targets[(size_t)b * M + i] < 0 || targets[(size_t)b * M + i] >= V)
                     return err_set(err, "target id %d of stream %d is outside the vocabulary [0, %d)",
@@ -219,7 +213,7 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
     for (int b = 0; b < B; b++)
         for (int i = 0; i < M; i++)
             stage_tgt(g, g->h_stage)[(size_t)b * M + i] =
-                any_tg && targets[(size_t)b * M] >= 0 ? targets[(size_t)b * M + i] : -1;
+                *any_tg && targets[(size_t)b * M] >= 0 ? targets[(size_t)b * M + i] : -1;
     for (int b = 0; b < B; b++) {
         stage_pos(g, g->h_stage)[b] = mems[b]->pos;
         stage_ring(g, g->h_stage)[b] = (float *)mems[b]->buf;
@@ -229,14 +223,43 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
            "copying the step's inputs");
 
     g->prof_n = 0;
-    cudaGraphExec_t graph = M == 1 && g->graphs_on && !g->prof_on ? decode_graph(g, B) : NULL;
-    if (graph) {
-        CU_TRY(cudaGraphLaunch(graph, g->stream), err, "launching the decode step's graph");
+    *graph = M == 1 && g->graphs_on && !g->prof_on ? decode_graph(g, B) : NULL;
+    if (*graph) {
+        CU_TRY(cudaGraphLaunch(*graph, g->stream), err, "launching the decode step's graph");
         g->graph_launches++;
-    } else {
-        if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
-        if (launch_step(g, B, M, logprobs && any_tg && !any_rows, err)) return -1;
+        return 0;
     }
+    if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
+    return launch_step(g, B, M, want_lp && *any_tg && !*any_rows, err);
+}
+
+/* After the step's copies: waits for it, adds up the profile and advances
+ * the memories. */
+static int step_end(gpu_model *g, gpu_mem **mems, int B, int M, char *err)
+{
+    CU_TRY(cudaStreamSynchronize(g->stream), err, "the step failed on the device");
+    for (int i = 0; g->prof_on && i < g->prof_n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, g->prof_ev[i], g->prof_ev[i + 1]);
+        g->prof_ms[g->prof_op[i]] += ms;
+        g->prof_calls[g->prof_op[i]]++;
+    }
+    for (int b = 0; b < B; b++) {
+        gpu_mem *s = mems[b];
+        for (int l = 0; l < g->m->n_layers; l++) s->len[l] = (int)mem_held_rows(g->m, l, s->pos + M);
+        s->pos += M;
+    }
+    return 0;
+}
+
+int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                        float *logprobs, char *err)
+{
+    const int V = g->m->V;
+    const size_t N = (size_t)B * M;
+    int any_tg, any_rows;
+    cudaGraphExec_t graph;
+    if (step_launch(g, mems, B, tokens, M, targets, logprobs != NULL, &any_tg, &any_rows, &graph, err)) return -1;
     if (logprobs && any_tg) {
         /* the targets' logprobs, a float a row (an adaptive softmax wrote them for a step of targets
          * only); whole rows only of the streams that want them */
@@ -254,24 +277,64 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
         CU_TRY(cudaMemcpyAsync(logprobs, g->logits, N * V * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
                "copying the logprobs");
     }
-    CU_TRY(cudaStreamSynchronize(g->stream), err, "the step failed on the device");
+    if (step_end(g, mems, B, M, err)) return -1;
     for (int b = 0; logprobs && any_tg && b < B; b++)
         if (targets[(size_t)b * M] >= 0)
             for (int i = 0; i < M; i++) {
                 const size_t r = (size_t)b * M + i;
                 logprobs[r * V + targets[r]] = g->h_tl[r];
             }
-    for (int i = 0; g->prof_on && i < g->prof_n; i++) {
-        float ms = 0;
-        cudaEventElapsedTime(&ms, g->prof_ev[i], g->prof_ev[i + 1]);
-        g->prof_ms[g->prof_op[i]] += ms;
-        g->prof_calls[g->prof_op[i]]++;
-    }
+    return 0;
+}
 
-    for (int b = 0; b < B; b++) {
-        gpu_mem *s = mems[b];
-        for (int l = 0; l < nl; l++) s->len[l] = (int)mem_held_rows(m, l, s->pos + M);
-        s->pos += M;
-    }
+/* The picks' checks; then, after the step's launches, their copy up, the
+ * kernel and their copy down (waited for by step_end). */
+static int picks_check(const gpu_model *g, int rows, int n, const pick_req *q, char *err)
+{
+    if (n < 0 || n > g->max_batch * g->max_block)
+        return err_set(err, "%d picks: this plan makes at most %d", n, g->max_batch * g->max_block);
+    for (int i = 0; i < n; i++)
+        if (q[i].row < 0 || q[i].row >= rows || q[i].top_n < 0 || q[i].top_n > PICK_MAX_TOP)
+            return err_set(err, "pick %d: row %d of %d, or %d top tokens (at most %d)", i, q[i].row, rows, q[i].top_n,
+                           PICK_MAX_TOP);
+    return 0;
+}
+
+static int picks_launch(gpu_model *g, int n, const pick_req *q, char *err)
+{
+    if (!n) return 0;
+    memcpy(g->h_pq, q, (size_t)n * sizeof *q);
+    CU_TRY(cudaMemcpyAsync(g->d_pq, g->h_pq, (size_t)n * sizeof *q, cudaMemcpyHostToDevice, g->stream), err,
+           "copying the picks");
+    if (gpu_pick(g, n, g->d_pq, g->d_po, err)) return -1;
+    CU_TRY(cudaMemcpyAsync(g->h_po, g->d_po, (size_t)n * sizeof *g->h_po, cudaMemcpyDeviceToHost, g->stream), err,
+           "copying the picks back");
+    return 0;
+}
+
+int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, int n, const pick_req *q,
+                     pick_out *o, char *err)
+{
+    int any_tg, any_rows;
+    cudaGraphExec_t graph;
+    if (picks_check(g, B * M, n, q, err) ||
+        step_launch(g, mems, B, tokens, M, NULL, 0, &any_tg, &any_rows, &graph, err) || picks_launch(g, n, q, err) ||
+        step_end(g, mems, B, M, err))
+        return -1;
+    if (n) memcpy(o, g->h_po, (size_t)n * sizeof *o);
+    return 0;
+}
+
+int gpu_pick_rows(gpu_model *g, const float *rows, int n_rows, int n, const pick_req *q, pick_out *o, char *err)
+{
+    const size_t V = (size_t)g->m->V;
+    if (n_rows < 1 || n_rows > g->max_batch * g->max_block)
+        return err_set(err, "%d rows: this plan holds 1..%d", n_rows, g->max_batch * g->max_block);
+    if (picks_check(g, n_rows, n, q, err)) return -1;
+    CU_TRY(cudaMemcpyAsync(g->logits, rows, n_rows * V * sizeof *rows, cudaMemcpyHostToDevice, g->stream), err,
+           "copying the rows");
+    if (picks_launch(g, n, q, err)) return -1;
+    CU_TRY(cudaStreamSynchronize(g->stream), err, "the picks failed on the device");
+    if (n) memcpy(o, g->h_po, (size_t)n * sizeof *o);
     return 0;
 }

@@ -1,6 +1,6 @@
 /*
- * gpu.cu - a model on the device: the weights uploaded once, the tables core
- * derives at load (the span masks, Transformer-XL's r_net(sinusoid) rows),
+ * gpu.cu - a model on the device: the weights uploaded once, the tables its
+ * family derives at load (fam_aspan.cu, fam_rel.cu, listed here by name),
  * every per-step buffer planned for max_batch x max_block tokens; the memory
  * of a stream on the device, in mem_t's layout; the device's name; timers.
  *
@@ -15,7 +15,7 @@
 #include "gpu_internal.cuh"
 
 extern "C" {
-#include "forward.h"   /* par_sinusoid */
+#include "family.h"   /* the family's name and memory slots */
 }
 
 #include <pthread.h>
@@ -95,8 +95,7 @@ void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const c
     if (why) *why = g->graph_why;
 }
 
-/* The device copy of host weight P (N floats), which must lie in the arena. */
-static const float *on_device(const gpu_model *g, const float *p, size_t n)
+const float *gpu_on_device(const gpu_model *g, const float *p, size_t n)
 {
     if (!p) return NULL;
     const float *a = g->m->arena;
@@ -132,6 +131,10 @@ void gpu_model_free(gpu_model *g)
     cudaFree(g->tl);
     free(g->ada);
     if (g->h_tl) cudaFreeHost(g->h_tl);
+    cudaFree(g->d_pq);
+    cudaFree(g->d_po);
+    if (g->h_pq) cudaFreeHost(g->h_pq);
+    if (g->h_po) cudaFreeHost(g->h_po);
     if (g->h_stage) cudaFreeHost(g->h_stage);
     if (g->prof_ev) {
         for (int i = 0; i <= GPU_PROF_EVENTS; i++) cudaEventDestroy(g->prof_ev[i]);
@@ -144,143 +147,18 @@ void gpu_model_free(gpu_model *g)
     free(g);
 }
 
-/* Layer pointers, the packed projections, the masks and the rk tables. */
-static int upload_layers(gpu_model *g, char *err)
+/* The feed-forward sublayer's weights of layer Y into D; -1 when one lies
+ * outside the arena. */
+int gpu_bind_ffn(const gpu_model *g, gpu_layer *d, const layer_t *y)
 {
-    const model_t *m = g->m;
-    const int Dm = m->d_model, I = m->d_inner, K = m->n_head, A = m->n_head * m->d_head, nl = m->n_layers;
-    const size_t HH = (size_t)Dm * Dm;
-    /* the derived tables: sizes first */
-    size_t nd = 0;
-    for (int l = 0; l < nl; l++) {
-        const layer_t *y = &m->layers[l];
-        if (m->fam == FAM_ASPAN) {
-            nd += 3 * HH;
-            for (int h = 0; h < K; h++) nd += (size_t)y->reach[h];
-        } else if (y->kind == BLK_ATTN) {
-            int rows = y->rk_len > m->mem_len + g->max_block ? y->rk_len : m->mem_len + g->max_block;
-            nd += (size_t)rows * A;
-        }
-    }
-    g->derived_floats = nd;
-    CU_TRY(cudaMalloc(&g->derived, (nd ? nd : 1) * sizeof(float)), err, "cudaMalloc (derived tables)");
-    float *at = g->derived;
-    int64_t *moff = NULL;
-    if (m->fam == FAM_ASPAN) {
-        moff = (int64_t *)calloc((size_t)nl * K, sizeof *moff);
-        if (!moff) return err_set(err, "out of memory");
-    }
-    int rc = 0;
-    float *pos = NULL, *dpos = NULL;
-    for (int l = 0; l < nl && rc == 0; l++) {
-        const layer_t *y = &m->layers[l];
-        gpu_layer *d = &g->L[l];
-        if (m->fam == FAM_ASPAN) {
-            const float *w[3] = {y->wq, y->wk, y->wv};
-            for (int k = 0; k < 3 && rc == 0; k++)
-                if (cudaMemcpy(at + k * HH, w[k], HH * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
-                    rc = err_set(err, "cudaMemcpy (projections)");
-            d->wqkv = at;
-            at += 3 * HH;
-            for (int h = 0; h < K && rc == 0; h++) {
-                moff[l * K + h] = at - g->derived;
-                if (y->reach[h] &&
-                    cudaMemcpy(at, y->mask[h], (size_t)y->reach[h] * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
-                    rc = err_set(err, "cudaMemcpy (masks)");
-                at += y->reach[h];
-            }
-            if (rc) break;
-            const float *p;
-            if (!(p = on_device(g, y->wo, HH))) { rc = err_set(err, "%s: proj_out outside the arena", m->path); break; }
-            d->wo = p;
-            d->ln1_w = on_device(g, y->ln1_w, Dm);
-            d->ln1_b = on_device(g, y->ln1_b, Dm);
-            d->fc1_w = on_device(g, y->fc1_w, (size_t)I * Dm);
-            d->fc1_b = on_device(g, y->fc1_b, I);
-            d->fc2_w = on_device(g, y->fc2_w, (size_t)I * Dm);
-            d->fc2_b = on_device(g, y->fc2_b, Dm);
-            d->ln2_w = on_device(g, y->ln2_w, Dm);
-            d->ln2_b = on_device(g, y->ln2_b, Dm);
-            if (!d->ln1_w || !d->ln1_b || !d->fc1_w || !d->fc1_b || !d->fc2_w || !d->fc2_b || !d->ln2_w || !d->ln2_b)
-                rc = err_set(err, "%s: layer %d: a weight lies outside the arena", m->path, l);
-        } else if (y->kind == BLK_ATTN) {
-            d->wqkv = on_device(g, y->qkv, (size_t)3 * A * Dm);
-            d->wo = on_device(g, y->onet, (size_t)Dm * A);
-            d->ln1_w = on_device(g, y->ln1_w, Dm);
-            d->ln1_b = on_device(g, y->ln1_b, Dm);
-            const float *rnet = on_device(g, y->rnet, (size_t)A * Dm);
-            d->rwb = on_device(g, y->r_w_bias, A);
-            d->rrb = on_device(g, y->r_r_bias, A);
-            if (!d->wqkv || !d->wo || !d->ln1_w || !d->ln1_b || !rnet || !d->rwb || !d->rrb) {
-                rc = err_set(err, "%s: block %d: a weight lies outside the arena", m->path, l);
-                break;
-            }
-            /* rows 0..rk_len-1 as core computed them; the rest (blocks longer
-             * than core's table) as core computes them on the fly */
-            int rows = y->rk_len > m->mem_len + g->max_block ? y->rk_len : m->mem_len + g->max_block;
-            if (cudaMemcpy(at, y->rk, (size_t)y->rk_len * A * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) {
-                rc = err_set(err, "cudaMemcpy (rk table)");
-                break;
-            }
-            int extra = rows - y->rk_len;
-            if (extra > 0) {
-                if (!pos) {
-                    pos = (float *)malloc((size_t)extra * Dm * sizeof *pos);
-                    if (!pos || cudaMalloc(&dpos, (size_t)extra * Dm * sizeof *dpos) != cudaSuccess) {
-                        rc = err_set(err, "out of memory for the position table");
-                        break;
-                    }
-                    for (int t = 0; t < extra; t++) {   /* distances past clamp_len are embedded as it (core/par.c) */
-                        const int dist = y->rk_len + t;
-                        par_sinusoid(pos + (size_t)t * Dm, Dm, m->clamp_len > 0 && dist > m->clamp_len ? m->clamp_len : dist);
-                    }
-                    if (cudaMemcpy(dpos, pos, (size_t)extra * Dm * sizeof *pos, cudaMemcpyHostToDevice) != cudaSuccess) {
-                        rc = err_set(err, "cudaMemcpy (positions)");
-                        break;
-                    }
-                }
-                if ((rc = gpu_linear(g, at + (size_t)y->rk_len * A, dpos, rnet, extra, Dm, A, err))) break;
-            }
-            d->rk = at;
-            d->rk_rows = rows;
-            at += (size_t)rows * A;
-        } else if (y->kind == BLK_FFN) {
-            d->fc1_w = on_device(g, y->fc1_w, (size_t)I * Dm);
-            d->fc1_b = on_device(g, y->fc1_b, I);
-            d->fc2_w = on_device(g, y->fc2_w, (size_t)I * Dm);
-            d->fc2_b = on_device(g, y->fc2_b, Dm);
-            d->ln2_w = on_device(g, y->ln2_w, Dm);
-            d->ln2_b = on_device(g, y->ln2_b, Dm);
-            if (!d->fc1_w || !d->fc1_b || !d->fc2_w || !d->fc2_b || !d->ln2_w || !d->ln2_b)
-                rc = err_set(err, "%s: block %d: a weight lies outside the arena", m->path, l);
-        }
-    }
-    if (rc == 0 && cudaStreamSynchronize(g->stream) != cudaSuccess) rc = err_set(err, "building the rk tables failed");
-    free(pos);
-    cudaFree(dpos);
-    if (rc == 0 && m->fam == FAM_ASPAN) {
-        size_t n = (size_t)nl * K;
-        int *kr = (int *)malloc(n * sizeof *kr), *re = (int *)malloc(n * sizeof *re);
-        if (!kr || !re) rc = err_set(err, "out of memory");
-        for (int l = 0; rc == 0 && l < nl; l++)
-            for (int h = 0; h < K; h++) {
-                kr[l * K + h] = m->layers[l].krows[h];
-                re[l * K + h] = m->layers[l].reach[h];
-                if (kr[l * K + h] > g->max_window) g->max_window = kr[l * K + h];
-            }
-        if (rc == 0 && (cudaMalloc(&g->krows, n * sizeof(int)) != cudaSuccess ||
-                        cudaMalloc(&g->reach, n * sizeof(int)) != cudaSuccess ||
-                        cudaMalloc(&g->mask_off, n * sizeof(int64_t)) != cudaSuccess ||
-                        cudaMemcpy(g->krows, kr, n * sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess ||
-                        cudaMemcpy(g->reach, re, n * sizeof(int), cudaMemcpyHostToDevice) != cudaSuccess ||
-                        cudaMemcpy(g->mask_off, moff, n * sizeof(int64_t), cudaMemcpyHostToDevice) != cudaSuccess))
-            rc = err_set(err, "uploading the span tables failed");
-        free(kr);
-        free(re);
-    }
-    if (m->fam != FAM_ASPAN) g->max_window = m->mem_len + g->max_block;
-    free(moff);
-    return rc;
+    const size_t Dm = g->m->d_model, I = g->m->d_inner;
+    d->fc1_w = gpu_on_device(g, y->fc1_w, I * Dm);
+    d->fc1_b = gpu_on_device(g, y->fc1_b, I);
+    d->fc2_w = gpu_on_device(g, y->fc2_w, I * Dm);
+    d->fc2_b = gpu_on_device(g, y->fc2_b, Dm);
+    d->ln2_w = gpu_on_device(g, y->ln2_w, Dm);
+    d->ln2_b = gpu_on_device(g, y->ln2_b, Dm);
+    return d->fc1_w && d->fc1_b && d->fc2_w && d->fc2_b && d->ln2_w && d->ln2_b ? 0 : -1;
 }
 
 /* The adaptive input and softmax: pointers into the arena, and what core
@@ -301,10 +179,10 @@ static int upload_ada(gpu_model *g, char *err)
         d->cut[k] = a->cut[k];
         d->dim[k] = a->dim[k];
         d->dmax = a->dim[k] > d->dmax ? a->dim[k] : d->dmax;
-        d->emb[k] = on_device(g, a->emb[k], rows * dim);
-        d->emb_proj[k] = a->emb_proj[k] ? on_device(g, a->emb_proj[k], D * dim) : NULL;
-        d->out_w[k] = on_device(g, a->out_w[k], rows * dim);
-        d->out_b[k] = on_device(g, a->out_b[k], rows);
+        d->emb[k] = gpu_on_device(g, a->emb[k], rows * dim);
+        d->emb_proj[k] = a->emb_proj[k] ? gpu_on_device(g, a->emb_proj[k], D * dim) : NULL;
+        d->out_w[k] = gpu_on_device(g, a->out_w[k], rows * dim);
+        d->out_b[k] = gpu_on_device(g, a->out_b[k], rows);
         if (!d->emb[k] || !d->out_w[k] || !d->out_b[k] || (a->emb_proj[k] && !d->emb_proj[k]))
             return err_set(err, "%s: cluster %d: a weight lies outside the model's arena", m->path, k);
         if (a->out_proj_t[k]) nf += align16(dim * D);
@@ -401,10 +279,27 @@ static cublasMath_t gpu_math_mode(void)
     return p && strcmp(p, "1") == 0 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH;
 }
 
+/* The families this backend runs, by core's family name (family_ops). */
+static const struct {
+    const char *name;
+    const gpu_family *fam;
+} gpu_families[] = {
+    {"adaptive-span", &gpu_family_aspan},
+    {"par-transformer-xl", &gpu_family_rel},
+    {"transformer-xl", &gpu_family_rel},
+};
+
+static const gpu_family *family_of(const model_t *m)
+{
+    for (size_t i = 0; i < sizeof gpu_families / sizeof *gpu_families; i++)
+        if (strcmp(gpu_families[i].name, m->family->name) == 0) return gpu_families[i].fam;
+    return NULL;
+}
+
 int gpu_supports(const model_t *m, char *why)
 {
-    if (m->fam == FAM_ASPAN || m->fam == FAM_PAR || m->fam == FAM_TXL) return 1;
-    err_set(why, "%s: the CUDA backend does not run %s models yet: it runs on the CPU", m->path, model_family_name(m->fam));
+    if (family_of(m)) return 1;
+    err_set(why, "%s: the CUDA backend does not run %s models yet: it runs on the CPU", m->path, m->family->name);
     return 0;
 }
 
@@ -433,6 +328,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     gpu_model *g = (gpu_model *)calloc(1, sizeof *g);
     if (!g) { err_set(err, "out of memory"); return NULL; }
     g->m = m;
+    g->fam = family_of(m);
     g->max_batch = max_batch;
     g->max_block = max_block;
     g->prec = precision;
@@ -443,7 +339,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->tile_on = 1;
     g->graph = (cudaGraphExec_t *)calloc((size_t)max_batch, sizeof *g->graph);
     g->L = (gpu_layer *)calloc((size_t)m->n_layers, sizeof *g->L);
-    const int slots = m->fam == FAM_ASPAN ? m->n_layers * m->n_head : m->n_layers;
+    const int slots = m->family->mem_slots(m);
     g->h_off = (size_t *)calloc((size_t)slots, sizeof *g->h_off);
     mem_t *lay = mem_new(m);   /* the layout, taken from core itself */
     int rc = 0;
@@ -467,7 +363,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
         rc = err_set(err, "CUDA stream or cuBLAS setup failed");
     /* the arena: every tensor core bound (mask templates included) */
     if (rc == 0) {
-        g->arena_floats = (size_t)m->n_params + (m->fam == FAM_ASPAN ? (size_t)m->n_layers * m->span : 0);
+        g->arena_floats = (size_t)m->n_params + g->fam->arena_extra(m);
         if (cudaMalloc(&g->arena, g->arena_floats * sizeof(float)) != cudaSuccess ||
             cudaMemcpy(g->arena, m->arena, g->arena_floats * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
             rc = err_set(err, "uploading %zu weights failed", g->arena_floats);
@@ -476,20 +372,19 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
         const int Dm = m->d_model, A = m->n_head * m->d_head, V = m->V;
         if (m->ada) rc = upload_ada(g, err);
         else {
-            g->emb = on_device(g, m->emb, (size_t)V * Dm);
-            g->out_w = on_device(g, m->out_w, (size_t)V * Dm);
-            g->out_b = on_device(g, m->out_b, V);
+            g->emb = gpu_on_device(g, m->emb, (size_t)V * Dm);
+            g->out_w = gpu_on_device(g, m->out_w, (size_t)V * Dm);
+            g->out_b = gpu_on_device(g, m->out_b, V);
         }
-        (void)A;   /* the r biases are each attention block's (upload_layers) */
-        if (m->fam == FAM_ASPAN) g->key_pe = on_device(g, m->key_pe, (size_t)m->d_head * m->span);
-        if (rc == 0 && ((!m->ada && (!g->emb || !g->out_w || !g->out_b)) || (m->fam == FAM_ASPAN && !g->key_pe)))
+        (void)A;   /* the r biases are each attention block's (the family's upload) */
+        if (rc == 0 && !m->ada && (!g->emb || !g->out_w || !g->out_b))
             rc = err_set(err, "%s: a weight lies outside the model's arena", m->path);
     }
-    if (rc == 0) rc = upload_layers(g, err);
+    if (rc == 0) rc = g->fam->upload(g, err);
     if (rc == 0 && precision == GPU_BF16) rc = upload_bf16(g, err);
     if (rc == 0) {   /* heads too wide for the attention kernels' shared memory are refused here, not mid-step */
         int dev = 0, optin = 0;
-        size_t need = m->fam == FAM_ASPAN ? gpu_aspan_attn_smem(g) : gpu_rel_attn_smem(g);
+        size_t need = g->fam->attn_smem(g);
         if (cudaGetDevice(&dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
             rc = err_set(err, "cudaDeviceGetAttribute failed");
@@ -535,13 +430,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
             if (g->ada) g->step_bytes += g->ada->step_floats * sizeof(float);   /* upload_ada's step buffers */
             if (cudaMemset(g->x, 0xFF, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "cudaMemset");
         }
-        if (rc == 0 && m->fam == FAM_ASPAN &&
-            cudaMalloc(&g->part, (size_t)ASPAN_SPLIT_BLOCKS * (m->d_head + 4) * sizeof(float)) != cudaSuccess)
-            rc = err_set(err, "out of device memory for the attention's partial sums");
-        g->tpart_floats = rc == 0 ? gpu_aspan_tile_part_floats(g) : 0;
-        if (g->tpart_floats && cudaMalloc(&g->tpart, g->tpart_floats * sizeof(float)) != cudaSuccess)
-            rc = err_set(err, "out of device memory for the tiled attention's partial states");
-        g->step_bytes += g->tpart_floats * sizeof(float);
+        if (rc == 0) rc = g->fam->alloc_step(g, err);
         g->o_tok = 0;
         g->o_pos = align16(g->o_tok + N * sizeof(int32_t));
         g->o_ring = align16(g->o_pos + (size_t)max_batch * sizeof(int64_t));
@@ -551,6 +440,11 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
         if (rc == 0 && (cudaMalloc(&g->tl, N * sizeof(float)) != cudaSuccess ||
                         cudaMallocHost(&g->h_tl, N * sizeof(float)) != cudaSuccess))
             rc = err_set(err, "out of memory for the targets' logprobs");
+        if (rc == 0 && (cudaMalloc(&g->d_pq, N * sizeof *g->d_pq) != cudaSuccess ||
+                        cudaMalloc(&g->d_po, N * sizeof *g->d_po) != cudaSuccess ||
+                        cudaMallocHost(&g->h_pq, N * sizeof *g->h_pq) != cudaSuccess ||
+                        cudaMallocHost(&g->h_po, N * sizeof *g->h_po) != cudaSuccess))
+            rc = err_set(err, "out of memory for the picks");
         if (rc == 0 && (cudaMallocHost(&g->h_stage, g->stage_bytes) != cudaSuccess ||
                         cudaMalloc(&g->d_stage, g->stage_bytes) != cudaSuccess))
             rc = err_set(err, "out of memory for the step inputs");

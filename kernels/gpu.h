@@ -114,6 +114,15 @@ int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int 
 int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                         float *logprobs, char *err);
 
+/* gpu_forward, then the N picks Q (core/sample.h: sample_pick) from the
+ * step's B*M rows, made on the device: only O comes back to the host. */
+int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, int n, const pick_req *q,
+                     pick_out *o, char *err);
+
+/* The picks Q from N_ROWS rows of V logprobs the host gives (ROWS), made as
+ * gpu_forward_pick makes them (tests and benchmarks of the picking alone). */
+int gpu_pick_rows(gpu_model *g, const float *rows, int n_rows, int n, const pick_req *q, pick_out *o, char *err);
+
 /* The log-probabilities of the last step, on the device (B*M rows of V). */
 const float *gpu_logprobs_device(const gpu_model *g);
 

@@ -134,8 +134,35 @@ typedef struct {
     bf16 *hpb;                    /* GPU_BF16: N x dmax */
 } gpu_ada;
 
+/* A family on the device: what its layers do differently. The rest of a
+ * step (embedding, linear layers, LayerNorm, feed-forward, the output
+ * layer) is shared (forward.cu). One implementation a file (fam_aspan.cu,
+ * fam_rel.cu), listed by core's family name in gpu.cu's table. */
+enum { GPU_SUB_ATTN = 1, GPU_SUB_FFN = 2 };
+typedef struct {
+    /* floats of core's arena past the parameters that the device needs too */
+    size_t (*arena_extra)(const model_t *m);
+    /* after the arena is up: each layer's pointers (g->L), the tables the
+     * family derives (g->derived, derived_floats), g->max_window */
+    int (*upload)(gpu_model *g, char *err);
+    /* shared memory a block of its attention needs (over the device's: refused at load) */
+    size_t (*attn_smem)(const gpu_model *g);
+    /* step buffers of its own (adds them to step_bytes) */
+    int (*alloc_step)(gpu_model *g, char *err);
+    /* layer L's sublayers, GPU_SUB_ATTN and/or GPU_SUB_FFN (attention first), 0: skipped */
+    int (*sublayers)(const model_t *m, int l);
+    /* layer L's attention of B x M queries: reads g->qkv (qkvb), writes g->att
+     * (attb) and the keys and values into the rings; marks its operations */
+    int (*attend)(gpu_model *g, int l, int B, int M, char *err);
+    /* the embedding's factor (an adaptive input scales itself) */
+    float (*embed_scale)(const model_t *m);
+} gpu_family;
+
+extern const gpu_family gpu_family_aspan, gpu_family_rel;
+
 struct gpu_model {
     const model_t *m;
+    const gpu_family *fam;
     gpu_ada *ada;                 /* NULL: the embedding table and one softmax */
     float *ada_mem;               /* the adaptive softmax's derived weights and step buffers */
     int max_batch, max_block;
@@ -185,6 +212,10 @@ struct gpu_model {
     size_t o_tok, o_pos, o_ring, o_len, o_tgt;   /* offsets in the stage */
     /* model_forward_targets: each row's target's logprob, on the device and in pinned host memory */
     float *tl, *h_tl;
+    /* gpu_forward_pick: the picks asked for (up to max_batch * max_block) and
+     * made, on the device and in pinned host memory */
+    pick_req *d_pq, *h_pq;
+    pick_out *d_po, *h_po;
     size_t step_bytes, weight_bytes;
     /* decode steps as CUDA graphs: graph[B-1] for B streams x 1 token */
     cudaGraphExec_t *graph;
@@ -247,6 +278,15 @@ int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const fl
 int gpu_log_softmax(gpu_model *g, float *y, const float *b, int n, int d, char *err);
 /* logsoftmax.cu: tl[n] = y[n * d + tgt[n]] for the rows whose tgt is >= 0 */
 int gpu_gather_targets(gpu_model *g, float *tl, const float *y, const int32_t *tgt, int n, int d, char *err);
+/* gpu.cu: the device copy of host weight P (N floats), NULL unless it lies
+ * in the arena; the feed-forward weights of layer Y into D (-1: outside) */
+const float *gpu_on_device(const gpu_model *g, const float *p, size_t n);
+int gpu_bind_ffn(const gpu_model *g, gpu_layer *d, const layer_t *y);
+/* forward.cu: with gpu_profile on, marks the end of operation OP */
+void gpu_mark(gpu_model *g, int op);
+/* sample.cu: the N picks D_REQ from the step's logprobs (g->logits) into
+ * D_OUT, on the device (core/sample.c's sample_pick) */
+int gpu_pick(gpu_model *g, int n, const pick_req *d_req, pick_out *d_out, char *err);
 /* matmul.cu: y = x W^T with rows of y LDY floats apart (a column block of a wider matrix) */
 int gpu_linear_ld(gpu_model *g, float *y, int ldy, const float *x, const float *W, int n, int in, int out, char *err);
 int gpu_linear_bf16_ld(gpu_model *g, float *y, int ldy, const bf16 *x, const bf16 *W, int n, int in, int out, char *err);

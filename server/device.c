@@ -40,21 +40,36 @@ static void sync_scalars(gpu_mem *g, const mem_t *s)
     memcpy(g->len, s->len, (size_t)s->m->n_layers * sizeof *g->len);
 }
 
-static int dev_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
-                       float *logprobs, char *err)
+/* One step on the device: the picks Q when asked for, else LOGPROBS (with
+ * TARGETS). */
+static int dev_step(device_model *d, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                    float *logprobs, int n, const pick_req *q, pick_out *o, char *err)
 {
-    device_model *d = ctx;
     if (B > DEVICE_MAX_BATCH) return err_set(err, "a step of %d streams is over %d", B, DEVICE_MAX_BATCH);
     pthread_mutex_lock(&d->lock);
     for (int b = 0; b < B; b++) {
         d->batch[b] = mems[b]->dev;
         sync_scalars(d->batch[b], mems[b]);
     }
-    int rc = gpu_forward_targets(d->g, d->batch, B, tokens, M, targets, logprobs, err);
+    int rc = q ? gpu_forward_pick(d->g, d->batch, B, tokens, M, n, q, o, err)
+               : gpu_forward_targets(d->g, d->batch, B, tokens, M, targets, logprobs, err);
     for (int b = 0; rc == 0 && b < B; b++)   /* par: the rows each attention block now holds */
         memcpy(mems[b]->len, d->batch[b]->len, (size_t)d->m->n_layers * sizeof *mems[b]->len);
     pthread_mutex_unlock(&d->lock);
     return rc;
+}
+
+static int dev_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                       float *logprobs, char *err)
+{
+    return dev_step(ctx, mems, B, tokens, M, targets, logprobs, 0, NULL, NULL, err);
+}
+
+static int dev_forward_pick(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, int n, const pick_req *q,
+                            pick_out *o, char *err)
+{
+    static const pick_req none;
+    return dev_step(ctx, mems, B, tokens, M, NULL, NULL, n, q ? q : &none, o, err);
 }
 
 static int dev_attach(void *ctx, mem_t *s, char *err)
@@ -111,7 +126,7 @@ int device_attach(model_t *m, int bf16, char *err)
         return -1;
     }
     pthread_mutex_init(&d->lock, NULL);
-    d->be = (fwd_backend){d, dev_forward, dev_attach, dev_detach, dev_pull, dev_push};
+    d->be = (fwd_backend){d, dev_forward, dev_forward_pick, dev_attach, dev_detach, dev_pull, dev_push};
     m->backend = &d->be;
     return 0;
 }

@@ -334,20 +334,18 @@ static void decode_batch(task_t **batch, int B)
         }
     }
     if (n == 0) return;
-    if (grow_batch_lp((size_t)n * m->V)) {
-        pthread_mutex_lock(&srv.lock);
-        for (int i = 0; i < n; i++) fail(feed[i], 500, "out of memory");
-        pthread_mutex_unlock(&srv.lock);
-        return;
-    }
+    /* the next tokens are picked where the logprobs are (on a GPU, the device) */
+    pick_req q[SCHED_MAX_BATCH];
+    pick_out o[SCHED_MAX_BATCH];
+    for (int i = 0; i < n; i++) gen_pick_req(&feed[i]->g, i, &q[i]);
     char err[ERR_LEN];
-    if (model_forward(m, mems, n, toks, 1, batch_lp, ws, err)) {
+    if (model_forward_pick(m, mems, n, toks, 1, n, q, o, ws, err)) {
         pthread_mutex_lock(&srv.lock);
         for (int i = 0; i < n; i++) fail(feed[i], 500, err);
         pthread_mutex_unlock(&srv.lock);
         return;
     }
-    for (int i = 0; i < n; i++) gen_accept(&feed[i]->g, batch_lp + (size_t)i * m->V);
+    for (int i = 0; i < n; i++) gen_accept(&feed[i]->g, &o[i]);
 }
 
 static int finished_generating(const task_t *t)

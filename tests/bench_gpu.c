@@ -26,9 +26,11 @@
  *                 mem_len 640, tgt_len 64, same_length), random weights:
  *                 scoring with 1 and 32 streams in segments of 64 (the
  *                 targets' logprobs to the host, as the server scores),
- *                 decode with 1 and 64 sessions (the device alone, and with
- *                 the whole rows to the host, as a sampler on the host
- *                 needs them). NVIDIA's own figures for that model: 6,936
+ *                 decode with 1 and 64 sessions: each next token sampled
+ *                 on the device (temperature 1, top-p 0.9, as the server
+ *                 does: kernels/sample.cu), greedy, the step alone, and
+ *                 with the whole rows to the host (what sampling on the
+ *                 host would cost). NVIDIA's own figures for that model: 6,936
  *                 tokens/s at batch 1 and 107,082 at batch 32 on an A100
  *                 (FP16, TorchScript, tgt_len 64, mem_len 640).
  */
@@ -68,10 +70,23 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* One step of rate(): with SP, each stream's next token picked on the
+ * device (gpu_forward_pick), else the rows to LP (or nowhere). */
+static int step(gpu_model *g, gpu_mem **mems, int B, const int32_t *tok, int M, float *lp, const sample_params *sp,
+                rm_rng *rng, char *err)
+{
+    if (!sp) return gpu_forward(g, mems, B, tok, M, lp, err);
+    pick_req q[64];
+    pick_out o[64];
+    for (int b = 0; b < B && b < 64; b++)
+        q[b] = (pick_req){b * M + M - 1, 1, *sp, (double)(rm_next(rng) >> 11) * 0x1.0p-53, 1};
+    return gpu_forward_pick(g, mems, B, tok, M, B < 64 ? B : 64, q, o, err);
+}
+
 /* Tokens/s of STEPS calls of gpu_forward(B streams x M tokens), the median of
  * RUNS timed runs after WARM untimed calls. */
 static double rate(gpu_model *g, gpu_timer *t, gpu_mem **mems, int B, int M, int steps, int warm, float *lp,
-                   rm_rng *rng, double *ms_step)
+                   const sample_params *sp, rm_rng *rng, double *ms_step)
 {
     char err[ERR_LEN];
     const int V = gpu_model_host(g)->V;
@@ -79,13 +94,13 @@ static double rate(gpu_model *g, gpu_timer *t, gpu_mem **mems, int B, int M, int
     double r[RUNS];
     for (int i = 0; i < B * M; i++) tok[i] = (int32_t)(rm_next(rng) % (uint64_t)V);
     for (int i = 0; i < warm; i++)
-        if (gpu_forward(g, mems, B, tok, M, lp, err)) { printf("FAIL: %s\n", err); free(tok); return 0; }
+        if (step(g, mems, B, tok, M, lp, sp, rng, err)) { printf("FAIL: %s\n", err); free(tok); return 0; }
     if (steps == 0) { free(tok); return 0; }
     for (int k = 0; k < RUNS; k++) {
         gpu_timer_start(t);
         for (int i = 0; i < steps; i++) {
             tok[i % (B * M)] = (int32_t)(rm_next(rng) % (uint64_t)V);
-            if (gpu_forward(g, mems, B, tok, M, lp, err)) { printf("FAIL: %s\n", err); free(tok); return 0; }
+            if (step(g, mems, B, tok, M, lp, sp, rng, err)) { printf("FAIL: %s\n", err); free(tok); return 0; }
         }
         double ms = gpu_timer_stop_ms(t);
         r[k] = ms / steps;
@@ -138,14 +153,22 @@ static int bench_txl(const model_t *m, int prec, char *line, size_t cap)
     float *lp = malloc(sizeof(float) * (size_t)NS * Q * m->V);   /* the server's layout; only targets are written */
     rm_rng rng = {7};
     /* every session's memory full first: mem_len 640 = 10 segments */
-    for (int k = 0; k < m->mem_len / Q + 1; k++) rate(g, t, mems, NS, Q, 0, 1, NULL, &rng, NULL);
+    for (int k = 0; k < m->mem_len / Q + 1; k++) rate(g, t, mems, NS, Q, 0, 1, NULL, NULL, &rng, NULL);
     double sc1 = rate_targets(g, t, mems, 1, Q, 10, lp, &rng), sc32 = rate_targets(g, t, mems, 32, Q, 5, lp, &rng);
-    double d1 = rate(g, t, mems, 1, 1, 100, 10, NULL, &rng, NULL), d64 = rate(g, t, mems, NS, 1, 30, 5, NULL, &rng, NULL);
-    double d1l = rate(g, t, mems, 1, 1, 100, 10, lp, &rng, NULL), d64l = rate(g, t, mems, NS, 1, 30, 5, lp, &rng, NULL);
-    printf("txl-wt103 %s: scoring 1x%d %.0f tok/s, 32x%d %.0f tok/s; decode 1 %.0f tok/s (%.0f with rows to the host), "
-           "64 %.0f tok/s (%.0f); %zu bytes a session on the device (reference %zu); weights %.1f MB, step buffers %.1f MB\n",
-           gpu_precision_name(prec), Q, sc1, Q, sc32, d1, d1l, d64, d64l, gpu_mem_bytes(g), mem_bytes_reference(m),
-           gpu_model_weight_bytes(g) / 1e6, gpu_model_step_bytes(g) / 1e6);
+    /* decode: each token sampled on the device (temperature 1, top-p 0.9), greedy, the step alone, and
+     * the rows copied to the host to sample there (what a host sampler costs) */
+    const sample_params nucleus = {1, 0, 0.9}, argmax = {0, 0, 1};
+    double d1 = rate(g, t, mems, 1, 1, 100, 10, NULL, &nucleus, &rng, NULL),
+           d64 = rate(g, t, mems, NS, 1, 30, 5, NULL, &nucleus, &rng, NULL);
+    double d1g = rate(g, t, mems, 1, 1, 100, 10, NULL, &argmax, &rng, NULL),
+           d64g = rate(g, t, mems, NS, 1, 30, 5, NULL, &argmax, &rng, NULL);
+    double d1n = rate(g, t, mems, 1, 1, 100, 10, NULL, NULL, &rng, NULL), d64n = rate(g, t, mems, NS, 1, 30, 5, NULL, NULL, &rng, NULL);
+    double d1l = rate(g, t, mems, 1, 1, 100, 10, lp, NULL, &rng, NULL), d64l = rate(g, t, mems, NS, 1, 30, 5, lp, NULL, &rng, NULL);
+    printf("txl-wt103 %s: scoring 1x%d %.0f tok/s, 32x%d %.0f tok/s; decode 1 %.0f tok/s sampled on the device (greedy %.0f, "
+           "the step alone %.0f, rows to the host %.0f), 64 %.0f tok/s (%.0f, %.0f, %.0f); %zu bytes a session on the device "
+           "(reference %zu); weights %.1f MB, step buffers %.1f MB\n",
+           gpu_precision_name(prec), Q, sc1, Q, sc32, d1, d1g, d1n, d1l, d64, d64g, d64n, d64l, gpu_mem_bytes(g),
+           mem_bytes_reference(m), gpu_model_weight_bytes(g) / 1e6, gpu_model_step_bytes(g) / 1e6);
     snprintf(line, cap, "| txl-wt103 | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %zu | %zu |", gpu_precision_name(prec),
              sc1, sc32, d1, d1l, d64, d64l, gpu_mem_bytes(g), mem_bytes_reference(m));
     long launches = 0;
@@ -208,21 +231,21 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     float *lp = malloc(sizeof(float) * SESSIONS * m->V);
     rm_rng rng = {42};
     /* every session first takes one block, so PAR's memory is full */
-    for (int s = 0; s < SESSIONS; s += 16) rate(g, t, mems + s, 16, BLOCK, 0, 1, NULL, &rng, NULL);
+    for (int s = 0; s < SESSIONS; s += 16) rate(g, t, mems + s, 16, BLOCK, 0, 1, NULL, NULL, &rng, NULL);
     row->name = name;
     row->mode = mode;
     row->prec = prec;
-    row->dec1 = rate(g, t, mems, 1, 1, 200, 20, NULL, &rng, &row->ms1);
-    row->dec1_lp = rate(g, t, mems, 1, 1, 200, 20, lp, &rng, NULL);
+    row->dec1 = rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, &row->ms1);
+    row->dec1_lp = rate(g, t, mems, 1, 1, 200, 20, lp, NULL, &rng, NULL);
     gpu_graphs(g, 0);
-    row->dec1_ng = rate(g, t, mems, 1, 1, 200, 20, NULL, &rng, NULL);
+    row->dec1_ng = rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, NULL);
     gpu_graphs(g, 1);
-    row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, &rng, NULL);
-    row->sc1 = rate(g, t, mems, 1, BLOCK, 10, 2, NULL, &rng, NULL);
-    row->sc16 = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, &rng, NULL);
+    row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
+    row->sc1 = rate(g, t, mems, 1, BLOCK, 10, 2, NULL, NULL, &rng, NULL);
+    row->sc16 = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, NULL, &rng, NULL);
     gpu_tiles(g, 0);
-    row->sc16_nt = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, &rng, NULL);
-    row->dec64_nt = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, &rng, NULL);
+    row->sc16_nt = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, NULL, &rng, NULL);
+    row->dec64_nt = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
     gpu_tiles(g, 1);
     row->bytes = gpu_mem_bytes(g);
     row->ref_bytes = mem_bytes_reference(m);
@@ -299,8 +322,9 @@ int main(int argc, char **argv)
         for (int prec = GPU_FP32; prec <= GPU_BF16; prec++) bench_txl(mt, prec, txl_rows[prec == GPU_BF16], sizeof txl_rows[0]);
         model_free(mt);
         printf("\ncard: %s; tokens/s (median of %d runs)\n", card, RUNS);
-        printf("| model | precision | score 1x64 | score 32x64 | decode 1 | decode 1 (+rows to host) | decode 64 | "
-               "decode 64 (+rows to host) | bytes/session | reference bytes |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        printf("| model | precision | score 1x64 | score 32x64 | decode 1 (sampled on device) | decode 1 (rows to host) | "
+               "decode 64 (sampled on device) | decode 64 (rows to host) | bytes/session | reference bytes |\n"
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
         printf("%s\n%s\n\n", txl_rows[0], txl_rows[1]);
         if (only_txl) return txl_rows[0][0] && txl_rows[1][0] ? 0 : 1;
     }

@@ -655,6 +655,107 @@ static void check_txl(void)
 }
 
 /* What gpu_forward refuses, and that a refused step changes nothing. */
+/* One pick on the device against the host's (core/sample.c) on the same
+ * row: the same token, logprob and top tokens. */
+static int same_pick(const pick_out *a, const pick_out *b, int top_n)
+{
+    if (a->token != b->token || (a->token >= 0 && a->lp != b->lp)) return 0;
+    for (int t = 0; a->token >= 0 && t < top_n; t++)
+        if (a->top[t] != b->top[t] || a->top_lp[t] != b->top_lp[t]) return 0;
+    return 1;
+}
+
+/* Picking on the device (kernels/sample.cu) against core's sample_pick:
+ * rows with ties (all equal; four levels), a spike, random rows, and one
+ * that is not finite, under every kind of pick (greedy, temperatures,
+ * top-k past the vocabulary, top-p down to 1e-9, draws of 0 and just under
+ * 1); then the picks of a step (gpu_forward_pick) against the same step's
+ * rows (gpu_forward) picked on the host. */
+static void check_picks(const model_t *m, const char *label)
+{
+    char err[ERR_LEN];
+    const int V = m->V, R = 8, NQ = 32, ROUNDS = 24;   /* a plan of 4 x 8 rows makes 32 picks a call */
+    gpu_model *g = gpu_model_new(m, 4, 8, GPU_FP32, err);
+    CHECK(g != NULL, "%s: %s", label, err);
+    if (!g) return;
+    float *rows = malloc(sizeof(float) * R * V), *sc = malloc(sizeof(float) * SAMPLE_SCRATCH(V));
+    rng_t r;
+    rng_seed(&r, 11);
+    for (int i = 0; i < V; i++) {
+        rows[i] = -logf((float)V);                                    /* all tied */
+        rows[V + i] = -1.0f - (float)(i % 4);                         /* four levels, ids interleaved */
+        rows[2 * V + i] = i == V / 3 ? -1e-3f : -40.0f;               /* a spike */
+        rows[7 * V + i] = i == V - 1 ? NAN : -2.0f;                   /* not finite */
+        for (int k = 3; k < 7; k++) rows[k * V + i] = (float)(-(k - 2) * 3.0 * rng_uniform(&r));
+    }
+    static const double temps[] = {1e-3, 0.5, 1, 4}, tops[] = {1, 0.95, 0.5, 1e-9};
+    const int ks[] = {0, 1, 2, 7, V - 1, V + 5};
+    pick_req q[32];
+    pick_out o[32], h;
+    int bad = 0, n_bad = 0, bad_dev = 0, bad_host = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i < NQ; i++) {
+            const int x = round * NQ + i;
+            q[i] = (pick_req){x % R, x % 7 != 0, {temps[x % 4], ks[(x / 4) % 6], tops[(x / 24) % 4]},
+                              x % 11 == 0 ? 0 : x % 13 == 0 ? 0x1.fffffffffffffp-1 : rng_uniform(&r), x % 6};
+            if (x % 17 == 0) q[i].sp.temperature = 0;
+        }
+        CHECK(gpu_pick_rows(g, rows, R, NQ, q, o, err) == 0, "%s: %s", label, err);
+        for (int i = 0; i < NQ; i++) {
+            sample_pick(rows + (size_t)q[i].row * V, V, &q[i], &h, sc);
+            if (!same_pick(&o[i], &h, q[i].top_n) && n_bad++ == 0)
+                bad = round * NQ + i, bad_dev = o[i].token, bad_host = h.token;
+        }
+    }
+    CHECK(n_bad == 0, "%s: %d of %d picks differ from the host's; the first: row %d, T %g, top-k %d, top-p %g: device %d, "
+          "host %d", label, n_bad, ROUNDS * NQ, bad % R, temps[bad % 4], ks[(bad / 4) % 6], tops[(bad / 24) % 4], bad_dev,
+          bad_host);
+
+    /* a step's picks against its rows */
+    gpu_mem *a = gpu_mem_new(g, err), *b = gpu_mem_new(g, err);
+    float *lp = malloc(sizeof(float) * 2 * V);
+    int32_t tok[2] = {1 % V, 2 % V};
+    for (int i = 0; i < 2; i++) {
+        q[i] = (pick_req){i, 1, {0.8, 0, 0.9}, rng_uniform(&r), 5};
+        q[2 + i] = (pick_req){i, 1, {0, 0, 1}, 0, 3};
+    }
+    CHECK(a && b && lp && gpu_forward(g, &a, 1, tok, 2, lp, err) == 0 &&
+              gpu_forward_pick(g, &b, 1, tok, 2, 4, q, o, err) == 0, "%s: %s", label, err);
+    int same = 1;
+    for (int i = 0; i < 4; i++) {
+        sample_pick(lp + (size_t)q[i].row * V, V, &q[i], &h, sc);
+        same &= same_pick(&o[i], &h, q[i].top_n);
+    }
+    CHECK(same, "%s: a step's picks on the device and its rows picked on the host", label);
+    printf("%s: %d picks on the device equal the host's\n", label, ROUNDS * NQ - n_bad + 4 * same);
+    gpu_mem_free(a);
+    gpu_mem_free(b);
+    free(lp);
+    free(rows);
+    free(sc);
+    gpu_model_free(g);
+}
+
+static void check_picks_all(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-pick-XXXXXX";
+    model_t *m = model_load(fx("aspan-small", "model.safetensors"), err);
+    CHECK(m != NULL, "%s", err);
+    if (m) check_picks(m, "picks, aspan-small");
+    model_free(m);
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    rm_txl w = {5000, 64, 2, 32, 128, 2, 64, 2, 3, {500, 1500, 3000}, 1, 1, 0, 0, 24, 24, 20, 1, 1};
+    CHECK(rm_write_txl(p, &w, 33, err) == 0, "%s", err);
+    m = model_load(p, err);
+    CHECK(m != NULL, "%s", err);
+    if (m) check_picks(m, "picks, random txl of 5000 words");
+    model_free(m);
+    unlink(p);
+}
+
 static void check_errors(void)
 {
     char err[ERR_LEN] = "";
@@ -727,6 +828,7 @@ int main(void)
     check_fixture_random("par-small", MEM_EXACT, "par-small");
     check_random_models();
     check_txl();
+    check_picks_all();
     check_errors();
     printf("test_gpu: largest GPU vs CPU logprob difference %.2e\n", worst_all);
     return test_summary("test_gpu");

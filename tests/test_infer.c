@@ -171,7 +171,8 @@ static void check_many(const char *name, mem_mode mode)
     }
     double wg = 0;
     for (size_t i = 1; i < np; i++) wg = fmax(wg, fabs(ga.prompt_lp[i] - gb.prompt_lp[i]));
-    for (int i = 0; i < m->V; i++) wg = fmax(wg, fabs(ga.cur[i] - gb.cur[i]));
+    wg = fmax(wg, fabs(ga.picked.lp - gb.picked.lp));
+    CHECK(ga.picked.token == gb.picked.token, "the next token picked alone and beside texts");
     CHECK(wg < 1e-5, "prompt read beside texts vs alone: worst %.3g", wg);
     CHECK(memcmp(ga.prompt_top + 2, gb.prompt_top + 2, (np - 1) * 2 * sizeof(int32_t)) == 0, "the same top tokens");
     CHECK(pa->pos == pbm->pos && pa->pending == pbm->pending, "prompt memories at %lld/%lld",
@@ -243,7 +244,7 @@ typedef struct {
 static void check_feed_alone_or_batched(const char *name, model_t *m, mem_t *const *prim, const int32_t *t)
 {
     char err[ERR_LEN];
-    const int L = m->block_len, V = m->V;
+    const int L = m->block_len;
     fwd_ws *ws = ws_new();
     const int32_t *text = t + 5000, *prompt = t + 6000;
     const size_t n = 2 * (size_t)L + 7, np = (size_t)L + 5;
@@ -295,9 +296,9 @@ static void check_feed_alone_or_batched(const char *name, model_t *m, mem_t *con
     CHECK(ob.tokens == oa.tokens && ob.nll_sum == oa.nll_sum && memcmp(pa, pb, n * sizeof *pa) == 0,
           "%s: a text scored beside others: %ld predictions, nll %.17g vs %.17g alone, worst token %.3g", name,
           ob.tokens, ob.nll_sum, oa.nll_sum, worst_diff(pa, pb, n));
-    CHECK(memcmp(ga.prompt_lp, gb.prompt_lp, np * sizeof *pa) == 0 && memcmp(ga.cur, gb.cur, (size_t)V * sizeof *pa) == 0,
-          "%s: a prompt read beside others: worst prompt token %.3g, worst next token %.3g", name,
-          worst_diff(ga.prompt_lp, gb.prompt_lp, np), worst_diff(ga.cur, gb.cur, (size_t)V));
+    CHECK(memcmp(ga.prompt_lp, gb.prompt_lp, np * sizeof *pa) == 0 && memcmp(&ga.picked, &gb.picked, sizeof ga.picked) == 0,
+          "%s: a prompt read beside others: worst prompt token %.3g, next token %d (%.9g) vs %d (%.9g)", name,
+          worst_diff(ga.prompt_lp, gb.prompt_lp, np), ga.picked.token, ga.picked.lp, gb.picked.token, gb.picked.lp);
     CHECK(mem_same(sa, sb) && mem_same(ga_mem, gb_mem), "%s: the memories after reading, alone and beside others", name);
     gen_result r;
     gen_state *all[3] = {&ga, &gb, &cg};
@@ -598,18 +599,19 @@ static void check_generate(void)
 
 static void check_sampling(void)
 {
-    float lp[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)}, scratch[8];
+    float lp[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    _Alignas(uint64_t) float scratch[SAMPLE_SCRATCH(4)];   /* the sampler keeps 64-bit weights there */
     rng_t r;
     rng_seed(&r, 1);
     sample_params greedy = {0, 0, 1}, k1 = {1, 1, 1}, plain = {1, 0, 1}, topk2 = {1, 2, 1}, topp = {1, 0, 0.7f};
-    CHECK(sample_token(lp, 4, &greedy, &r, scratch) == 0, "greedy");
-    CHECK(sample_token(lp, 4, &k1, &r, scratch) == 0, "top-k 1");
+    CHECK(sample_token(lp, 4, &greedy, rng_uniform(&r), scratch) == 0, "greedy");
+    CHECK(sample_token(lp, 4, &k1, rng_uniform(&r), scratch) == 0, "top-k 1");
     int cnt[4] = {0}, cntk[4] = {0}, cntp[4] = {0};
     const int N = 200000;
     for (int i = 0; i < N; i++) {
-        cnt[sample_token(lp, 4, &plain, &r, scratch)]++;
-        cntk[sample_token(lp, 4, &topk2, &r, scratch)]++;
-        cntp[sample_token(lp, 4, &topp, &r, scratch)]++;
+        cnt[sample_token(lp, 4, &plain, rng_uniform(&r), scratch)]++;
+        cntk[sample_token(lp, 4, &topk2, rng_uniform(&r), scratch)]++;
+        cntp[sample_token(lp, 4, &topp, rng_uniform(&r), scratch)]++;
     }
     static const double want[4] = {0.5, 0.3, 0.15, 0.05};
     for (int i = 0; i < 4; i++) CHECK_NEAR((double)cnt[i] / N, want[i], 0.005, "temperature 1 frequencies");
@@ -621,8 +623,30 @@ static void check_sampling(void)
     /* low temperature sharpens */
     sample_params cold = {0.1f, 0, 1};
     int c0 = 0;
-    for (int i = 0; i < 10000; i++) c0 += sample_token(lp, 4, &cold, &r, scratch) == 0;
+    for (int i = 0; i < 10000; i++) c0 += sample_token(lp, 4, &cold, rng_uniform(&r), scratch) == 0;
     CHECK(c0 > 9900, "temperature 0.1 picks the mode %d of 10000", c0);
+
+    /* sample_pick: the draw is sample_token's for the same u; the top tokens
+     * by value, the lowest id first on ties; a row that is not finite picks
+     * nothing */
+    float tie[6] = {logf(0.1f), logf(0.3f), logf(0.1f), logf(0.3f), logf(0.1f), logf(0.1f)};
+    _Alignas(uint64_t) float sc[SAMPLE_SCRATCH(6)];
+    pick_req q = {0, 1, {1, 0, 1}, 0, 3};
+    pick_out o;
+    for (int i = 0; i < 1000; i++) {
+        q.u = rng_uniform(&r);
+        q.sp = (sample_params){0.5 + (i % 3), i % 4, i % 5 ? 0.2 * (i % 5) : 1};
+        CHECK(sample_pick(tie, 6, &q, &o, sc) == 0 && o.token == sample_token(tie, 6, &q.sp, q.u, sc) &&
+                  o.lp == tie[o.token], "pick %d: %d", i, o.token);
+    }
+    CHECK(o.top[0] == 1 && o.top[1] == 3 && o.top[2] == 0 && o.top_lp[2] == tie[0], "top %d %d %d", o.top[0], o.top[1],
+          o.top[2]);
+    q.sp = (sample_params){0, 0, 1};
+    CHECK(sample_pick(tie, 6, &q, &o, sc) == 0 && o.token == 1, "greedy: the lowest id of the tied best (%d)", o.token);
+    q.sample = 0, q.top_n = 5;
+    CHECK(sample_pick(tie, 6, &q, &o, sc) == 0 && o.top[4] == 4 && o.top_lp[4] == tie[4], "top 5: %d", o.top[4]);
+    tie[5] = NAN;
+    CHECK(sample_pick(tie, 6, &q, &o, sc) == -1 && o.token == -1, "not finite");
 }
 
 static void check_vocab(void)
