@@ -10,15 +10,22 @@
  * optimizer moments, memories, random generator, data position) goes to a
  * sidecar so that --resume continues bit for bit.
  *
- * Files: train_config.c (keys, defaults, checks), train_params.c (tensor
- * table, initialisation, checkpoint and state files), train_ops.c (double
- * linear algebra and their backwards), train_aspan.c, train_par.c (the two
- * families' forward and backward), train_optim.c (Adagrad, Adam, clipping),
+ * A family is a plug-in (train_family, below): one struct filled in a file
+ * of its own and listed in train_family.c's table. The rest of the trainer
+ * and the job server call only the struct.
+ *
+ * Files: train_family.c (the table of families), train_config.c (the shared
+ * keys, defaults, checks), train_params.c (tensor table, initialisation,
+ * checkpoint), train_ops.c (double linear algebra and their backwards),
+ * train_aspan.c, train_par.c (each family: its keys, tensors, forward and
+ * backward, what it reports), train_optim.c (Adagrad, Adam, clipping),
  * train_loop.c (data, steps, evaluation, logging, resume).
  */
 #ifndef SPANSERVE_TRAIN_H
 #define SPANSERVE_TRAIN_H
 
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -39,13 +46,23 @@ static inline uint64_t train_rng_next(train_rng *r)
 /* uniform in (0, 1): never 0, so that logs are finite */
 static inline double train_rng_unif(train_rng *r) { return ((double)(train_rng_next(r) >> 11) + 0.5) * 0x1.0p-53; }
 
+/* normal(0, 1) by Box-Muller, as the reference initialisations draw */
+static inline double train_rng_normal(train_rng *r)
+{
+    double u1 = train_rng_unif(r), u2 = train_rng_unif(r);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
 typedef enum { OPT_ADAGRAD, OPT_ADAM } train_optim;
 
-/* Every key of a training config (train_config.c documents each, and
- * README.md "Training" lists them). Defaults are the reference recipes of
+typedef struct train_family train_family;
+
+/* Every key of a training config (train_config.c documents the shared ones,
+ * each family's file its own, and README.md "Training" lists them). Defaults
+ * are the reference recipes of
  * ../shared/fixtures/{aspan-small,par-small}/expected.json. */
 typedef struct {
-    model_family fam;
+    const train_family *fam;
     /* data and outputs */
     char data[TRAIN_PATH_LEN];   /* the text file */
     char out[TRAIN_PATH_LEN];    /* the checkpoint; the state sidecar is OUT.state */
@@ -71,10 +88,23 @@ typedef struct {
     double arch_lr, tau_start, tau_end;
 } train_cfg;
 
+/* One key of a config: its name, type, range and meaning, and where it
+ * lives in train_cfg. */
+typedef enum { TK_INT, TK_LONG, TK_U64, TK_REAL, TK_PATH, TK_BOOL, TK_OPTIM, TK_DEVICE } train_key_type;
+typedef struct {
+    const char *key;
+    train_key_type type;
+    double lo, hi;      /* numbers: the closed range, lo excluded when lo_open */
+    int lo_open;
+    size_t off;         /* offsetof(train_cfg, the field) */
+    const char *doc;
+} train_key;
+#define TRAIN_KEY_BIG 1e15   /* the upper bound of an unbounded number */
+
 /* Defaults of FAM's recipe (data, out empty). */
-void train_cfg_defaults(train_cfg *c, model_family fam);
+void train_cfg_defaults(train_cfg *c, const train_family *fam);
 /* Reads a JSON config object: "family" first, then every key; an unknown
- * key, a key of the other family, a wrong type or a value out of range is an
+ * key, a key of another family, a wrong type or a value out of range is an
  * error naming the key. */
 int train_cfg_from_json(train_cfg *c, const char *json_text, const char *label, char *err);
 /* Checks the keys together (sizes that must divide, required paths). */
@@ -82,8 +112,6 @@ int train_cfg_check(const train_cfg *c, char *err);
 /* The config as a JSON object (every key), as stored in the state sidecar;
  * caller frees. */
 char *train_cfg_json(const train_cfg *c);
-/* The model's config as the checkpoint records it (__metadata__.config). */
-char *train_model_config_json(const train_cfg *c, int V, const char *const *arch);
 
 /* ------------------------------------------------------------------ model */
 
@@ -108,7 +136,7 @@ typedef struct {
 } tlayer;
 
 /* Activations of one step and the backward's scratch: buffers laid out once
- * by the family's *_acts_alloc (indices are the family's), no allocation in
+ * by the family's acts_alloc (indices are the family's), no allocation in
  * a step. */
 #define TACT_MAX 40
 typedef struct tacts {
@@ -149,24 +177,89 @@ void trainer_free(trainer *t);
 void trainer_init(trainer *t, uint64_t seed);
 /* Zeroes every memory (start of the data, or a wrap). */
 void trainer_reset_memory(trainer *t);
+/* Doubles of t->mem: L x B x the family's mem_rows x H. */
+size_t trainer_mem_floats(const trainer *t);
 
 /* The training forward of one block: X, Y are B x M token ids (input and
  * next token). Returns the mean negative log-likelihood (nats); *AUX gets the
- * regulariser (aspan: the span loss; par: 0). With BACKWARD, the gradient of
+ * regulariser (the family's: aspan's span loss; par: 0). With BACKWARD, the gradient of
  * nll + aux goes to t->g (overwritten). With CARRY, the memories advance. On
  * error returns NAN with ERR set. PAR reads t->mix for the blocks' weights. */
 double trainer_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux,
                        char *err);
 
-double aspan_train_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux);
-double par_train_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry);
-int aspan_acts_alloc(trainer *t);
-int par_acts_alloc(trainer *t);
 void acts_free(tacts *a);
 /* Allocates buffer I of N doubles (zeroed); -1 when out of memory. */
 int acts_add(trainer *t, int i, size_t n);
+/* Adds a tensor named FMT (shape a x b x c, NDIM of them) to t's table and
+ * arena; returns its offset. The table has room for 14 per layer and 8 more. */
+size_t train_param_add(trainer *t, tparam_kind kind, int layer, int branch, int ndim, int64_t a, int64_t b,
+                       int64_t c, const char *fmt, ...) __attribute__((format(printf, 9, 10)));
 
-/* PAR: the index (attn, ffn, skip) of the largest of 3 logits, the first on a tie. */
+/* ------------------------------------------------------------------ families */
+
+struct json_t;
+struct st_writer;
+
+/* A model family as the trainer sees it: one struct of data and functions,
+ * filled in the family's own file and listed in train_family.c, as SQLite's
+ * VFS is. The config, the trainer, the loop, the checkpoint writer and the
+ * job server call only these; "NULL: none" marks members a family may leave
+ * out. */
+struct train_family {
+    const char *name;            /* as configs, the API, logs and checkpoints name it */
+    int cuda;                    /* kernels/train_gpu trains it (device "cuda", and "auto" on a GPU) */
+    const train_key *keys;       /* its own config keys, in the order train_cfg_json writes them */
+    int n_keys;
+    const char *history_kind;    /* the key of a progress line that carries what it learns ("spans",
+                                  * "arch_weights"): the job server draws it over training */
+    int search;                  /* it searches an architecture: checkpoints keep the search's history */
+    /* its config */
+    void (*defaults)(train_cfg *c);                /* its recipe, over the shared defaults */
+    int (*check)(const train_cfg *c, char *err);   /* its keys together; -1 with ERR naming them */
+    int (*block_len)(const train_cfg *c);          /* M: tokens per block of each stream */
+    int (*mem_rows)(const train_cfg *c);           /* rows of memory per layer and stream */
+    /* its trainer */
+    void (*setup)(trainer *t);                     /* sizes (L H K D A I M) and starting state from t->c */
+    void (*params)(trainer *t);                    /* its tensors (train_param_add), in the checkpoint's order */
+    /* the starting values W of tensor P, drawing from R (LayerNorms are shared: 1, 0) */
+    void (*init)(const trainer *t, const tparam *p, double *w, train_rng *r);
+    int (*acts_alloc)(trainer *t);                 /* its activations (acts_add); -1: out of memory */
+    /* trainer_forward of checked tokens: the mean NLL, *AUX its regulariser */
+    double (*forward)(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux);
+    /* the loop */
+    void (*step_begin)(trainer *t, long s, train_rng *rng);   /* before step S's forward; NULL: none */
+    void (*eval_begin)(trainer *t);                /* before an evaluation's forwards; NULL: none */
+    struct json_t *(*step_end)(trainer *t, long s);   /* after step S is logged: an event line or NULL; NULL: none */
+    /* adds what it learned to progress line LINE (AUX: the mean regulariser
+     * since the last line) and, while searching, a row to HISTORY */
+    void (*progress)(const trainer *t, double aux, struct json_t *line, struct json_t *history);
+    /* the checkpoint: the model config's own keys, before the shared ones
+     * (optim, family, vocab_size) and after them (NULL: none) */
+    void (*config_head)(const trainer *t, struct json_t *o);
+    void (*config_tail)(const trainer *t, struct json_t *o);
+    /* tensors the loader reads beside the table (NULL: none); W refers to
+     * data the family allocates in *KEEP, which the caller frees after
+     * saving; -1: out of memory */
+    int (*extra_tensors)(const trainer *t, struct st_writer *w, void **keep);
+};
+
+/* The table (train_family.c), NULL-terminated, and its families. */
+extern const train_family *const train_families[];
+extern const train_family train_family_aspan, train_family_par;
+/* The family named NAME, or NULL. */
+const train_family *train_family_find(const char *name);
+/* The families' names (only those the CUDA trainer runs, with CUDA_ONLY),
+ * each between QUOTEs, as `"a", "b" or "c"`, into BUF; returns BUF. */
+const char *train_family_names(char *buf, size_t cap, int cuda_only, const char *quote);
+
+/* adaptive-span (train_aspan.c): the window the reference attends to at
+ * layer l with the current z (S - trim_len), and the rows it caches
+ * (cache_size). */
+void aspan_window(const trainer *t, int l, int *window, int *cache);
+
+/* PAR (train_par.c): the index (attn, ffn, skip) of the largest of 3
+ * logits, the first on a tie. */
 static inline blk_kind par_argmax(const double *a)
 {
     int k = 0;
@@ -174,16 +267,11 @@ static inline blk_kind par_argmax(const double *a)
         if (a[i] > a[k]) k = i;
     return (blk_kind)k;
 }
-
-/* The adaptive-span window the reference attends to at layer l with the
- * current z (S - trim_len), and the rows it caches (cache_size). */
-void aspan_window(const trainer *t, int l, int *window, int *cache);
-
 /* PAR: this step's Gumbel noise G (L x 3; NULL: none, for evaluation).
  * The forward mixes the blocks by softmax((alpha + g) / tau) while
  * searching, one-hot of the fixed arch after. */
 void par_set_mix(trainer *t, const double *gumbel);
-/* Fixes the architecture as argmax(alpha) and ends the search. */
+/* PAR: fixes the architecture as argmax(alpha) and ends the search. */
 void par_fix_arch(trainer *t);
 
 /* ------------------------------------------------------------------ optimizer */

@@ -21,11 +21,20 @@
  * The memory after a block is the last S rows of [C; X], rows older than
  * the reference's cache_size set to zero (what the reference no longer has
  * and pads with zeros).
+ *
+ * The end of the file fills the family's train_family: its config keys and
+ * recipe, sizes, tensors and their starting values, the spans its progress
+ * lines report, and what its checkpoint adds (config, mask templates).
  */
+#include "err.h"
+#include "st.h"
 #include "train.h"
 #include "train_ops.h"
 
+#include <jansson.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum {
@@ -59,7 +68,7 @@ void aspan_window(const trainer *t, int l, int *window, int *cache)
     *cache = S < S - trim + 64 ? S : S - trim + 64;
 }
 
-int aspan_acts_alloc(trainer *t)
+static int aspan_acts_alloc(trainer *t)
 {
     const size_t L = t->L, B = t->B, M = t->M, H = t->H, K = t->K, S = t->c.attn_span, I = t->I, V = t->V,
                  N = B * M, SM = S + M;
@@ -78,7 +87,7 @@ int aspan_acts_alloc(trainer *t)
     return 0;
 }
 
-double aspan_train_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux)
+static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux)
 {
     double **A = t->act->b;
     const int L = t->L, B = t->B, M = t->M, H = t->H, K = t->K, D = t->D, S = t->c.attn_span, I = t->I, V = t->V,
@@ -262,3 +271,186 @@ double aspan_train_forward(trainer *t, const int32_t *x, const int32_t *y, int b
     }
     return nll;
 }
+
+/* ------------------------------------------------------------------ the family */
+
+#define F(x) offsetof(train_cfg, x)
+#define BIG TRAIN_KEY_BIG
+static const train_key aspan_keys[] = {
+    {"hidden_size", TK_INT, 1, 65536, 0, F(hidden_size), "H, the model width"},
+    {"inner_hidden_size", TK_INT, 1, 1 << 19, 0, F(inner_hidden_size), "the feed-forward width"},
+    {"nb_heads", TK_INT, 1, 1024, 0, F(nb_heads), "K heads; H must be a multiple of K"},
+    {"nb_layers", TK_INT, 1, 1024, 0, F(nb_layers), "layers"},
+    {"attn_span", TK_INT, 1, 1 << 20, 0, F(attn_span), "S, the maximum span"},
+    {"block_size", TK_INT, 1, 1 << 20, 0, F(block_size), "M, tokens per block"},
+    {"adapt_span_ramp", TK_INT, 1, 1 << 20, 0, F(adapt_span_ramp), "R, the soft mask's ramp"},
+    {"adapt_span_loss", TK_REAL, 0, BIG, 0, F(adapt_span_loss), "span loss coefficient: coeff * S * mean(z/S) per layer"},
+    {"adapt_span_init", TK_REAL, 0, 1, 0, F(adapt_span_init), "z/S at the start, every head"},
+};
+
+/* aspan-small's recipe */
+static void aspan_defaults(train_cfg *c)
+{
+    c->optim = OPT_ADAGRAD;
+    c->lr = 0.07;
+    c->lr_warmup = 300;
+    c->grad_clip = 0.03;
+    c->hidden_size = 128;
+    c->inner_hidden_size = 512;
+    c->nb_heads = 4;
+    c->nb_layers = 4;
+    c->attn_span = 512;
+    c->block_size = 64;
+    c->adapt_span_ramp = 32;
+    c->adapt_span_loss = 2e-5;
+    c->adapt_span_init = 0;
+}
+
+static int aspan_check(const train_cfg *c, char *err)
+{
+    if (c->hidden_size % c->nb_heads)
+        return err_set(err, "config 'hidden_size' = %d is not a multiple of 'nb_heads' = %d", c->hidden_size,
+                       c->nb_heads);
+    return 0;
+}
+
+static int aspan_block_len(const train_cfg *c) { return c->block_size; }
+
+/* the layer's input at the last S positions */
+static int aspan_mem_rows(const train_cfg *c) { return c->attn_span; }
+
+static void aspan_setup(trainer *t)
+{
+    const train_cfg *c = &t->c;
+    t->L = c->nb_layers;
+    t->H = c->hidden_size;
+    t->K = c->nb_heads;
+    t->D = t->H / t->K;
+    t->I = c->inner_hidden_size;
+    t->M = c->block_size;
+}
+
+static void aspan_params(trainer *t)
+{
+    const int V = t->V, H = t->H, K = t->K, I = t->I, S = t->c.attn_span;
+    t->emb = train_param_add(t, TP_WEIGHT, -1, -1, 2, V, H, 0, "in_emb.weight");
+    t->key_pe = train_param_add(t, TP_WEIGHT, -1, -1, 3, 1, H / K, S, "key_pe");
+    t->out_w = train_param_add(t, TP_WEIGHT, -1, -1, 2, V, H, 0, "out_emb.weight");
+    t->out_b = train_param_add(t, TP_WEIGHT, -1, -1, 1, V, 0, 0, "out_emb.bias");
+    for (int l = 0; l < t->L; l++) {
+        tlayer *y = &t->ly[l];
+        y->wq = train_param_add(t, TP_WEIGHT, l, -1, 2, H, H, 0, "layers.%d.attn.proj_query.weight", l);
+        y->wk = train_param_add(t, TP_WEIGHT, l, -1, 2, H, H, 0, "layers.%d.attn.proj_key.weight", l);
+        y->wv = train_param_add(t, TP_WEIGHT, l, -1, 2, H, H, 0, "layers.%d.attn.proj_val.weight", l);
+        y->wo = train_param_add(t, TP_WEIGHT, l, -1, 2, H, H, 0, "layers.%d.attn.proj_out.weight", l);
+        y->zfrac = train_param_add(t, TP_ZFRAC, l, -1, 3, K, 1, 1, "layers.%d.attn.attn.adaptive_span._mask.current_val", l);
+        y->ln1_w = train_param_add(t, TP_WEIGHT, l, -1, 1, H, 0, 0, "layers.%d.norm1.weight", l);
+        y->ln1_b = train_param_add(t, TP_WEIGHT, l, -1, 1, H, 0, 0, "layers.%d.norm1.bias", l);
+        y->ln2_w = train_param_add(t, TP_WEIGHT, l, -1, 1, H, 0, 0, "layers.%d.norm2.weight", l);
+        y->ln2_b = train_param_add(t, TP_WEIGHT, l, -1, 1, H, 0, 0, "layers.%d.norm2.bias", l);
+        y->fc1_w = train_param_add(t, TP_WEIGHT, l, -1, 2, I, H, 0, "layers.%d.ff.fc1.weight", l);
+        y->fc1_b = train_param_add(t, TP_WEIGHT, l, -1, 1, I, 0, 0, "layers.%d.ff.fc1.bias", l);
+        y->fc2_w = train_param_add(t, TP_WEIGHT, l, -1, 2, H, I, 0, "layers.%d.ff.fc2.weight", l);
+        y->fc2_b = train_param_add(t, TP_WEIGHT, l, -1, 1, H, 0, 0, "layers.%d.ff.fc2.bias", l);
+    }
+}
+
+
+/* PyTorch's defaults of the reference modules: Linear uniform(+-1/sqrt(fan_in))
+ * weights and biases; Embedding and key_pe normal(0, 1); current_val
+ * adapt_span_init. */
+static void aspan_init(const trainer *t, const tparam *p, double *w, train_rng *r)
+{
+    size_t len = strlen(p->name);
+    int is_bias = len > 5 && strcmp(p->name + len - 5, ".bias") == 0;
+    if (p->kind == TP_ZFRAC) {
+        for (size_t j = 0; j < p->n; j++) w[j] = t->c.adapt_span_init;
+    } else if (p->off == t->emb || p->off == t->key_pe) {
+        for (size_t j = 0; j < p->n; j++) w[j] = train_rng_normal(r);
+    } else {
+        /* fan_in: the weight's second dimension, or its layer's */
+        const tparam *wt = is_bias ? p - 1 : p;
+        double bound = 1.0 / sqrt((double)wt->shape[1]);
+        for (size_t j = 0; j < p->n; j++) w[j] = (2.0 * train_rng_unif(r) - 1.0) * bound;
+    }
+}
+
+/* The span loss, and each layer's spans z = current_val * S: their mean over
+ * the heads and the largest. */
+static void aspan_progress(const trainer *t, double aux, json_t *o, json_t *history)
+{
+    (void)history;
+    const int S = t->c.attn_span;
+    json_object_set_new(o, "span_loss", json_real(aux));
+    json_t *sp = json_array();
+    for (int l = 0; l < t->L; l++) {
+        const double *z = t->w + t->ly[l].zfrac;
+        double mean = 0, mx = 0;
+        for (int h = 0; h < t->K; h++) {
+            mean += z[h] * S / t->K;
+            mx = fmax(mx, z[h] * S);
+        }
+        json_t *e = json_object();
+        json_object_set_new(e, "layer", json_integer(l));
+        json_object_set_new(e, "mean", json_real(mean));
+        json_object_set_new(e, "max", json_real(mx));
+        json_array_append_new(sp, e);
+    }
+    json_object_set_new(o, "spans", sp);
+}
+
+/* the reference's config.json */
+static void aspan_config_head(const trainer *t, json_t *o)
+{
+    const train_cfg *c = &t->c;
+    json_object_set_new(o, "hidden_size", json_integer(c->hidden_size));
+    json_object_set_new(o, "inner_hidden_size", json_integer(c->inner_hidden_size));
+    json_object_set_new(o, "nb_heads", json_integer(c->nb_heads));
+    json_object_set_new(o, "nb_layers", json_integer(c->nb_layers));
+    json_object_set_new(o, "attn_span", json_integer(c->attn_span));
+    json_object_set_new(o, "block_size", json_integer(c->block_size));
+    json_object_set_new(o, "batch_size", json_integer(c->batch_size));
+    json_object_set_new(o, "adapt_span_loss", json_real(c->adapt_span_loss));
+    json_object_set_new(o, "adapt_span_ramp", json_integer(c->adapt_span_ramp));
+    json_object_set_new(o, "adapt_span_init", json_real(c->adapt_span_init));
+    json_object_set_new(o, "lr", json_real(c->lr));
+    json_object_set_new(o, "lr_warmup", json_integer(c->lr_warmup));
+    json_object_set_new(o, "grad_clip", json_real(c->grad_clip));
+}
+
+/* The reference's derived buffer, every layer's: linspace(1-S, 0, S). */
+static int aspan_extra_tensors(const trainer *t, st_writer *w, void **keep)
+{
+    const int S = t->c.attn_span;
+    float *tpl = malloc((size_t)S * sizeof *tpl);
+    if (!(*keep = tpl)) return -1;
+    for (int j = 0; j < S; j++) tpl[j] = (float)(1 - S + j);
+    int64_t shape[1] = {S};
+    char name[96];
+    for (int l = 0; l < t->L; l++) {
+        snprintf(name, sizeof name, "layers.%d.attn.attn.adaptive_span._mask.mask_template", l);
+        if (st_writer_add(w, name, ST_F32, 1, shape, tpl)) return -1;
+    }
+    return 0;
+}
+
+const train_family train_family_aspan = {
+    .name = "adaptive-span",
+    .cuda = 1,
+    .keys = aspan_keys,
+    .n_keys = (int)(sizeof aspan_keys / sizeof *aspan_keys),
+    .history_kind = "spans",
+    .search = 0,
+    .defaults = aspan_defaults,
+    .check = aspan_check,
+    .block_len = aspan_block_len,
+    .mem_rows = aspan_mem_rows,
+    .setup = aspan_setup,
+    .params = aspan_params,
+    .init = aspan_init,
+    .acts_alloc = aspan_acts_alloc,
+    .forward = aspan_forward,
+    .progress = aspan_progress,
+    .config_head = aspan_config_head,
+    .extra_tensors = aspan_extra_tensors,
+};

@@ -157,14 +157,13 @@ typedef struct {
     FILE *log;
     size_t nb, nbv;      /* tokens per training / validation stream */
     long pos;            /* position in the training streams */
-    train_rng rng;       /* Gumbel noise */
+    train_rng rng;       /* the family's noise (PAR: Gumbel) */
     double loss_sum, aux_sum;
     long loss_n;
-    json_t *history;     /* PAR: [step, tau, softmax(alpha) per block] per progress line of the search */
+    json_t *history;     /* the family's search: a row per progress line of it (PAR: [step, tau, softmax(alpha)...]) */
     double *mem_keep;    /* the training memories while evaluating */
     int *mlen_keep;
     int32_t *x, *y;
-    double *noise;
     const train_device *dev;   /* NULL: the CPU */
     void *dev_ctx;
 } run_t;
@@ -182,11 +181,6 @@ static int run_reset_memory(run_t *r, char *err)
     if (r->dev) return r->dev->reset_memory(r->dev_ctx, err);
     trainer_reset_memory(r->t);
     return 0;
-}
-
-static size_t mem_floats(const trainer *t)
-{
-    return t->c.fam == FAM_ASPAN ? (size_t)t->L * t->B * t->c.attn_span * t->H : (size_t)t->L * t->B * t->c.mem_len * t->H;
 }
 
 /* Block at POS of every stream of a split (S0: its first token, NS: tokens per stream). */
@@ -210,7 +204,7 @@ static double evaluate(run_t *r, char *err)
         long want = (r->c->eval_tokens + (long)B * M - 1) / ((long)B * M);
         blocks = want < blocks ? want : blocks;
     }
-    size_t nm = mem_floats(t);
+    size_t nm = trainer_mem_floats(t);
     if (r->dev) {
         if (r->dev->stash_memory(r->dev_ctx, 0, err) || r->dev->reset_memory(r->dev_ctx, err)) return NAN;
     } else {
@@ -218,8 +212,7 @@ static double evaluate(run_t *r, char *err)
         memcpy(r->mlen_keep, t->mlen, (size_t)t->L * sizeof *t->mlen);
         trainer_reset_memory(t);
     }
-    double keep_g[3 * 1024];
-    if (t->c.fam == FAM_PAR) memcpy(keep_g, t->gumbel, (size_t)3 * t->L * sizeof *keep_g), par_set_mix(t, NULL);
+    if (t->c.fam->eval_begin) t->c.fam->eval_begin(t);
     double sum = 0;
     for (long k = 0; k < blocks; k++) {
         fill_block(r, r->text.split, r->nbv, k * M);
@@ -233,30 +226,7 @@ static double evaluate(run_t *r, char *err)
         memcpy(t->mem, r->mem_keep, nm * sizeof *t->mem);
         memcpy(t->mlen, r->mlen_keep, (size_t)t->L * sizeof *t->mlen);
     }
-    if (t->c.fam == FAM_PAR) par_set_mix(t, keep_g);
     return sum / ((double)blocks * B * M) / LN2;
-}
-
-static json_t *arch_weights(const trainer *t)
-{
-    json_t *a = json_array();
-    for (int b = 0; b < t->L; b++) {
-        const double *al = t->w + t->ly[b].alpha;
-        double mx = fmax(al[0], fmax(al[1], al[2])), e[3], z = 0;
-        for (int k = 0; k < 3; k++) z += e[k] = exp(al[k] - mx);
-        json_t *row = json_array();
-        for (int k = 0; k < 3; k++) json_array_append_new(row, json_real(e[k] / z));
-        json_array_append_new(a, row);
-    }
-    return a;
-}
-
-static json_t *arch_names(const trainer *t)
-{
-    json_t *a = json_array();
-    for (int b = 0; b < t->L; b++)
-        json_array_append_new(a, json_string(blk_kind_name(t->searching ? par_argmax(t->w + t->ly[b].alpha) : t->arch[b])));
-    return a;
 }
 
 static void emit(run_t *r, json_t *o)
@@ -292,7 +262,7 @@ static int save_state(run_t *r, char *err)
         ints[l] = t->mlen[l];
         ints[t->L + l] = (int32_t)t->arch[l];
     }
-    int64_t n[1] = {(int64_t)t->n}, nm[1] = {(int64_t)mem_floats(t)}, nl[1] = {2 * t->L};
+    int64_t n[1] = {(int64_t)t->n}, nm[1] = {(int64_t)trainer_mem_floats(t)}, nl[1] = {2 * t->L};
     st_writer_add(w, "weights", ST_F64, 1, n, t->w);
     st_writer_add(w, "moment1", ST_F64, 1, n, t->m1);
     st_writer_add(w, "moment2", ST_F64, 1, n, t->m2);
@@ -422,7 +392,7 @@ static int load_state(run_t *r, char *err)
     if (load_tensor(f, "weights", ST_F64, t->w, t->n, path, err) ||
         load_tensor(f, "moment1", ST_F64, t->m1, t->n, path, err) ||
         load_tensor(f, "moment2", ST_F64, t->m2, t->n, path, err) ||
-        load_tensor(f, "memory", ST_F64, t->mem, mem_floats(t), path, err) ||
+        load_tensor(f, "memory", ST_F64, t->mem, trainer_mem_floats(t), path, err) ||
         load_tensor(f, "mlen_arch", ST_I32, ints, (size_t)2 * t->L, path, err))
         goto out;
     for (int l = 0; l < t->L; l++) {
@@ -453,7 +423,7 @@ out:
 static int save_all(run_t *r, char *err)
 {
     if (r->dev && r->dev->download(r->dev_ctx, r->t, err)) return -1;
-    char *hist = r->t->c.fam == FAM_PAR ? json_dumps(r->history, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
+    char *hist = r->t->c.fam->search ? json_dumps(r->history, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
     int rc = save_state(r, err);
     if (rc == 0) rc = trainer_save_checkpoint(r->t, r->c->out, r->text.vocab_json, hist, err);
     free(hist);
@@ -482,37 +452,7 @@ static void progress(run_t *r, double lr, double tok_s, int with_eval, double va
     json_object_set_new(o, "lr", json_real(lr));
     json_object_set_new(o, "tokens_per_s", json_real(tok_s));
     json_object_set_new(o, "data_pos", json_integer(r->pos));   /* where the next block starts in every stream */
-    if (t->c.fam == FAM_ASPAN) {
-        const int S = t->c.attn_span;
-        json_object_set_new(o, "span_loss", json_real(r->loss_n ? r->aux_sum / r->loss_n : 0));
-        json_t *sp = json_array();
-        for (int l = 0; l < t->L; l++) {
-            const double *z = t->w + t->ly[l].zfrac;
-            double mean = 0, mx = 0;
-            for (int h = 0; h < t->K; h++) {
-                mean += z[h] * S / t->K;
-                mx = fmax(mx, z[h] * S);
-            }
-            json_t *e = json_object();
-            json_object_set_new(e, "layer", json_integer(l));
-            json_object_set_new(e, "mean", json_real(mean));
-            json_object_set_new(e, "max", json_real(mx));
-            json_array_append_new(sp, e);
-        }
-        json_object_set_new(o, "spans", sp);
-    } else {
-        json_object_set_new(o, "searching", json_boolean(t->searching));
-        if (t->searching) json_object_set_new(o, "tau", json_real(t->tau));
-        json_object_set_new(o, "arch", arch_names(t));
-        json_object_set_new(o, "arch_weights", arch_weights(t));
-        if (t->searching) {
-            json_t *row = json_array();
-            json_array_append_new(row, json_integer(t->step));
-            json_array_append_new(row, json_real(t->tau));
-            json_array_extend(row, json_object_get(o, "arch_weights"));
-            json_array_append_new(r->history, row);
-        }
-    }
+    t->c.fam->progress(t, r->loss_n ? r->aux_sum / r->loss_n : 0, o, r->history);
     emit(r, o);
     r->loss_sum = r->aux_sum = 0;
     r->loss_n = 0;
@@ -537,7 +477,7 @@ int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE
     run_t r = {.c = c, .log = logf, .dev = dev};
     int rc = -1;
     if (text_load(&r.text, c, err)) return -1;
-    const int B = c->batch_size, M = c->fam == FAM_ASPAN ? c->block_size : c->tgt_len;
+    const int B = c->batch_size, M = c->fam->block_len(c);
     r.nb = r.text.split / (size_t)B;
     r.nbv = (r.text.n - r.text.split) / (size_t)B;
     if (r.nb < (size_t)2 * M + 1) {
@@ -550,17 +490,15 @@ int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE
                 "streams of a block of %d + 1", c->data, r.text.n - r.text.split, c->val_fraction, B, M);
         goto out;
     }
-    if (c->fam == FAM_PAR && c->n_blocks > 1024) { err_set(err, "config 'n_blocks' is over 1024"); goto out; }
     r.t = trainer_new(c, r.text.V, err);
     if (!r.t) goto out;
     trainer *t = r.t;
     r.history = json_array();
-    r.mem_keep = malloc((mem_floats(t) ? mem_floats(t) : 1) * sizeof *r.mem_keep);
+    r.mem_keep = malloc((trainer_mem_floats(t) ? trainer_mem_floats(t) : 1) * sizeof *r.mem_keep);
     r.mlen_keep = malloc((size_t)t->L * sizeof *r.mlen_keep);
     r.x = malloc((size_t)B * M * sizeof *r.x);
     r.y = malloc((size_t)B * M * sizeof *r.y);
-    r.noise = malloc((size_t)3 * t->L * sizeof *r.noise);
-    if (!r.history || !r.mem_keep || !r.mlen_keep || !r.x || !r.y || !r.noise) { err_set(err, "out of memory"); goto out; }
+    if (!r.history || !r.mem_keep || !r.mlen_keep || !r.x || !r.y) { err_set(err, "out of memory"); goto out; }
     r.rng.s = c->seed * 0x9E3779B97F4A7C15ULL + 0x6A09E667F3BCC909ULL;
     trainer_init(t, c->seed);
     if (resume && load_state(&r, err)) goto out;
@@ -569,7 +507,7 @@ int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE
         json_t *o = json_object();
         json_object_set_new(o, "event", json_string(resume ? "resume" : "start"));
         json_object_set_new(o, "step", json_integer(t->step));
-        json_object_set_new(o, "family", json_string(model_family_name(c->fam)));
+        json_object_set_new(o, "family", json_string(c->fam->name));
         json_object_set_new(o, "parameters", json_integer((json_int_t)t->n));
         json_object_set_new(o, "vocab_size", json_integer(t->V));
         json_object_set_new(o, "train_tokens", json_integer((json_int_t)r.text.split));
@@ -583,11 +521,7 @@ int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE
     int evaluated = 0;
     while (t->step < c->steps) {
         const long s = t->step + 1;
-        if (c->fam == FAM_PAR && t->searching) {
-            t->tau = c->tau_start * pow(c->tau_end / c->tau_start, (double)s / (double)c->search_steps);
-            for (int i = 0; i < 3 * t->L; i++) r.noise[i] = -log(-log(train_rng_unif(&r.rng)));
-            par_set_mix(t, r.noise);
-        }
+        if (c->fam->step_begin) c->fam->step_begin(t, s, &r.rng);
         fill_block(&r, 0, r.nb, r.pos);
         double aux, nll = run_forward(&r, 1, &aux, err);
         if (!isfinite(nll)) goto out;
@@ -617,15 +551,8 @@ int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE
             double dt = now_s() - t0;
             progress(&r, lr, dt > 0 ? (double)(s - tok0) * B * M / dt : 0, evaluated, val);
         }
-        if (c->fam == FAM_PAR && t->searching && s == c->search_steps) {
-            par_fix_arch(t);
-            json_t *o = json_object();
-            json_object_set_new(o, "event", json_string("arch_fixed"));
-            json_object_set_new(o, "step", json_integer(s));
-            json_object_set_new(o, "arch", arch_names(t));
-            json_object_set_new(o, "arch_weights", arch_weights(t));
-            emit(&r, o);
-        }
+        json_t *event = c->fam->step_end ? c->fam->step_end(t, s) : NULL;
+        if (event) emit(&r, event);
         const int saved = (c->checkpoint_every && s % c->checkpoint_every == 0) || s == c->steps;
         if (saved && save_all(&r, err)) goto out;
         if (stop_asked && s < c->steps) {   /* asked to stop: this step is the run's last, saved */
@@ -664,6 +591,5 @@ out:
     free(r.mlen_keep);
     free(r.x);
     free(r.y);
-    free(r.noise);
     return rc;
 }

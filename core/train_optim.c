@@ -22,8 +22,10 @@ double train_lr(const train_cfg *c, long s)
 
 int train_param_active(const trainer *t, int i)
 {
+    /* a search trains every branch and alpha; a fixed architecture only
+     * its branches (tensors of no branch, -1, always) */
     const tparam *p = &t->tp[i];
-    if (t->c.fam != FAM_PAR || t->searching) return 1;
+    if (t->searching) return 1;
     if (p->kind == TP_ALPHA) return 0;
     return p->branch < 0 || p->branch == (int)t->arch[p->layer];
 }

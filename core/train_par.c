@@ -14,11 +14,19 @@
  * Backward of the mixture: dw_k = sum dX' . branch_k, and
  *   dalpha = w (dw - sum_k w_k dw_k) / tau.
  * Memory after a block: the last mem_len rows of cat.
+ *
+ * The end of the file fills the family's train_family: its config keys and
+ * recipe, sizes, the supernet's tensors and their starting values, the
+ * search around the steps (tau, Gumbel noise, the architecture fixed after
+ * search_steps), what its progress lines report, and its checkpoint config.
  */
+#include "err.h"
 #include "train.h"
 #include "train_ops.h"
 
+#include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 enum {
@@ -38,7 +46,7 @@ enum {
     P_N
 };
 
-int par_acts_alloc(trainer *t)
+static int par_acts_alloc(trainer *t)
 {
     const size_t L = t->L, B = t->B, M = t->M, D = t->H, A = t->A, nh = t->K, I = t->I, V = t->V, N = B * M,
                  KL = (size_t)t->c.mem_len + M, dh = t->D;
@@ -93,8 +101,9 @@ static void compute_mix(trainer *t)
     }
 }
 
-double par_train_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry)
+static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux)
 {
+    *aux = 0;   /* no regulariser */
     double **P = t->act->b;
     const int L = t->L, B = t->B, M = t->M, D = t->H, nh = t->K, dh = t->D, A = t->A, I = t->I, V = t->V,
               ML = t->c.mem_len, KL = ML + M, N = B * M;
@@ -291,3 +300,231 @@ double par_train_forward(trainer *t, const int32_t *x, const int32_t *y, int bac
     }
     return nll;
 }
+
+/* ------------------------------------------------------------------ the family */
+
+#define F(x) offsetof(train_cfg, x)
+#define BIG TRAIN_KEY_BIG
+static const train_key par_keys[] = {
+    {"n_blocks", TK_INT, 1, 1024, 0, F(n_blocks), "stochastic blocks"},
+    {"n_head", TK_INT, 1, 1024, 0, F(n_head), "attention heads"},
+    {"d_model", TK_INT, 2, 65536, 0, F(d_model), "D, the model width (even)"},
+    {"d_head", TK_INT, 1, 65536, 0, F(d_head), "width of a head"},
+    {"d_inner", TK_INT, 1, 1 << 19, 0, F(d_inner), "the feed-forward width"},
+    {"mem_len", TK_INT, 0, 1 << 20, 0, F(mem_len), "memory rows per attention block"},
+    {"tgt_len", TK_INT, 1, 1 << 20, 0, F(tgt_len), "tokens per segment"},
+    {"tie_weight", TK_BOOL, 0, 0, 0, F(tie_weight), "the output layer shares the embedding"},
+    {"search_steps", TK_LONG, 0, BIG, 0, F(search_steps), "steps of architecture search before the argmax is fixed"},
+    {"arch_lr", TK_REAL, 0, BIG, 1, F(arch_lr), "Adam learning rate of alpha (not clipped)"},
+    {"tau_start", TK_REAL, 0, BIG, 1, F(tau_start), "Gumbel-softmax temperature at the start of the search"},
+    {"tau_end", TK_REAL, 0, BIG, 1, F(tau_end), "temperature at the end: tau = start * (end/start)^(step/search_steps)"},
+};
+
+/* par-small's recipe */
+static void par_defaults(train_cfg *c)
+{
+    c->optim = OPT_ADAM;
+    c->lr = 1e-3;
+    c->lr_warmup = 0;
+    c->grad_clip = 0.25;
+    c->n_blocks = 8;
+    c->n_head = 4;
+    c->d_model = 128;
+    c->d_head = 32;
+    c->d_inner = 512;
+    c->mem_len = 96;
+    c->tgt_len = 48;
+    c->tie_weight = 1;
+    c->search_steps = 2000;
+    c->arch_lr = 3e-3;
+    c->tau_start = 1.0;
+    c->tau_end = 0.05;
+}
+
+static int par_check(const train_cfg *c, char *err)
+{
+    if (c->d_model % 2) return err_set(err, "config 'd_model' = %d must be even (sinusoid pairs)", c->d_model);
+    if ((long long)c->n_head * c->d_head > 65536)
+        return err_set(err, "config 'n_head' * 'd_head' = %lld is over 65536", (long long)c->n_head * c->d_head);
+    if (c->n_blocks > 1024) return err_set(err, "config 'n_blocks' is over 1024");   /* the loader's bound */
+    return 0;
+}
+
+static int par_block_len(const train_cfg *c) { return c->tgt_len; }
+
+/* the block's input at the last mem_len positions */
+static int par_mem_rows(const train_cfg *c) { return c->mem_len; }
+
+static void par_setup(trainer *t)
+{
+    const train_cfg *c = &t->c;
+    t->L = c->n_blocks;
+    t->H = c->d_model;
+    t->K = c->n_head;
+    t->D = c->d_head;
+    t->A = t->K * t->D;
+    t->I = c->d_inner;
+    t->M = c->tgt_len;
+    t->searching = c->search_steps > 0;
+    t->tau = c->tau_start;
+}
+
+/* The whole search supernet: every block has both branches and its alpha,
+ * as the fixture checkpoint does; config.arch says which branch the model
+ * uses. */
+static void par_params(trainer *t)
+{
+    const int V = t->V, D = t->H, nh = t->K, dh = t->D, A = t->A, I = t->I;
+    t->emb = train_param_add(t, TP_WEIGHT, -1, -1, 2, V, D, 0, "emb.weight");
+    t->out_b = train_param_add(t, TP_WEIGHT, -1, -1, 1, V, 0, 0, "out.bias");
+    t->out_w = t->c.tie_weight ? t->emb : train_param_add(t, TP_WEIGHT, -1, -1, 2, V, D, 0, "out.weight");
+    t->r_w_bias = train_param_add(t, TP_WEIGHT, -1, -1, 2, nh, dh, 0, "r_w_bias");
+    t->r_r_bias = train_param_add(t, TP_WEIGHT, -1, -1, 2, nh, dh, 0, "r_r_bias");
+    for (int b = 0; b < t->L; b++) {
+        tlayer *y = &t->ly[b];
+        y->alpha = train_param_add(t, TP_ALPHA, b, -1, 1, 3, 0, 0, "blocks.%d.alpha", b);
+        y->qkv = train_param_add(t, TP_WEIGHT, b, BLK_ATTN, 2, 3 * A, D, 0, "blocks.%d.attn.qkv_net.weight", b);
+        y->rnet = train_param_add(t, TP_WEIGHT, b, BLK_ATTN, 2, A, D, 0, "blocks.%d.attn.r_net.weight", b);
+        y->onet = train_param_add(t, TP_WEIGHT, b, BLK_ATTN, 2, D, A, 0, "blocks.%d.attn.o_net.weight", b);
+        y->ln1_w = train_param_add(t, TP_WEIGHT, b, BLK_ATTN, 1, D, 0, 0, "blocks.%d.attn.layer_norm.weight", b);
+        y->ln1_b = train_param_add(t, TP_WEIGHT, b, BLK_ATTN, 1, D, 0, 0, "blocks.%d.attn.layer_norm.bias", b);
+        y->fc1_w = train_param_add(t, TP_WEIGHT, b, BLK_FFN, 2, I, D, 0, "blocks.%d.ff.CoreNet.0.weight", b);
+        y->fc1_b = train_param_add(t, TP_WEIGHT, b, BLK_FFN, 1, I, 0, 0, "blocks.%d.ff.CoreNet.0.bias", b);
+        y->fc2_w = train_param_add(t, TP_WEIGHT, b, BLK_FFN, 2, D, I, 0, "blocks.%d.ff.CoreNet.3.weight", b);
+        y->fc2_b = train_param_add(t, TP_WEIGHT, b, BLK_FFN, 1, D, 0, 0, "blocks.%d.ff.CoreNet.3.bias", b);
+        y->ln2_w = train_param_add(t, TP_WEIGHT, b, BLK_FFN, 1, D, 0, 0, "blocks.%d.ff.layer_norm.weight", b);
+        y->ln2_b = train_param_add(t, TP_WEIGHT, b, BLK_FFN, 1, D, 0, 0, "blocks.%d.ff.layer_norm.bias", b);
+    }
+}
+
+
+/* The Transformer-XL reference's: weights, embedding, r_w_bias and r_r_bias
+ * normal(0, 0.02), biases 0, alpha 0. */
+static void par_init(const trainer *t, const tparam *p, double *w, train_rng *r)
+{
+    size_t len = strlen(p->name);
+    int is_bias = len > 5 && strcmp(p->name + len - 5, ".bias") == 0;
+    if (p->kind == TP_ALPHA) {
+        for (size_t j = 0; j < p->n; j++) w[j] = 0;
+    } else {
+        for (size_t j = 0; j < p->n; j++) w[j] = is_bias && p->off != t->r_w_bias ? 0.0 : 0.02 * train_rng_normal(r);
+    }
+}
+
+/* While searching, step S anneals tau = start * (end/start)^(s/search_steps)
+ * and draws the Gumbel noise g = -log(-log(u)) of every block. */
+static void par_step_begin(trainer *t, long s, train_rng *rng)
+{
+    const train_cfg *c = &t->c;
+    if (!t->searching) return;
+    t->tau = c->tau_start * pow(c->tau_end / c->tau_start, (double)s / (double)c->search_steps);
+    for (int i = 0; i < 3 * t->L; i++) t->gumbel[i] = -log(-log(train_rng_unif(rng)));
+}
+
+/* Evaluation mixes the blocks by softmax(alpha / tau), without noise (the
+ * next step draws its own). */
+static void par_eval_begin(trainer *t) { par_set_mix(t, NULL); }
+
+/* softmax(alpha) of every block, [attn, ffn, skip] */
+static json_t *arch_weights(const trainer *t)
+{
+    json_t *a = json_array();
+    for (int b = 0; b < t->L; b++) {
+        const double *al = t->w + t->ly[b].alpha;
+        double mx = fmax(al[0], fmax(al[1], al[2])), e[3], z = 0;
+        for (int k = 0; k < 3; k++) z += e[k] = exp(al[k] - mx);
+        json_t *row = json_array();
+        for (int k = 0; k < 3; k++) json_array_append_new(row, json_real(e[k] / z));
+        json_array_append_new(a, row);
+    }
+    return a;
+}
+
+/* the architecture the model uses: the fixed one, or argmax(alpha) during the search */
+static json_t *arch_names(const trainer *t)
+{
+    json_t *a = json_array();
+    for (int b = 0; b < t->L; b++)
+        json_array_append_new(a, json_string(blk_kind_name(t->searching ? par_argmax(t->w + t->ly[b].alpha) : t->arch[b])));
+    return a;
+}
+
+/* The search ends after step search_steps: the architecture is fixed. */
+static json_t *par_step_end(trainer *t, long s)
+{
+    if (!t->searching || s != t->c.search_steps) return NULL;
+    par_fix_arch(t);
+    json_t *o = json_object();
+    json_object_set_new(o, "event", json_string("arch_fixed"));
+    json_object_set_new(o, "step", json_integer(s));
+    json_object_set_new(o, "arch", arch_names(t));
+    json_object_set_new(o, "arch_weights", arch_weights(t));
+    return o;
+}
+
+/* The search's state and the architecture; a searching line is also a row
+ * [step, tau, softmax(alpha) per block] of the history. */
+static void par_progress(const trainer *t, double aux, json_t *o, json_t *history)
+{
+    (void)aux;
+    json_object_set_new(o, "searching", json_boolean(t->searching));
+    if (t->searching) json_object_set_new(o, "tau", json_real(t->tau));
+    json_object_set_new(o, "arch", arch_names(t));
+    json_object_set_new(o, "arch_weights", arch_weights(t));
+    if (t->searching) {
+        json_t *row = json_array();
+        json_array_append_new(row, json_integer(t->step));
+        json_array_append_new(row, json_real(t->tau));
+        json_array_extend(row, json_object_get(o, "arch_weights"));
+        json_array_append_new(history, row);
+    }
+}
+
+/* the reference's sizes and recipe */
+static void par_config_head(const trainer *t, json_t *o)
+{
+    const train_cfg *c = &t->c;
+    json_object_set_new(o, "n_blocks", json_integer(c->n_blocks));
+    json_object_set_new(o, "n_head", json_integer(c->n_head));
+    json_object_set_new(o, "d_model", json_integer(c->d_model));
+    json_object_set_new(o, "d_head", json_integer(c->d_head));
+    json_object_set_new(o, "d_inner", json_integer(c->d_inner));
+    json_object_set_new(o, "mem_len", json_integer(c->mem_len));
+    json_object_set_new(o, "tgt_len", json_integer(c->tgt_len));
+    json_object_set_new(o, "batch_size", json_integer(c->batch_size));
+    json_object_set_new(o, "lr", json_real(c->lr));
+    json_object_set_new(o, "arch_lr", json_real(c->arch_lr));
+    json_object_set_new(o, "tau_start", json_real(c->tau_start));
+    json_object_set_new(o, "tau_end", json_real(c->tau_end));
+    json_object_set_new(o, "search_steps", json_integer(c->search_steps));
+}
+
+static void par_config_tail(const trainer *t, json_t *o)
+{
+    json_object_set_new(o, "arch", arch_names(t));
+    json_object_set_new(o, "tie_weight", json_boolean(t->c.tie_weight));
+}
+
+const train_family train_family_par = {
+    .name = "par-transformer-xl",
+    .cuda = 0,
+    .keys = par_keys,
+    .n_keys = (int)(sizeof par_keys / sizeof *par_keys),
+    .history_kind = "arch_weights",
+    .search = 1,
+    .defaults = par_defaults,
+    .check = par_check,
+    .block_len = par_block_len,
+    .mem_rows = par_mem_rows,
+    .setup = par_setup,
+    .params = par_params,
+    .init = par_init,
+    .acts_alloc = par_acts_alloc,
+    .forward = par_forward,
+    .step_begin = par_step_begin,
+    .eval_begin = par_eval_begin,
+    .step_end = par_step_end,
+    .progress = par_progress,
+    .config_head = par_config_head,
+    .config_tail = par_config_tail,
+};

@@ -120,7 +120,7 @@ out:
 
 tgpu *tgpu_new(const trainer *t, char *err)
 {
-    if (t->c.fam != FAM_ASPAN) {
+    if (t->c.fam != &train_family_aspan) {
         err_set(err, "the CUDA trainer covers the adaptive-span family only");
         return NULL;
     }

@@ -274,7 +274,7 @@ int cmd_train(int argc, char **argv)
 #else
     int gpu = 0;
 #endif
-    if (!strcmp(cfg.device, "auto") && !(gpu && cfg.fam == FAM_ASPAN)) snprintf(cfg.device, sizeof cfg.device, "cpu");
+    if (!strcmp(cfg.device, "auto") && !(gpu && cfg.fam->cuda)) snprintf(cfg.device, sizeof cfg.device, "cpu");
     if (train_cfg_check(&cfg, err)) {
         fprintf(stderr, "spanserve train: %s\n", err);
         return 2;

@@ -212,7 +212,7 @@ json_t *job_json(const job_t *j)
     json_t *o = json_object();
     json_object_set_new(o, "id", json_string(j->id));
     json_object_set_new(o, "status", json_string(job_status_name(j->status)));
-    json_object_set_new(o, "family", json_string(model_family_name(j->fam)));
+    json_object_set_new(o, "family", json_string(j->fam->name));
     json_object_set_new(o, "device", json_string(j->device));
     iso_time(t, sizeof t, j->created);
     json_object_set_new(o, "created", json_string(t));
@@ -304,14 +304,6 @@ static int job_save(const job_t *j)
 
 /* ------------------------------------------------------------ validation */
 
-static int is_family(const char *s, model_family *fam)
-{
-    if (strcmp(s, "adaptive-span") == 0) *fam = FAM_ASPAN;
-    else if (strcmp(s, "par-transformer-xl") == 0) *fam = FAM_PAR;
-    else return 0;
-    return 1;
-}
-
 /* An http(s) URL of printable ASCII, of a sane length. */
 static int valid_hook_url(const char *u)
 {
@@ -356,10 +348,10 @@ int jobs_validate(json_t *req, train_cfg *cfg, char *err, int *status)
         field_bool(req, "deploy", 0, &deploy, err))
         return -1;
     if (id && !valid_name(id)) return snprintf(err, 512, "id must be 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)"), -1;
-    model_family fam;
-    if (!family) return snprintf(err, 512, "family is required: \"adaptive-span\" or \"par-transformer-xl\""), -1;
-    if (!is_family(family, &fam))
-        return snprintf(err, 512, "family must be \"adaptive-span\" or \"par-transformer-xl\", not \"%.64s\"", family), -1;
+    char names[256];
+    train_family_names(names, sizeof names, 0, "\"");
+    if (!family) return snprintf(err, 512, "family is required: %s", names), -1;
+    if (!train_family_find(family)) return snprintf(err, 512, "family must be %s, not \"%.64s\"", names, family), -1;
     json_t *c = json_object_get(req, "config");
     if (c && !json_is_object(c) && !json_is_null(c)) return snprintf(err, 512, "config must be a JSON object"), -1;
     static const char *server_keys[] = {"family", "data", "out", "log", "device"};
@@ -446,7 +438,7 @@ int jobs_check_text(const char *path, const train_cfg *c, char *err)
      * batch_size streams needs two blocks and a token of training text and
      * a block and a token of validation text */
     size_t split = (size_t)((1.0 - c->val_fraction) * (double)n), B = (size_t)c->batch_size;
-    size_t M = (size_t)(c->fam == FAM_ASPAN ? c->block_size : c->tgt_len);
+    size_t M = (size_t)c->fam->block_len(c);
     if (V < 2) return snprintf(err, 512, "the training text has %zu distinct characters: nothing to learn", V), -1;
     if (V > MODEL_MAX_VOCAB)
         return snprintf(err, 512, "the training text has %zu distinct characters, over %d", V, MODEL_MAX_VOCAB), -1;
@@ -501,7 +493,7 @@ static int job_init(job_t *j, json_t *req, const train_cfg *cfg)
     snprintf(j->device, sizeof j->device, "%s", cfg->device);
     j->steps = cfg->steps;
     j->batch = cfg->batch_size;
-    j->block = cfg->fam == FAM_ASPAN ? cfg->block_size : cfg->tgt_len;
+    j->block = cfg->fam->block_len(cfg);
     const char *name = json_string_value(json_object_get(req, "name"));
     snprintf(j->model_name, sizeof j->model_name, "%s", name ? name : j->id);
     j->deploy = json_is_true(json_object_get(req, "deploy"));
@@ -584,7 +576,7 @@ job_t *jobs_submit(json_t *req, const char *data, const char *file_id, int *exis
     }
     free(text);
     jobs_append(j);
-    log_line("job %s: queued (%s on %s, %ld steps)", j->id, model_family_name(j->fam), j->device, j->steps);
+    log_line("job %s: queued (%s on %s, %ld steps)", j->id, j->fam->name, j->device, j->steps);
     pthread_cond_broadcast(&jobs_wake);
     *status = 201;
     return j;
@@ -1361,15 +1353,18 @@ int jobs_start(char *err)
     if (!real) return snprintf(err, 512, "%s: %s", jobs_dir, strerror(errno)), -1;
     snprintf(jobs_dir, sizeof jobs_dir, "%s", real);
     free(real);
-    /* the trainer's device: cuda where its checks take it and there is a GPU */
-    train_cfg probe;
-    char e2[ERR_LEN];
-    train_cfg_defaults(&probe, FAM_ASPAN);
-    strcpy(probe.device, "cuda");
-    strcpy(probe.data, "/data");
-    strcpy(probe.out, "/out");
+    /* the trainer's device: cuda where its checks take a family's recipe
+     * and there is a GPU */
     cuda_ok = device_cuda_usable(cuda_why);
-    if (train_cfg_check(&probe, e2) == 0 && cuda_ok) strcpy(default_device, "cuda");
+    for (int i = 0; cuda_ok && train_families[i]; i++) {
+        train_cfg probe;
+        char e2[ERR_LEN];
+        train_cfg_defaults(&probe, train_families[i]);
+        strcpy(probe.device, "cuda");
+        strcpy(probe.data, "/data");
+        strcpy(probe.out, "/out");
+        if (train_cfg_check(&probe, e2) == 0) strcpy(default_device, "cuda");
+    }
     if (srv.cfg.max_jobs <= 0) {
         int g = strcmp(default_device, "cuda") == 0 ? count_gpus() : 0;
         srv.cfg.max_jobs = g > 0 ? g : 1;

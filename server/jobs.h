@@ -36,7 +36,7 @@ typedef struct job {
     char id[NAME_MAX_LEN + 1];
     job_status status;
     json_t *request;             /* the submission as accepted: compared on a retry with the same id */
-    model_family fam;
+    const train_family *fam;     /* the config's (train_family_find) */
     char device[16];
     long steps;                  /* the config's steps */
     int batch, block;            /* tokens of a step: batch x block */

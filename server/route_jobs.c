@@ -694,7 +694,7 @@ enum MHD_Result route_jobs_events(request_t *r)
 /* ------------------------------------------------------------ the picture */
 
 typedef struct {
-    model_family fam;
+    const char *key;     /* what the family's progress lines carry (train_family.history_kind) */
     json_t *points;
 } svg_collect_t;
 
@@ -703,7 +703,7 @@ static int svg_line(void *ctx, const char *line, size_t n)
     svg_collect_t *c = ctx;
     json_t *e = json_loadb(line, n, 0, NULL);
     const char *ev = json_string_value(json_object_get(e, "event"));
-    const char *key = c->fam == FAM_ASPAN ? "spans" : "arch_weights";
+    const char *key = c->key;
     if (ev && (strcmp(ev, "train") == 0 || strcmp(ev, "arch_fixed") == 0) && json_is_array(json_object_get(e, key)))
         json_array_append_new(c->points, json_pack("{s:O, s:O}", "step", json_object_get(e, "step"), key,
                                                    json_object_get(e, key)));
@@ -721,12 +721,12 @@ enum MHD_Result route_jobs_svg(request_t *r)
     }
     char log[PATH_MAX], title[160];
     job_path(j, "train.log", log, sizeof log);
-    svg_collect_t c = {j->fam, json_array()};
+    svg_collect_t c = {j->fam->history_kind, json_array()};
     off_t off = 0;
     log_lines(log, &off, svg_line, &c);
-    snprintf(title, sizeof title, "job %s (%s, %s)", j->id, model_family_name(j->fam), job_status_name(j->status));
+    snprintf(title, sizeof title, "job %s (%s, %s)", j->id, j->fam->name, job_status_name(j->status));
     pthread_mutex_unlock(&jobs_lock);
-    char *svg = svg_training(title, c.fam, c.points);
+    char *svg = svg_training(title, c.key, c.points);
     json_decref(c.points);
     if (!svg) return reply_error(r, 500, "out of memory");
     enum MHD_Result rc = reply_bytes(r, 200, "image/svg+xml", svg, strlen(svg));

@@ -285,11 +285,12 @@ size_t device_session_bytes(const model_t *m);    /* device bytes of a session's
 
 /* svg (svg.c) */
 char *svg_spans(const model_t *m);
-/* The spans (adaptive-span: POINTS of {step, spans: [{layer, mean, max}]})
- * or architecture weights (PAR: {step, arch_weights: [[attn, ffn, skip]]})
- * over the course of a training job, as the trainer's progress lines carry
- * them. */
-char *svg_training(const char *title, model_family fam, json_t *points);
+/* What a training job learned over its course, as the trainer's progress
+ * lines carry it under KIND (the family's history_kind): "spans" (POINTS of
+ * {step, spans: [{layer, mean, max}]}) or "arch_weights" ({step,
+ * arch_weights: [[attn, ffn, skip]]}); another kind draws a frame that says
+ * so. */
+char *svg_training(const char *title, const char *kind, json_t *points);
 
 /* fetch (fetch.c): the server's requests to URLs that clients name
  * (checkpoints, training texts, webhooks), under one destination policy. */

@@ -106,10 +106,86 @@ static const char *palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#94
 /* x of STEP on an axis of [0, MAXSTEP] that is W wide from X0 */
 static double xs(double step, double maxstep, int x0, int w) { return x0 + w * (maxstep > 0 ? step / maxstep : 0); }
 
-/* Adaptive-span: one line per layer, its mean span z (solid) and its
- * largest (dashed), against the step. PAR: a panel per block, the softmax
- * of its architecture weights (attn, ffn, skip) against the step. */
-char *svg_training(const char *title, model_family fam, json_t *points)
+/* "spans": one line per layer, its mean span z (solid) and its largest
+ * (dashed), against the step. */
+static void draw_spans(FILE *f, const char *title, json_t *points, int nl, double maxstep, int x0, int w, int top)
+{
+    size_t i, k;
+    json_t *p, *e;
+    double maxspan = 1;
+    json_array_foreach(points, i, p) {
+        json_array_foreach(json_object_get(p, "spans"), k, e) maxspan = fmax(maxspan, json_number_value(json_object_get(e, "max")));
+    }
+    int h = 260, H = top + h + 60 + 16 * nl;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n",
+            x0 + w + 30, H);
+    fprintf(f, "<title>Spans over training: %s</title>\n", title);
+    fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Span z per layer over training (mean solid, largest dashed): %s</text>\n",
+            x0, title);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#444\"/>\n", x0, top, w, h);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.0f</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>\n",
+            x0 - 6, top + 10, maxspan, x0 - 6, top + h);
+    fprintf(f, "<text x=\"%d\" y=\"%d\">step 0</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">step %.0f</text>\n", x0,
+            top + h + 16, x0 + w, top + h + 16, maxstep);
+    for (int l = 0; l < nl; l++) {
+        for (int which = 0; which < 2; which++) {
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"", palette[l % 10],
+                    which ? " stroke-dasharray=\"4 3\"" : "");
+            json_array_foreach(points, i, p) {
+                e = json_array_get(json_object_get(p, "spans"), (size_t)l);
+                if (!e) continue;
+                double v = json_number_value(json_object_get(e, which ? "max" : "mean"));
+                fprintf(f, "%.1f,%.1f ", xs(json_number_value(json_object_get(p, "step")), maxstep, x0, w),
+                        top + h - h * v / maxspan);
+            }
+            fprintf(f, "\"><title>layer %d %s span</title></polyline>\n", l, which ? "largest" : "mean");
+        }
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">layer %d</text>\n",
+                x0, top + h + 30 + 16 * l, palette[l % 10], x0 + 18, top + h + 40 + 16 * l, l);
+    }
+}
+
+/* "arch_weights": a panel per block, the softmax of its architecture
+ * weights (attn, ffn, skip) against the step. */
+static void draw_arch_weights(FILE *f, const char *title, json_t *points, int nl, double maxstep, int x0, int w, int top)
+{
+    static const char *kind[3] = {"attn", "ffn", "skip"}, *col[3] = {"#d9534f", "#5b9bd5", "#999999"};
+    size_t i;
+    json_t *p;
+    int h = 90, gap = 28, H = top + nl * (h + gap) + 30;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n",
+            x0 + w + 30, H);
+    fprintf(f, "<title>Architecture weights over training: %s</title>\n", title);
+    fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Block weights over training (", x0);
+    for (int k = 0; k < 3; k++) fprintf(f, "<tspan fill=\"%s\">%s</tspan>%s", col[k], kind[k], k < 2 ? " / " : "");
+    fprintf(f, "): %s</text>\n", title);
+    for (int b = 0; b < nl; b++) {
+        int y = top + b * (h + gap);
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#444\"/>\n", x0, y, w, h);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">block %d</text>\n", x0 - 6, y + h / 2 + 4, b);
+        for (int k = 0; k < 3; k++) {
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", col[k]);
+            json_array_foreach(points, i, p) {
+                json_t *row = json_array_get(json_object_get(p, "arch_weights"), (size_t)b);
+                if (!row) continue;
+                double v = json_number_value(json_array_get(row, (size_t)k));
+                fprintf(f, "%.1f,%.1f ", xs(json_number_value(json_object_get(p, "step")), maxstep, x0, w), y + h - h * v);
+            }
+            fprintf(f, "\"><title>block %d p(%s)</title></polyline>\n", b, kind[k]);
+        }
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\">step 0</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">step %.0f</text>\n", x0,
+            H - 10, x0 + w, H - 10, maxstep);
+}
+
+/* The drawings, by what the progress lines carry. */
+typedef void (*svg_drawing)(FILE *f, const char *title, json_t *points, int nl, double maxstep, int x0, int w, int top);
+static const struct {
+    const char *kind;
+    svg_drawing draw;
+} drawings[] = {{"spans", draw_spans}, {"arch_weights", draw_arch_weights}};
+
+char *svg_training(const char *title, const char *kind, json_t *points)
 {
     char *buf = NULL;
     size_t len = 0;
@@ -117,73 +193,22 @@ char *svg_training(const char *title, model_family fam, json_t *points)
     if (!f) return NULL;
     size_t np = json_array_size(points), i;
     json_t *p;
-    double maxstep = 0, maxspan = 1;
+    double maxstep = 0;
     int nl = 0;
-    const char *key = fam == FAM_ASPAN ? "spans" : "arch_weights";
     json_array_foreach(points, i, p) {
         maxstep = fmax(maxstep, json_number_value(json_object_get(p, "step")));
-        json_t *a = json_object_get(p, key), *e;
-        size_t k;
-        nl = (int)fmax(nl, (double)json_array_size(a));
-        if (fam == FAM_ASPAN)
-            json_array_foreach(a, k, e) maxspan = fmax(maxspan, json_number_value(json_object_get(e, "max")));
+        nl = (int)fmax(nl, (double)json_array_size(json_object_get(p, kind)));
     }
     if (nl > 1024) nl = 1024;
     const int x0 = 60, w = 520, top = 40;
-    if (fam == FAM_ASPAN) {
-        int h = 260, H = top + h + 60 + 16 * nl;
-        fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n",
-                x0 + w + 30, H);
-        fprintf(f, "<title>Spans over training: %s</title>\n", title);
-        fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Span z per layer over training (mean solid, largest dashed): %s</text>\n",
-                x0, title);
-        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#444\"/>\n", x0, top, w, h);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%.0f</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>\n",
-                x0 - 6, top + 10, maxspan, x0 - 6, top + h);
-        fprintf(f, "<text x=\"%d\" y=\"%d\">step 0</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">step %.0f</text>\n", x0,
-                top + h + 16, x0 + w, top + h + 16, maxstep);
-        for (int l = 0; l < nl; l++) {
-            for (int which = 0; which < 2; which++) {
-                fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"", palette[l % 10],
-                        which ? " stroke-dasharray=\"4 3\"" : "");
-                json_array_foreach(points, i, p) {
-                    json_t *e = json_array_get(json_object_get(p, key), (size_t)l);
-                    if (!e) continue;
-                    double v = json_number_value(json_object_get(e, which ? "max" : "mean"));
-                    fprintf(f, "%.1f,%.1f ", xs(json_number_value(json_object_get(p, "step")), maxstep, x0, w),
-                            top + h - h * v / maxspan);
-                }
-                fprintf(f, "\"><title>layer %d %s span</title></polyline>\n", l, which ? "largest" : "mean");
-            }
-            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">layer %d</text>\n",
-                    x0, top + h + 30 + 16 * l, palette[l % 10], x0 + 18, top + h + 40 + 16 * l, l);
-        }
+    size_t d = 0;
+    while (d < sizeof drawings / sizeof *drawings && strcmp(drawings[d].kind, kind) != 0) d++;
+    if (d < sizeof drawings / sizeof *drawings) {
+        drawings[d].draw(f, title, points, nl, maxstep, x0, w, top);
     } else {
-        static const char *kind[3] = {"attn", "ffn", "skip"}, *col[3] = {"#d9534f", "#5b9bd5", "#999999"};
-        int h = 90, gap = 28, H = top + nl * (h + gap) + 30;
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n",
-                x0 + w + 30, H);
-        fprintf(f, "<title>Architecture weights over training: %s</title>\n", title);
-        fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Block weights over training (", x0);
-        for (int k = 0; k < 3; k++) fprintf(f, "<tspan fill=\"%s\">%s</tspan>%s", col[k], kind[k], k < 2 ? " / " : "");
-        fprintf(f, "): %s</text>\n", title);
-        for (int b = 0; b < nl; b++) {
-            int y = top + b * (h + gap);
-            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#444\"/>\n", x0, y, w, h);
-            fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">block %d</text>\n", x0 - 6, y + h / 2 + 4, b);
-            for (int k = 0; k < 3; k++) {
-                fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", col[k]);
-                json_array_foreach(points, i, p) {
-                    json_t *row = json_array_get(json_object_get(p, key), (size_t)b);
-                    if (!row) continue;
-                    double v = json_number_value(json_array_get(row, (size_t)k));
-                    fprintf(f, "%.1f,%.1f ", xs(json_number_value(json_object_get(p, "step")), maxstep, x0, w), y + h - h * v);
-                }
-                fprintf(f, "\"><title>block %d p(%s)</title></polyline>\n", b, kind[k]);
-            }
-        }
-        fprintf(f, "<text x=\"%d\" y=\"%d\">step 0</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">step %.0f</text>\n", x0,
-                H - 10, x0 + w, H - 10, maxstep);
+                x0 + w + 30, top + 60);
+        fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">%s: no drawing of '%s'</text>\n", x0, title, kind);
     }
     if (np == 0) fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"#888\">no progress lines yet</text>\n", x0 + 10, top + 30);
     fprintf(f, "</svg>\n");

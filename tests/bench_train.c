@@ -76,7 +76,7 @@ int main(int argc, char **argv)
         return 0;
     }
     train_cfg c;
-    train_cfg_defaults(&c, FAM_ASPAN);
+    train_cfg_defaults(&c, &train_family_aspan);
     c.nb_layers = 8, c.hidden_size = 256, c.nb_heads = 4, c.inner_hidden_size = 1024, c.attn_span = 1024;
     c.block_size = 256, c.batch_size = 64, c.adapt_span_ramp = 32, c.grad_clip = 0.03, c.lr = 0.07;
     c.lr_warmup = 1;

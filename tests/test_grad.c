@@ -8,7 +8,8 @@
  *   - PAR: the search supernet (every branch and alpha through the
  *     Gumbel-softmax at a temperature), and a fixed architecture of all
  *     three kinds with an untied output layer;
- * and the optimizers' updates against values worked out by hand.
+ * and the optimizers' updates against values worked out by hand; and the
+ * table of families the config parser finds them in.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
@@ -60,7 +61,7 @@ static long grad_check(trainer *t, const int32_t *x, const int32_t *y, const cha
         CHECK(worst < 1e-4, "%s: %s[%zu]: relative error %.3g of the analytic gradient", what, p->name, at, worst);
         /* a gradient check of zeros would pass anything: every tensor that
          * takes part in the loss must have some gradient */
-        if (train_param_active(t, i) && !(t->c.fam == FAM_PAR && !t->searching && p->kind == TP_ALPHA))
+        if (train_param_active(t, i) && !(t->c.fam == &train_family_par && !t->searching && p->kind == TP_ALPHA))
             CHECK(gmax > 1e-9, "%s: %s has no gradient (max %g)", what, p->name, gmax);
     }
     free(g);
@@ -70,7 +71,7 @@ static long grad_check(trainer *t, const int32_t *x, const int32_t *y, const cha
 static void test_aspan(void)
 {
     train_cfg c;
-    train_cfg_defaults(&c, FAM_ASPAN);
+    train_cfg_defaults(&c, &train_family_aspan);
     c.nb_layers = 2;
     c.hidden_size = 8;
     c.nb_heads = 2;
@@ -142,7 +143,7 @@ static void test_aspan(void)
 static train_cfg par_cfg(int tie)
 {
     train_cfg c;
-    train_cfg_defaults(&c, FAM_PAR);
+    train_cfg_defaults(&c, &train_family_par);
     c.n_blocks = 3;
     c.n_head = 2;
     c.d_model = 8;
@@ -223,7 +224,7 @@ static void test_par(void)
 static void test_optim(void)
 {
     train_cfg c;
-    train_cfg_defaults(&c, FAM_ASPAN);
+    train_cfg_defaults(&c, &train_family_aspan);
     c.nb_layers = 1; c.hidden_size = 4; c.nb_heads = 1; c.inner_hidden_size = 4;
     c.attn_span = 4; c.block_size = 2; c.batch_size = 1;
     c.grad_clip = 0.5;
@@ -286,7 +287,7 @@ static void serving_forward(train_cfg *c, const char *what)
     CHECK(t != NULL, "%s: trainer_new: %s", what, err);
     if (!t) return;
     trainer_init(t, 9);
-    if (c->fam == FAM_ASPAN)
+    if (c->fam == &train_family_aspan)
         for (int l = 0; l < t->L; l++)
             for (int h = 0; h < t->K; h++) t->w[t->ly[l].zfrac + h] = 0.05 + 0.03 * h + 0.02 * l;
     else {
@@ -325,7 +326,7 @@ static void serving_forward(train_cfg *c, const char *what)
 static void test_serving(void)
 {
     train_cfg c;
-    train_cfg_defaults(&c, FAM_ASPAN);
+    train_cfg_defaults(&c, &train_family_aspan);
     c.nb_layers = 2; c.hidden_size = 8; c.nb_heads = 2; c.inner_hidden_size = 12;
     c.attn_span = 12; c.block_size = 5; c.batch_size = 2; c.adapt_span_ramp = 4;
     serving_forward(&c, "aspan S=12");
@@ -339,8 +340,36 @@ static void test_serving(void)
     serving_forward(&c, "par untied");
 }
 
+/* The table (core/train_family.c): found by name, listed in errors, and a
+ * family's own keys refused in another's config, naming their owner. */
+static void test_families(void)
+{
+    char names[256], err[ERR_LEN];
+    train_cfg c;
+    CHECK(train_family_find("adaptive-span") == &train_family_aspan &&
+          train_family_find("par-transformer-xl") == &train_family_par && !train_family_find("gpt") &&
+          !train_family_find(NULL), "train_family_find");
+    train_family_names(names, sizeof names, 0, "\"");
+    CHECK(strcmp(names, "\"adaptive-span\" or \"par-transformer-xl\"") == 0, "names: %s", names);
+    train_family_names(names, sizeof names, 1, "");
+    CHECK(strcmp(names, "adaptive-span") == 0, "the CUDA trainer's: %s", names);
+    CHECK(train_cfg_from_json(&c, "{\"family\": \"gpt\"}", "t", err) != 0 &&
+          strcmp(err, "t: config 'family' = \"gpt\" is not \"adaptive-span\" or \"par-transformer-xl\"") == 0,
+          "unknown family: %s", err);
+    CHECK(train_cfg_from_json(&c, "{\"family\": \"adaptive-span\", \"mem_len\": 3}", "t", err) != 0 &&
+          strcmp(err, "t: config key 'mem_len' belongs to par-transformer-xl, not adaptive-span") == 0,
+          "another family's key: %s", err);
+    CHECK(train_cfg_from_json(&c, "{\"family\": \"par-transformer-xl\", \"tf32\": true}", "t", err) != 0 &&
+          strcmp(err, "t: config key 'tf32' belongs to adaptive-span, not par-transformer-xl") == 0,
+          "the CUDA trainer's key: %s", err);
+    CHECK(train_cfg_from_json(&c, "{\"family\": \"par-transformer-xl\", \"tgt_len\": 5}", "t", err) == 0 &&
+          c.fam == &train_family_par && c.fam->block_len(&c) == 5 && c.fam->mem_rows(&c) == 96,
+          "a PAR config: %s", err);
+}
+
 int main(void)
 {
+    test_families();
     test_aspan();
     test_par();
     test_optim();

@@ -175,7 +175,7 @@ static void compare_case(train_cfg c, int V, const double *zf, int steps, const 
 static train_cfg tiny(void)
 {
     train_cfg c;
-    train_cfg_defaults(&c, FAM_ASPAN);
+    train_cfg_defaults(&c, &train_family_aspan);
     c.nb_layers = 2;
     c.hidden_size = 8;
     c.nb_heads = 2;
@@ -272,7 +272,7 @@ static void test_loop(void)
     free(buf);
 
     train_cfg c;
-    train_cfg_defaults(&c, FAM_ASPAN);
+    train_cfg_defaults(&c, &train_family_aspan);
     c.hidden_size = 32, c.inner_hidden_size = 64, c.nb_heads = 4, c.nb_layers = 2, c.attn_span = 80;
     c.block_size = 16, c.batch_size = 8, c.adapt_span_ramp = 8, c.adapt_span_init = 0.1, c.steps = 40;
     c.log_every = 10, c.eval_every = 20, c.eval_tokens = 2000, c.checkpoint_every = 20, c.lr = 0.07;
