@@ -328,7 +328,6 @@ static void aspan_cost(const model_t *m, double *tok, double *step)
 
 const family_ops family_aspan = {
     .name = "adaptive-span",
-    .id = FAM_ASPAN,
     .claims = aspan_claims,
     .config = aspan_config,
     .tensors = aspan_tensors,

@@ -56,7 +56,6 @@ int cfg_bool(const char *path, json_t *cfg, const char *key, int dflt, int *out,
 
 typedef struct family_ops {
     const char *name;                  /* the API's name of the family */
-    model_family id;
     /* Config keys a load may set over the file's (model_load_set), NULL-terminated; NULL: none. */
     const char *const *settings;
     /* Whether the config (its "family" string FAM) is this family's. */

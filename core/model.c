@@ -25,12 +25,7 @@
 /* The families, in the order a config is offered to them. */
 static const family_ops *const families[] = {&family_aspan, &family_par, &family_txl, NULL};
 
-const char *model_family_name(model_family f)
-{
-    for (int i = 0; families[i]; i++)
-        if (families[i]->id == f) return families[i]->name;
-    return "unknown";
-}
+const char *model_family_name(const model_t *m) { return m->family->name; }
 
 int model_alpha_softmax(const layer_t *y, double p[3])
 {
@@ -169,7 +164,7 @@ static int bind_tensors(model_t *m, st_file *f, wantlist *L, char *err)
     for (int i = 0; i < st_count(f); i++)
         if (!used[i]) {
             err_set(err, "%s: unexpected tensor '%s': not part of a %s model with this config", path,
-                    st_at(f, i)->name, model_family_name(m->fam));
+                    st_at(f, i)->name, m->family->name);
             goto out;
         }
     m->arena = malloc((size_t)(total ? total : 1) * sizeof(float));
@@ -332,7 +327,6 @@ model_t *model_load_set(const char *path, const char *name, mem_mode mode, const
         goto fail;
     }
     m->family = fam;
-    m->fam = fam->id;
     if (fam->config(m, cfg, err)) goto fail;
     if (fam->tensors(m, &L)) { err_set(err, "out of memory"); goto fail; }
     if (bind_tensors(m, f, &L, err)) goto fail;

@@ -26,7 +26,6 @@
 #include "vocab.h"
 #include "sample.h"
 
-typedef enum { FAM_ASPAN, FAM_PAR, FAM_TXL } model_family;
 typedef enum { BLK_ATTN, BLK_FFN, BLK_SKIP } blk_kind;
 
 /* How an adaptive-span head keeps its memory.
@@ -95,7 +94,6 @@ typedef struct fwd_backend {
 } fwd_backend;
 
 typedef struct model {
-    model_family fam;
     const struct family_ops *family;   /* its functions (family.h) */
     const fwd_backend *backend;   /* NULL: the CPU */
     mem_mode mem_mode;
@@ -144,7 +142,8 @@ model_t *model_load_named(const char *path, const char *name, mem_mode mode, cha
  * result. */
 model_t *model_load_set(const char *path, const char *name, mem_mode mode, const char *settings, char *err);
 void model_free(model_t *m);
-const char *model_family_name(model_family f);
+/* The API's name of M's family ("adaptive-span", "par-transformer-xl", "transformer-xl"). */
+const char *model_family_name(const model_t *m);
 /* PAR: the softmax of a block's architecture logits (attn, ffn, skip);
  * returns -1 when the checkpoint has none. */
 int model_alpha_softmax(const layer_t *y, double p[3]);

@@ -366,7 +366,6 @@ void par_cost(const model_t *m, double *tok, double *step)
 
 const family_ops family_par = {
     .name = "par-transformer-xl",
-    .id = FAM_PAR,
     .claims = par_claims,
     .config = par_config,
     .tensors = par_tensors,

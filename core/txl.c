@@ -207,7 +207,6 @@ static const char *const txl_settings[] = {"eval_tgt_len", "eval_mem_len", "eval
 
 const family_ops family_txl = {
     .name = "transformer-xl",
-    .id = FAM_TXL,
     .settings = txl_settings,
     .claims = txl_claims,
     .config = txl_config,

@@ -148,7 +148,7 @@ smodel_t *models_insert(const char *name, model_t *m, const char *path, char *er
     while (*p) p = &(*p)->next;
     *p = sm;
     log_line("model %s: %s, %s, %lld parameters, %zu bytes per session, on %s (%s)", name, path,
-             model_family_name(m->fam), (long long)m->n_params, m->backend ? device_session_bytes(m) : mem_bytes(m),
+             model_family_name(m), (long long)m->n_params, m->backend ? device_session_bytes(m) : mem_bytes(m),
              device_name(m), device_precision(m));
     if (srv.ready) {   /* loaded at run time: its saved sessions come back too */
         int n = sess_load_all(sm);

@@ -8,10 +8,14 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "err.h"
 #include "harness.h"
 #include "model.h"
+
+/* Whether M is an adaptive-span model (its memory and decode path differ). */
+static inline int is_aspan(const model_t *m) { return strcmp(model_family_name(m), "adaptive-span") == 0; }
 
 /* fixtures/NAME/FILE (a static buffer: use before the next call). */
 static inline const char *fx(const char *name, const char *file)

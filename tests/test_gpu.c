@@ -101,7 +101,7 @@ static void check_vectors(const char *name)
     CHECK(worst_cpu <= 1e-4, "%s GPU vs CPU: %.3g", name, worst_cpu);
     note_worst(worst_cpu);
 
-    if (m->fam == FAM_ASPAN) {   /* the decode path: one token a step */
+    if (is_aspan(m)) {   /* the decode path: one token a step */
         CHECK(gpu_mem_reset(mems[0], err) == 0, "%s", err);
         double worst_tok = 0;
         for (int i = 0; i < NB * M; i++) {

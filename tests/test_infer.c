@@ -5,6 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "err.h"
+#include "fixtures.h"
 #include "harness.h"
 #include "infer.h"
 #include "model.h"
@@ -65,7 +66,7 @@ static void check_chunks(const char *name, mem_mode mode)
     double worst = 0;
     for (long i = 0; i < whole.tokens; i++) worst = fmax(worst, fabs(pt_whole[i] - pt_parts[i]));
     printf("%s: chunked vs whole: total nll %.9f vs %.9f, worst token %.2e\n", name, parts.nll_sum, whole.nll_sum, worst);
-    if (m->fam == FAM_ASPAN) {
+    if (is_aspan(m)) {
         CHECK_NEAR(parts.nll_sum / parts.tokens, whole.nll_sum / whole.tokens, 1e-5, "mean nll, chunked vs whole");
         CHECK(worst < 1e-5, "worst per-token difference %.3g", worst);
     } else {   /* PAR segments differ in where they start: close, not equal */
@@ -456,8 +457,8 @@ static void check_serialize(const char *name)
         unsigned char *edge = malloc(sz);
         memcpy(edge, buf, sz);
         memcpy(edge + 16, &last, 8);
-        int ok = m->fam == FAM_ASPAN && c && mem_deserialize(c, edge, sz, err) == 0;
-        if (m->fam == FAM_ASPAN) {   /* par's rows per layer follow the position: set by the model's own feeding */
+        int ok = is_aspan(m) && c && mem_deserialize(c, edge, sz, err) == 0;
+        if (is_aspan(m)) {   /* par's rows per layer follow the position: set by the model's own feeding */
             CHECK(ok && c->pending >= 0 && mem_room(c) == 0, "import at 2^53 - 1: %s room %lld", err,
                   ok ? (long long)mem_room(c) : -1LL);
             float *row = malloc((size_t)m->V * sizeof *row);
