@@ -6,6 +6,7 @@
 #include "family.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 fwd_ws *ws_new(void) { return calloc(1, sizeof(fwd_ws)); }
 
@@ -72,25 +73,39 @@ int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *
     return rc;
 }
 
-int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, int n,
-                       const pick_req *q, pick_out *o, fwd_ws *ws, char *err)
+int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                       float *tlp, int n, const pick_req *q, pick_out *o, fwd_ws *ws, char *err)
 {
+    if (targets && !tlp) return err_set(err, "targets but nowhere for their logprobs");
     if (n < 0 || (n && (!q || !o))) return err_set(err, "no picks");
     for (int i = 0; i < n; i++)
         if (q[i].row < 0 || (long)q[i].row >= (long)B * M || q[i].top_n < 0 || q[i].top_n > PICK_MAX_TOP ||
             (q[i].sample && sample_draws(&q[i].sp) && !(q[i].u >= 0 && q[i].u < 1)))
             return err_set(err, "pick %d: row %d of %d, %d top tokens (at most %d) or a draw outside [0, 1)", i,
                            q[i].row, B * M, q[i].top_n, PICK_MAX_TOP);
-    if (forward_check(m, mems, B, tokens, M, NULL, err)) return -1;
+    if (forward_check(m, mems, B, tokens, M, targets, err)) return -1;
     if (m->backend && m->backend->forward_pick) {
-        if (m->backend->forward_pick(m->backend->ctx, mems, B, tokens, M, n, q, o, err)) return -1;
+        if (m->backend->forward_pick(m->backend->ctx, mems, B, tokens, M, targets, tlp, n, q, o, err)) return -1;
         advance(mems, B, M);
         return 0;
     }
-    const size_t V = (size_t)m->V;
-    float *rows = ws_get(ws, WS_PICK, (size_t)B * M * V), *scratch = ws_get(ws, WS_PICK_SCRATCH, SAMPLE_SCRATCH(V));
-    if (!rows || !scratch) return err_set(err, "out of memory for %d x %d rows of logprobs", B, M);
-    if (model_forward(m, mems, B, tokens, M, rows, ws, err)) return -1;
-    for (int i = 0; i < n; i++) sample_pick(rows + (size_t)q[i].row * V, m->V, &q[i], &o[i], scratch);
-    return 0;
+    /* the host: a stream with picks gets its rows whole, the others only their targets (adaptive
+     * softmax: the cheap path) */
+    const size_t V = (size_t)m->V, N = (size_t)B * M;
+    float *rows = ws_get(ws, WS_PICK, N * V), *scratch = ws_get(ws, WS_PICK_SCRATCH, SAMPLE_SCRATCH(V));
+    int32_t *tg = targets ? malloc(N * sizeof *tg) : NULL;
+    if (!rows || !scratch || (targets && !tg)) {
+        free(tg);
+        return err_set(err, "out of memory for %d x %d rows of logprobs", B, M);
+    }
+    if (tg) {
+        memcpy(tg, targets, N * sizeof *tg);
+        for (int i = 0; i < n; i++) tg[(size_t)(q[i].row / M) * M] = -1;
+    }
+    int rc = model_forward_targets(m, mems, B, tokens, M, tg, rows, ws, err);
+    for (size_t r = 0; rc == 0 && targets && r < N; r++)
+        if (targets[r / M * M] >= 0) tlp[r] = rows[r * V + targets[r]];
+    for (int i = 0; rc == 0 && i < n; i++) sample_pick(rows + (size_t)q[i].row * V, m->V, &q[i], &o[i], scratch);
+    free(tg);
+    return rc;
 }

@@ -30,7 +30,7 @@ int infer_score_many(const model_t *m, score_job *jobs, int B, fwd_ws *ws, char 
     size_t M = 0;   /* the inputs of the streams that have some (infer_feed_many checks they agree) */
     for (int b = 0; jobs && b < B; b++)
         if (jobs[b].s && score_inputs(&jobs[b])) M = score_inputs(&jobs[b]);
-    return infer_feed_many(m, jobs, B, NULL, 0, M, NULL, ws, err);
+    return infer_feed_many(m, jobs, B, NULL, 0, M, ws, err);
 }
 
 void gen_result_free(gen_result *r)
@@ -63,7 +63,7 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
     memset(g, 0, sizeof *g);
     if (n_prompt == 0 && s->pending < 0)
         return err_set(err, "nothing to continue from: the prompt is empty and the stream has no previous token");
-    const int V = m->V, maxt = p->max_tokens > 0 ? p->max_tokens : 0;
+    const int maxt = p->max_tokens > 0 ? p->max_tokens : 0;
     g->m = m;
     g->s = s;
     g->p = *p;
@@ -75,7 +75,6 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
     rng_seed(&g->rng, p->seed);
     size_t tn = (size_t)(g->top_n ? g->top_n : 1);
     g->in = malloc(g->n_in * sizeof *g->in);
-    g->scratch = malloc(SAMPLE_SCRATCH(V) * sizeof *g->scratch);
     g->res.tokens = malloc(((size_t)maxt + 1) * sizeof *g->res.tokens);
     g->res.logprobs = malloc(((size_t)maxt + 1) * sizeof *g->res.logprobs);
     g->res.text = malloc((size_t)maxt * vocab_max_piece(&m->vocab) + 1);
@@ -87,7 +86,7 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
         g->prompt_top = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top);
         g->prompt_top_lp = malloc((n_prompt + 1) * tn * sizeof *g->prompt_top_lp);
     }
-    if (!g->in || !g->scratch || !g->res.tokens || !g->res.logprobs || !g->res.text || !g->piece ||
+    if (!g->in || !g->res.tokens || !g->res.logprobs || !g->res.text || !g->piece ||
         !g->top || !g->top_lp || (echo && (!g->prompt_lp || !g->prompt_top || !g->prompt_top_lp))) {
         gen_result r;
         gen_end(g, &r);
@@ -119,32 +118,41 @@ size_t gen_prefill_left(const gen_state *g)
 long gen_prefill(gen_state *g, fwd_ws *ws, char *err)
 {
     size_t left = gen_prefill_left(g), L = (size_t)g->m->block_len;
-    if (!g->block && !(g->block = malloc((left < L ? left : L) * g->m->V * sizeof *g->block)))
-        return err_set(err, "out of memory for a block of the prompt");
-    if (infer_feed_many(g->m, NULL, 0, &g, 1, left < L ? left : L, g->block, ws, err)) return -1;
+    if (infer_feed_many(g->m, NULL, 0, &g, 1, left < L ? left : L, ws, err)) return -1;
     return (long)gen_prefill_left(g);
 }
 
-/* The logprobs ROWS (K x V) of the prompt's next K inputs, just fed. */
-static void prefill_accept(gen_state *g, int k, const float *rows)
+/* What a prompt's next K inputs, fed as stream B of a block, ask of it:
+ * their targets in TG (with echo, each row's next prompt token: its
+ * logprob), and into Q from *N the picks (with echo and top logprobs,
+ * each row's top tokens; after the prompt's last input, the first token). */
+static void prefill_ask(gen_state *g, int b, int k, int32_t *tg, pick_req *q, int *n)
 {
-    const int V = g->m->V;
+    for (int i = 0; i < k; i++) {
+        /* row i predicts input fed+i+1, which is prompt token fed+i+1-has_pending */
+        const size_t r = g->fed + (size_t)i + 1;
+        tg[i] = !g->echo ? -1 : r < g->n_in ? g->in[r] : 0;   /* (0: a row past the prompt, whose logprob goes nowhere) */
+        if (g->echo && g->top_n && r < g->n_in) q[(*n)++] = (pick_req){b * k + i, 0, g->p.sp, 0, g->top_n};
+    }
+    if (g->fed + (size_t)k == prefill_total(g) && g->p.max_tokens > 0) gen_pick_req(g, b * k + k - 1, &q[(*n)++]);
+}
+
+/* The answers to prefill_ask: TL the targets' logprobs, O from *N the picks. */
+static void prefill_accept(gen_state *g, int k, const float *tl, const pick_out *o, int *n)
+{
     g->s->pending = -1;
     for (int i = 0; g->echo && i < k; i++) {
-        /* row i predicts input fed+i+1, which is prompt token fed+i+1-has_pending */
-        size_t r = g->fed + (size_t)i + 1;
+        const size_t r = g->fed + (size_t)i + 1;
         if (r >= g->n_in) break;
-        size_t j = r - (size_t)g->has_pending_in;
-        const float *row = rows + (size_t)i * V;
-        g->prompt_lp[j] = row[g->in[r]];
-        if (g->top_n) sample_top(row, V, g->top_n, g->prompt_top + j * g->top_n, g->prompt_top_lp + j * g->top_n);
+        const size_t j = r - (size_t)g->has_pending_in;
+        g->prompt_lp[j] = tl[i];
+        if (!g->top_n) continue;
+        memcpy(g->prompt_top + j * g->top_n, o[*n].top, (size_t)g->top_n * sizeof *o->top);
+        memcpy(g->prompt_top_lp + j * g->top_n, o[*n].top_lp, (size_t)g->top_n * sizeof *o->top_lp);
+        (*n)++;
     }
     g->fed += (size_t)k;
-    if (g->fed == prefill_total(g) && g->p.max_tokens > 0) {   /* the first token's pick, from the last row */
-        pick_req q;
-        gen_pick_req(g, 0, &q);
-        sample_pick(rows + (size_t)(k - 1) * V, V, &q, &g->picked, g->scratch);
-    }
+    if (g->fed == prefill_total(g) && g->p.max_tokens > 0) g->picked = o[(*n)++];   /* the first token */
 }
 
 /* Checks the streams of infer_feed_many; the memories of those with inputs
@@ -184,29 +192,33 @@ static int feed_check(const model_t *m, const score_job *jobs, int ns, gen_state
     return S;
 }
 
-int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens, int ng, size_t M, float *lp,
-                    fwd_ws *ws, char *err)
+int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens, int ng, size_t M, fwd_ws *ws,
+                    char *err)
 {
     if (!m || ns < 0 || ng < 0 || (ns && !jobs) || (ng && !gens)) return err_set(err, "no model or no streams");
-    const int V = m->V;
     const size_t L = (size_t)m->block_len, blk = M < L ? M : L;
     mem_t **mems = malloc(((size_t)ns + (size_t)ng + 1) * sizeof *mems);
     if (!mems) return err_set(err, "out of memory");
     int S = feed_check(m, jobs, ns, gens, ng, M, mems, err), rc = S < 0 ? -1 : 0;
     int32_t *in = NULL, *tg = NULL;
-    float *own = NULL;
+    float *tl = NULL;
+    pick_req *q = NULL;
+    pick_out *o = NULL;
     if (rc == 0 && S > 0 && M > 0) {
-        in = malloc((size_t)S * blk * sizeof *in);
-        tg = malloc((size_t)S * blk * sizeof *tg);
-        if (!lp) lp = own = malloc((size_t)S * blk * V * sizeof *lp);
-        if (!in || !tg || !lp) rc = err_set(err, "out of memory for a block of %d x %zu tokens", S, blk);
+        const size_t rows = (size_t)S * blk;
+        in = malloc(rows * sizeof *in);
+        tg = malloc(rows * sizeof *tg);
+        tl = malloc(rows * sizeof *tl);
+        q = malloc(rows * sizeof *q);   /* at most a pick a row */
+        o = malloc(rows * sizeof *o);
+        if (!in || !tg || !tl || !q || !o) rc = err_set(err, "out of memory for a block of %d x %zu tokens", S, blk);
     }
     size_t k;
     for (size_t done = 0; rc == 0 && S > 0 && done < M; done += k) {
         k = M - done < L ? M - done : L;
         /* a text's inputs: [pending] + toks[0..n-2] predicting toks[0..n-1], or
          * without a pending token toks[0..n-2] predicting toks[1..n-1] */
-        int b = 0;
+        int b = 0, n = 0;
         for (int j = 0; j < ns; j++) {
             const score_job *sj = &jobs[j];
             if (!score_inputs(sj)) continue;
@@ -218,11 +230,11 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
             }
             b++;
         }
-        for (int j = 0; j < ng; j++, b++) {   /* a prompt's rows whole (echo's top logprobs, the next token) */
+        for (int j = 0; j < ng; j++, b++) {
             memcpy(in + (size_t)b * k, gens[j]->in + gens[j]->fed, k * sizeof *in);
-            tg[(size_t)b * k] = -1;
+            prefill_ask(gens[j], b, (int)k, tg + (size_t)b * k, q, &n);
         }
-        if (model_forward_targets(m, mems, S, in, (int)k, tg, lp, ws, err)) {
+        if (model_forward_pick(m, mems, S, in, (int)k, tg, tl, n, q, o, ws, err)) {
             rc = -1;
             break;
         }
@@ -231,9 +243,8 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
             const score_job *sj = &jobs[j];
             if (!score_inputs(sj)) continue;
             const size_t first = sj->s->pending >= 0 ? 0 : 1;
-            const float *rows = lp + (size_t)b * k * V;
             for (size_t i = 0; i < k; i++) {
-                float l = rows[i * V + sj->toks[first + done + i]];
+                float l = tl[(size_t)b * k + i];
                 if (!isfinite(l) && rc == 0)
                     rc = err_set(err, "the model gave a log-probability that is not finite at token %zu (of score "
                                  "stream %d): its weights or this stream's memory overflow", first + done + i, j);
@@ -244,7 +255,8 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
             b++;
         }
         if (rc) break;
-        for (int j = 0; j < ng; j++, b++) prefill_accept(gens[j], (int)k, lp + (size_t)b * k * V);
+        n = 0;
+        for (int j = 0; j < ng; j++, b++) prefill_accept(gens[j], (int)k, tl + (size_t)b * k, o, &n);
     }
     if (rc == 0) {
         for (int j = 0; j < ns; j++)
@@ -257,7 +269,9 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
     free(mems);
     free(in);
     free(tg);
-    free(own);
+    free(tl);
+    free(q);
+    free(o);
     return rc;
 }
 
@@ -333,8 +347,6 @@ void gen_end(gen_state *g, gen_result *out)
 {
     *out = g->res;
     free(g->in);
-    free(g->scratch);
-    free(g->block);
     free(g->top);
     free(g->top_lp);
     free(g->prompt_lp);
@@ -363,7 +375,7 @@ int infer_generate(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *prompt
         pick_req q;
         pick_out o;
         gen_pick_req(&g, 0, &q);
-        if (model_forward_pick(m, &s, 1, &g.next, 1, 1, &q, &o, ws, err)) { rc = -1; break; }
+        if (model_forward_pick(m, &s, 1, &g.next, 1, NULL, NULL, 1, &q, &o, ws, err)) { rc = -1; break; }
         gen_accept(&g, &o);
     }
     if (rc == 0 && emit && g.res.finish != FINISH_CANCELLED) {

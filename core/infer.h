@@ -105,8 +105,6 @@ typedef struct {
     size_t n_in, fed;
     int has_pending_in;      /* in[0] was the stream's pending token */
     pick_out picked;         /* the next token, picked from its logprobs */
-    float *scratch;          /* 2V floats for the host's sampler (the prompt's last row) */
-    float *block;            /* gen_prefill's block of logprobs (allocated there) */
     int32_t next;            /* the token gen_sample took, to feed */
     int32_t prev0;           /* the token before the first generated one (-1: none): a word's text depends on it */
     char *piece;             /* one token's text (vocab_piece) */
@@ -151,11 +149,12 @@ void gen_result_free(gen_result *r);
  * block of up to block_len tokens, every stream side by side. The NS score
  * jobs as infer_score_many (each with M inputs, or none); the NG generations
  * each feed the next M inputs of their prompt (at least M left), as
- * gen_prefill would in blocks of that size. All memories distinct. LP is
- * scratch for one block's logprobs, (streams with inputs) x min(M,
- * block_len) x V floats, or NULL to allocate it for the call. */
-int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens, int ng, size_t M, float *lp,
-                    fwd_ws *ws, char *err);
+ * gen_prefill would in blocks of that size. All memories distinct. Each
+ * block is one model_forward_pick: a text's targets, a prompt's (with
+ * echo) and the picks of its top tokens and first token, so that on a GPU
+ * no row of logprobs comes to the host. */
+int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens, int ng, size_t M, fwd_ws *ws,
+                    char *err);
 
 
 #endif

@@ -85,8 +85,8 @@ typedef struct fwd_backend {
     int (*forward)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                    float *logprobs, char *err);
     /* model_forward_pick's contract: the picks made on the device */
-    int (*forward_pick)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, int n, const pick_req *q,
-                        pick_out *o, char *err);
+    int (*forward_pick)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                        float *tlp, int n, const pick_req *q, pick_out *o, char *err);
     int (*attach)(void *ctx, struct mem *s, char *err);   /* make s->dev from the host copy */
     void (*detach)(void *ctx, struct mem *s);             /* free s->dev */
     int (*pull)(void *ctx, struct mem *s, char *err);     /* device -> host */
@@ -228,10 +228,12 @@ int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *
                           const int32_t *targets, float *logprobs, fwd_ws *ws, char *err);
 
 /* model_forward, then the N picks Q (sample.h) from its B x M rows of
- * logprobs into O, made where the logprobs are: the host never holds a row
- * (what decoding needs of a vocabulary of 267,735 words is a token, not a
- * megabyte). A row that is not finite is o->token -1, not an error. */
-int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, int n,
-                       const pick_req *q, pick_out *o, fwd_ws *ws, char *err);
+ * logprobs into O, made where the logprobs are: on a GPU the host never
+ * holds a row (what decoding needs of a vocabulary of 267,735 words is a
+ * token, not a megabyte). TARGETS (B x M, or NULL; a stream whose first is
+ * negative has none) get their logprobs in TLP (B x M floats). A row that
+ * is not finite is o->token -1, not an error. */
+int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                       float *tlp, int n, const pick_req *q, pick_out *o, fwd_ws *ws, char *err);
 
 #endif

@@ -312,15 +312,24 @@ static int picks_launch(gpu_model *g, int n, const pick_req *q, char *err)
     return 0;
 }
 
-int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, int n, const pick_req *q,
-                     pick_out *o, char *err)
+int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                     float *tlp, int n, const pick_req *q, pick_out *o, char *err)
 {
+    const size_t N = (size_t)B * M;
     int any_tg, any_rows;
     cudaGraphExec_t graph;
+    if (targets && !tlp) return err_set(err, "targets but nowhere for their logprobs");
     if (picks_check(g, B * M, n, q, err) ||
-        step_launch(g, mems, B, tokens, M, NULL, 0, &any_tg, &any_rows, &graph, err) || picks_launch(g, n, q, err) ||
-        step_end(g, mems, B, M, err))
+        step_launch(g, mems, B, tokens, M, targets, 0, &any_tg, &any_rows, &graph, err))
         return -1;
+    if (any_tg) {   /* the targets' logprobs from the rows, a float a row to the host */
+        if (gpu_gather_targets(g, g->tl, g->logits, stage_tgt(g, g->d_stage), (int)N, g->m->V, err)) return -1;
+        CU_TRY(cudaMemcpyAsync(g->h_tl, g->tl, N * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
+               "copying the targets' logprobs");
+    }
+    if (picks_launch(g, n, q, err) || step_end(g, mems, B, M, err)) return -1;
+    for (size_t r = 0; any_tg && r < N; r++)
+        if (targets[r / M * M] >= 0) tlp[r] = g->h_tl[r];
     if (n) memcpy(o, g->h_po, (size_t)n * sizeof *o);
     return 0;
 }

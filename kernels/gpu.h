@@ -115,9 +115,10 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
                         float *logprobs, char *err);
 
 /* gpu_forward, then the N picks Q (core/sample.h: sample_pick) from the
- * step's B*M rows, made on the device: only O comes back to the host. */
-int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, int n, const pick_req *q,
-                     pick_out *o, char *err);
+ * step's B*M rows, made on the device: only O comes back to the host (and
+ * with TARGETS, model_forward_pick's, their logprobs into TLP). */
+int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                     float *tlp, int n, const pick_req *q, pick_out *o, char *err);
 
 /* The picks Q from N_ROWS rows of V logprobs the host gives (ROWS), made as
  * gpu_forward_pick makes them (tests and benchmarks of the picking alone). */

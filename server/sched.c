@@ -29,8 +29,6 @@
 #define SCHED_MAX_BATCH 256
 
 static fwd_ws *ws;
-static float *batch_lp;
-static size_t batch_lp_cap;
 
 int sched_busy(void)
 {
@@ -193,17 +191,6 @@ static void fail(task_t *t, int status, const char *msg)
 
 /* ------------------------------------------------------------ work */
 
-/* batch_lp holds at least N floats; -1 when out of memory. */
-static int grow_batch_lp(size_t n)
-{
-    if (n <= batch_lp_cap) return 0;
-    float *p = realloc(batch_lp, n * sizeof *p);
-    if (!p) return -1;
-    batch_lp = p;
-    batch_lp_cap = n;
-    return 0;
-}
-
 /* Streams of one forward: SCHED_MAX_BATCH, fewer where a stream's step
  * costs so much (FLOPS) that the batch would pass --max-step-gflop; at least
  * one. What bounds the time any other model's request waits for a turn. */
@@ -287,9 +274,7 @@ static int feed_readers(task_t **batch, int B, size_t M, char *err)
         scoring[ns] = t;
         jobs[ns++] = (score_job){t->mem, t->toks + t->scored_upto, k, &t->sc, t->lps ? t->lps + t->sc.tokens : NULL};
     }
-    size_t blk = M < (size_t)m->block_len ? M : (size_t)m->block_len;
-    if (grow_batch_lp((size_t)B * blk * m->V)) return err_set(err, "out of memory for a block of %d x %zu", B, blk);
-    if (infer_feed_many(m, jobs, ns, gens, ng, M, batch_lp, ws, err)) return -1;
+    if (infer_feed_many(m, jobs, ns, gens, ng, M, ws, err)) return -1;
     for (int i = 0; i < ns; i++) scoring[i]->scored_upto += jobs[i].n;
     for (int i = 0; i < B; i++) {
         task_t *t = batch[i];
@@ -339,7 +324,7 @@ static void decode_batch(task_t **batch, int B)
     pick_out o[SCHED_MAX_BATCH];
     for (int i = 0; i < n; i++) gen_pick_req(&feed[i]->g, i, &q[i]);
     char err[ERR_LEN];
-    if (model_forward_pick(m, mems, n, toks, 1, n, q, o, ws, err)) {
+    if (model_forward_pick(m, mems, n, toks, 1, NULL, NULL, n, q, o, ws, err)) {
         pthread_mutex_lock(&srv.lock);
         for (int i = 0; i < n; i++) fail(feed[i], 500, err);
         pthread_mutex_unlock(&srv.lock);
@@ -452,7 +437,5 @@ void sched_stop(void)
     pthread_mutex_unlock(&srv.lock);
     pthread_join(srv.sched_thread, NULL);
     ws_free(ws);
-    free(batch_lp);
     ws = NULL;
-    batch_lp = NULL;
 }

@@ -80,7 +80,7 @@ static int step(gpu_model *g, gpu_mem **mems, int B, const int32_t *tok, int M, 
     pick_out o[64];
     for (int b = 0; b < B && b < 64; b++)
         q[b] = (pick_req){b * M + M - 1, 1, *sp, (double)(rm_next(rng) >> 11) * 0x1.0p-53, 1};
-    return gpu_forward_pick(g, mems, B, tok, M, B < 64 ? B : 64, q, o, err);
+    return gpu_forward_pick(g, mems, B, tok, M, NULL, NULL, B < 64 ? B : 64, q, o, err);
 }
 
 /* Tokens/s of STEPS calls of gpu_forward(B streams x M tokens), the median of

@@ -720,13 +720,23 @@ static void check_picks(const model_t *m, const char *label)
         q[2 + i] = (pick_req){i, 1, {0, 0, 1}, 0, 3};
     }
     CHECK(a && b && lp && gpu_forward(g, &a, 1, tok, 2, lp, err) == 0 &&
-              gpu_forward_pick(g, &b, 1, tok, 2, 4, q, o, err) == 0, "%s: %s", label, err);
+              gpu_forward_pick(g, &b, 1, tok, 2, NULL, NULL, 4, q, o, err) == 0, "%s: %s", label, err);
     int same = 1;
     for (int i = 0; i < 4; i++) {
         sample_pick(lp + (size_t)q[i].row * V, V, &q[i], &h, sc);
         same &= same_pick(&o[i], &h, q[i].top_n);
     }
     CHECK(same, "%s: a step's picks on the device and its rows picked on the host", label);
+    /* with targets: their logprobs as gpu_forward_targets gives them, beside the picks */
+    gpu_mem *c = gpu_mem_new(g, err), *d = gpu_mem_new(g, err);
+    int32_t tg[2] = {3 % V, 4 % V};
+    float tl[2] = {NAN, NAN};
+    CHECK(c && d && gpu_forward_targets(g, &c, 1, tok, 2, tg, lp, err) == 0 &&
+              gpu_forward_pick(g, &d, 1, tok, 2, tg, tl, 1, q, o, err) == 0, "%s: %s", label, err);
+    CHECK(tl[0] == lp[tg[0]] && tl[1] == lp[V + tg[1]], "%s: targets beside picks: %.9g %.9g vs %.9g %.9g", label, tl[0],
+          tl[1], lp[tg[0]], lp[V + tg[1]]);
+    gpu_mem_free(c);
+    gpu_mem_free(d);
     printf("%s: %d picks on the device equal the host's\n", label, ROUNDS * NQ - n_bad + 4 * same);
     gpu_mem_free(a);
     gpu_mem_free(b);

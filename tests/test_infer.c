@@ -167,7 +167,7 @@ static void check_many(const char *name, mem_mode mode)
             jobs[b] = (score_job){bat[b], t + at[b], M + (bat[b]->pending < 0), &o[b], NULL};
             at[b] += jobs[b].n;
         }
-        CHECK(infer_feed_many(m, jobs, 2, &gs, 1, M, NULL, ws, err) == 0, "%s", err);
+        CHECK(infer_feed_many(m, jobs, 2, &gs, 1, M, ws, err) == 0, "%s", err);
         M = M * 2 + 1;
     }
     double wg = 0;
@@ -291,7 +291,7 @@ static void check_feed_alone_or_batched(const char *name, model_t *m, mem_t *con
             jobs[ns++] = (score_job){k->s, k->toks + k->at, kn, &k->out, NULL};
             k->at += kn;
         }
-        CHECK(infer_feed_many(m, jobs, ns, gens, ng, M, NULL, ws, err) == 0, "%s", err);
+        CHECK(infer_feed_many(m, jobs, ns, gens, ng, M, ws, err) == 0, "%s", err);
         if (bs == M) fed += M;
     }
     CHECK(ob.tokens == oa.tokens && ob.nll_sum == oa.nll_sum && memcmp(pa, pb, n * sizeof *pa) == 0,

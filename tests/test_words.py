@@ -191,6 +191,15 @@ def run(S, vocab, expected, s0, nll, step_nll, G, Q, TT):
     tops = lp.get("top_logprobs") or []
     check("completions: top logprobs, 2 alternatives each", len(tops) == 10 and all(len(t) == 2 for t in tops[1:]),
           f"{tops}")
+    # the prompt's logprobs are what scoring the same text gives, and its top alternatives are at least as
+    # likely as the token itself (both picked where the logprobs are: on a GPU, the device)
+    sc = S.call("POST", "/v1/score", {"model": "w", "text": prompt, "per_token": True}).json or {}
+    want, got = (sc.get("token_logprobs") or [])[:5], lp.get("token_logprobs", [None])[1:6]   # (a score ends the line: <eos>)
+    check("completions: echo's prompt logprobs are the score's", len(want) == 5 and len(got) == 5 and all(
+        isinstance(g, float) and abs(g - w) < 1e-4 for g, w in zip(got, want)), f"{got} vs {want}")
+    check("completions: the top alternatives, most likely first, at least the token's", all(
+        list(t.values()) == sorted(t.values(), reverse=True) and max(t.values()) >= x - 1e-6
+        for t, x in zip(tops[1:6], got)), f"{tops[1:6]} {got}")
     # the chosen token is among the top when it is the most likely (greedy)
     r = S.call("POST", "/v1/completions", {"model": "w", "prompt": "the king", "max_tokens": 3, "logprobs": 1,
                                             "temperature": 0})
