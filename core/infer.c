@@ -292,25 +292,32 @@ int gen_sample(gen_state *g)
     }
     g->s->pending = x;
     size_t l = vocab_piece(&m->vocab, t ? r->tokens[t - 1] : g->prev0, x, g->piece);
+    const size_t before = r->text_len;
     memcpy(r->text + r->text_len, g->piece, l);
     r->text_len += l;
     r->text[r->text_len] = 0;
+    /* a stop string not found before ends in the new piece: look only from there; the earliest wins */
     for (int i = 0; i < g->p.n_stop; i++) {
-        const char *hit = g->p.stop[i][0] ? strstr(r->text, g->p.stop[i]) : NULL;
+        const size_t sl = strlen(g->p.stop[i]), from = before >= sl ? before - sl + 1 : 0;
+        const char *hit = sl && from <= r->text_len ? strstr(r->text + from, g->p.stop[i]) : NULL;
         if (hit) {
             r->text_len = (size_t)(hit - r->text);
             r->text[r->text_len] = 0;
             r->finish = FINISH_STOP;
         }
     }
-    /* the tokens whose characters are in the text (each token's text is whole) */
-    size_t at = 0;
-    r->n_text_tokens = 0;
-    for (int i = 0; i < r->n_tokens; i++) {
-        size_t k = vocab_piece(&m->vocab, i ? r->tokens[i - 1] : g->prev0, r->tokens[i], g->piece);
-        if (at + k > r->text_len) break;
-        at += k;
-        r->n_text_tokens++;
+    /* the tokens whose characters are in the text (each token's text is whole): all of them, until a
+     * stop string cuts the text (once: the generation ends) */
+    r->n_text_tokens = r->n_tokens;
+    if (r->finish == FINISH_STOP) {
+        size_t at = 0;
+        r->n_text_tokens = 0;
+        for (int i = 0; i < r->n_tokens; i++) {
+            size_t k = vocab_piece(&m->vocab, i ? r->tokens[i - 1] : g->prev0, r->tokens[i], g->piece);
+            if (at + k > r->text_len) break;
+            at += k;
+            r->n_text_tokens++;
+        }
     }
     if (r->finish == FINISH_STOP || r->n_tokens == g->p.max_tokens) return 0;
     g->next = x;
