@@ -1,7 +1,7 @@
 /*
- * sample.cu - core/sample.c's sample_pick where the logprobs are: one
- * block of threads a pick reads its row of V logprobs on the device and
- * writes back the token, its logprob and the top tokens (a few dozen bytes,
+ * sample.cu - core/sample.c's sample_pick where the logprobs are: a
+ * cluster of thread blocks a pick reads its row of V logprobs on the device
+ * and writes back the token, its logprob and the top tokens (a few dozen bytes,
  * not V floats: a megabyte a stream a step for a vocabulary of 267,735).
  *
  * The host sorts the row (value descending, the lowest id first on ties),
@@ -23,10 +23,20 @@
  */
 #include "gpu_internal.cuh"
 
+#include <cooperative_groups.h>
 #include <math.h>
 
+namespace cg = cooperative_groups;
+
+/* A pick is a cluster of PICK_CLUSTER blocks (Hopper's thread block
+ * clusters), each reading a share of the row: tiles of PICK_THREADS tokens
+ * dealt round the cluster. What one block finds (a histogram, a best
+ * token, a count) every block combines from the others' shared memory
+ * (distributed shared memory), so that all of them go on with the same
+ * state; block 0 writes the answer. */
 #define PICK_THREADS 1024
 #define PICK_WARPS (PICK_THREADS / 32)
+#define PICK_CLUSTER 8
 
 __device__ static inline unsigned fkey(float v)
 {
@@ -49,35 +59,35 @@ __device__ static inline float keyf(unsigned k)
  * this few) so that its finer passes visit them alone. */
 #define PICK_LIST 2048
 
-/* F(i, v, ok) for every index i of the row, as the block's threads share
- * them (consecutive threads, consecutive i), eight loads in flight a thread
- * (one load at a time leaves a single SM waiting on memory); every thread
- * calls F the same number of times (OK 0 past the end), so F may hold warp
- * votes. */
+/* F(i, v, ok) for every index i of this block's share of the row (its
+ * tiles; within a tile, consecutive threads, consecutive i), eight loads in
+ * flight a thread (one load at a time leaves an SM waiting on memory);
+ * every thread calls F the same number of times (OK 0 past the end), so F
+ * may hold warp votes. */
 #define PICK_UNROLL 8
 template <typename F> __device__ static inline void each(const float *row, int V, F f)
 {
-    for (int base = 0; base < V; base += PICK_UNROLL * PICK_THREADS) {
+    const int stride = PICK_CLUSTER * PICK_THREADS, first = (int)cg::this_cluster().block_rank() * PICK_THREADS;
+    for (int base = first; base < V; base += PICK_UNROLL * stride) {
         float v[PICK_UNROLL];
 #pragma unroll
         for (int u = 0; u < PICK_UNROLL; u++) {
-            const int i = base + u * PICK_THREADS + (int)threadIdx.x;
+            const int i = base + u * stride + (int)threadIdx.x;
             v[u] = i < V ? row[i] : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < PICK_UNROLL; u++) {
-            const int i = base + u * PICK_THREADS + (int)threadIdx.x;
+            const int i = base + u * stride + (int)threadIdx.x;
             f(i, v[u], i < V);
         }
     }
 }
 
-/* The state of one pick, shared by its block. A token is "in" while it is
- * among the top_k (key > kk, or key == kk and id <= idk) and in the top_p
- * prefix (the same with kp, idp). */
-/* What decides which tokens are in and what they weigh; each pass copies it
- * into registers (read from shared memory at every token, it costs more
- * than the token's own work). */
+/* What decides which tokens are in and what they weigh: a token is "in"
+ * while it is among the top_k (key > kk, or key == kk and id <= idk) and
+ * in the top_p prefix (the same with kp, idp). Each pass copies it into
+ * registers (read from shared memory at every token, it costs more than the
+ * token's own work). */
 typedef struct {
     int has_k, has_p;
     unsigned kk, kp;
@@ -91,7 +101,9 @@ typedef struct {
     unsigned long long part[PICK_COPIES][PICK_BINS];
     int list[PICK_LIST];
     int n_list, listed;            /* the list's length, and whether it holds them all */
-    unsigned long long hist[PICK_BINS];
+    unsigned long long hist[PICK_BINS];     /* this block's share */
+    unsigned long long merged[PICK_BINS];   /* the cluster's */
+    unsigned long long xch;                 /* this block's value in cluster_reduce */
     unsigned rkey[PICK_WARPS];
     int rid[PICK_WARPS], cnt[PICK_WARPS];
     unsigned level;                /* radix_level's answer */
@@ -121,6 +133,24 @@ __device__ static inline int before(unsigned ka, int ia, unsigned kb, int ib)
     return ia >= 0 && (ib < 0 || ka > kb || (ka == kb && ia < ib));
 }
 
+enum { RED_MAX, RED_MIN, RED_SUM };
+
+/* The cluster's max, min or sum of each block's MINE (the same in all of a
+ * block's threads), in every thread of every block. */
+__device__ static unsigned long long cluster_reduce(pick_sh *s, unsigned long long mine, int op)
+{
+    cg::cluster_group cl = cg::this_cluster();
+    if (threadIdx.x == 0) s->xch = mine;
+    cl.sync();
+    unsigned long long r = op == RED_SUM ? 0 : *cl.map_shared_rank(&s->xch, 0);
+    for (unsigned b = op == RED_SUM ? 0 : 1; b < PICK_CLUSTER; b++) {
+        const unsigned long long x = *cl.map_shared_rank(&s->xch, b);
+        r = op == RED_SUM ? r + x : op == RED_MAX ? (x > r ? x : r) : (x < r ? x : r);
+    }
+    cl.sync();   /* before any block writes its xch again */
+    return r;
+}
+
 /* The first token in the host's order after (PK, PI) (PI -1: the very
  * first), or with LAST the last one that is in: its key in *KEY, its id
  * returned (-1: none). */
@@ -148,8 +178,14 @@ __device__ static int first_after(pick_sh *s, const float *row, int V, unsigned 
         const int oi = s->rid[w];
         if (oi >= 0 && (bi < 0 || (last ? before(bk, bi, ok, oi) : before(ok, oi, bk, bi)))) bk = ok, bi = oi;
     }
-    *key = bk;
-    return bi;
+    /* the cluster's: the order packed into 64 bits as (key, ~id), the first the largest, the last the
+     * smallest; nothing finite packs to 0 or to all ones */
+    const unsigned long long none = last ? ~0ull : 0ull,
+                             mine = bi < 0 ? none : ((unsigned long long)bk << 32) | ~(unsigned)bi,
+                             r = cluster_reduce(s, mine, last ? RED_MIN : RED_MAX);
+    if (r == none) return -1;
+    *key = (unsigned)(r >> 32);
+    return (int)~(unsigned)r;
 }
 
 /* Whether the running count or weight ACC has reached the target (GE) or
@@ -221,11 +257,18 @@ __device__ static void histogram(pick_sh *s, const float *row, int V, int mass, 
         for (int c = 0; c < PICK_COPIES; c++) t += s->part[c][b];
         s->hist[b] = t;
     }
-    __syncthreads();
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();
+    for (int b = threadIdx.x; b < PICK_BINS; b += PICK_THREADS) {
+        unsigned long long t = 0;
+        for (unsigned r = 0; r < PICK_CLUSTER; r++) t += cl.map_shared_rank(s->hist, r)[b];
+        s->merged[b] = t;
+    }
+    cl.sync();   /* before any block's next histogram */
 }
 
 /* Lists the tokens in at coarse level s->cbin (of weight above 0, for
- * MASS) in s->list; whether they fit. */
+ * MASS) of this block's share in s->list; whether every block's fit. */
 __device__ static int list_level(pick_sh *s, const float *row, int V, int mass)
 {
     if (threadIdx.x == 0) s->n_list = 0;
@@ -237,12 +280,14 @@ __device__ static int list_level(pick_sh *s, const float *row, int V, int mass)
         const int at = atomicAdd(&s->n_list, 1);
         if (at < PICK_LIST) s->list[at] = i;
     });
-    if (threadIdx.x == 0) s->listed = s->n_list <= PICK_LIST;
+    __syncthreads();
+    const int most = (int)cluster_reduce(s, (unsigned long long)s->n_list, RED_MAX);   /* every block's must fit */
+    if (threadIdx.x == 0) s->listed = most <= PICK_LIST;
     __syncthreads();
     return s->listed;
 }
 
-/* Scans s->hist from the top bin down (one warp, 8 bins a lane) for the
+/* Scans s->merged from the top bin down (one warp, 8 bins a lane) for the
  * first bin where s->above plus the running sum reaches TARGET (GE) or
  * passes it, TARGET first made a fraction of the total when FRAC: the bin
  * into *BIN, s->above and s->at updated, s->hit and s->target set. */
@@ -251,7 +296,7 @@ __device__ static void scan(pick_sh *s, double target, int frac, int ge, unsigne
     if (threadIdx.x < 32) {
         const int lane = threadIdx.x, per = PICK_BINS / 32, hi = PICK_BINS - 1 - lane * per;
         unsigned long long sum = 0;
-        for (int b = hi; b > hi - per; b--) sum += s->hist[b];
+        for (int b = hi; b > hi - per; b--) sum += s->merged[b];
         unsigned long long inc = sum;
         for (int o = 1; o < 32; o <<= 1) {
             unsigned long long y = __shfl_up_sync(0xffffffffu, inc, o);
@@ -264,7 +309,7 @@ __device__ static void scan(pick_sh *s, double target, int frac, int ge, unsigne
         if (hit && lane == __ffs(hit) - 1) {
             unsigned long long acc = base + inc - sum;
             for (int b = hi; b > hi - per; b--) {
-                const unsigned long long h = s->hist[b];
+                const unsigned long long h = s->merged[b];
                 if (reached(acc + h, target, ge)) {
                     *bin = (unsigned)b;
                     s->above = acc;
@@ -306,8 +351,9 @@ __device__ static int radix_level(pick_sh *s, const float *row, int V, int mass,
 }
 
 /* The id of the J-th (from 0) token in at level K, by id. The first is the
- * least id (one pass); a later one (tied values) walks the row a tile of
- * PICK_THREADS ids at a time, counting the tile's ties at a barrier. */
+ * least id (one pass, the cluster's least); a later one (tied values) is
+ * found by block 0 alone walking the whole row a tile of PICK_THREADS ids
+ * at a time, counting the tile's ties at a barrier. */
 __device__ static int nth_tie(pick_sh *s, const float *row, int V, unsigned K, int j)
 {
     const pick_set c = s->set;
@@ -325,27 +371,29 @@ __device__ static int nth_tie(pick_sh *s, const float *row, int V, unsigned K, i
             each(row, V, least_of);
         atomicMin(&s->found, least);
         __syncthreads();
-        return s->found;
+        return (int)cluster_reduce(s, (unsigned long long)s->found, RED_MIN);
     }
-    int seen = 0;
-    for (int base = 0; base < V; base += PICK_THREADS) {
-        const int i = base + threadIdx.x;
-        const unsigned k = i < V ? fkey(row[i]) : 0;
-        const int tie = i < V && k == K && is_in(c, k, i), c = __syncthreads_count(tie);
-        if (seen + c > j) {   /* in this tile: the tie's rank among the tile's, from the warps' counts */
-            const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-            const unsigned votes = __ballot_sync(0xffffffffu, tie);
-            if (lane == 0) s->cnt[w] = __popc(votes);
-            __syncthreads();
-            int rank = seen + __popc(votes & ((1u << lane) - 1));
-            for (int x = 0; x < w; x++) rank += s->cnt[x];
-            if (tie && rank == j) s->found = i;
-            __syncthreads();
-            return s->found;
+    if (cg::this_cluster().block_rank() == 0) {
+        int seen = 0;
+        for (int base = 0; base < V; base += PICK_THREADS) {
+            const int i = base + threadIdx.x;
+            const unsigned k = i < V ? fkey(row[i]) : 0;
+            const int tie = i < V && k == K && is_in(c, k, i), in_tile = __syncthreads_count(tie);
+            if (seen + in_tile > j) {   /* in this tile: the tie's rank among the tile's, from the warps' counts */
+                const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+                const unsigned votes = __ballot_sync(0xffffffffu, tie);
+                if (lane == 0) s->cnt[w] = __popc(votes);
+                __syncthreads();
+                int rank = seen + __popc(votes & ((1u << lane) - 1));
+                for (int x = 0; x < w; x++) rank += s->cnt[x];
+                if (tie && rank == j) s->found = i;
+                break;
+            }
+            seen += in_tile;
         }
-        seen += c;
     }
-    return s->found;
+    __syncthreads();
+    return (int)cluster_reduce(s, (unsigned long long)s->found, RED_MIN);   /* block 0's; the others hold none */
 }
 
 /* Among the TIES tokens of weight W at the level radix_level found (with
@@ -360,24 +408,25 @@ __device__ static int ties_taken(unsigned long long above, unsigned long long w,
     return n;
 }
 
-__global__ static void __launch_bounds__(PICK_THREADS) pick_kernel(const float *logprobs, int V, const pick_req *req,
-                                                                   pick_out *out)
+__global__ static void __cluster_dims__(PICK_CLUSTER, 1, 1) __launch_bounds__(PICK_THREADS)
+    pick_kernel(const float *logprobs, int V, const pick_req *req, pick_out *out)
 {
     __shared__ pick_sh s;
-    const pick_req q = req[blockIdx.x];
+    const pick_req q = req[blockIdx.x / PICK_CLUSTER];
     const float *row = logprobs + (size_t)q.row * V;
-    pick_out *o = out + blockIdx.x;
+    const int writer = cg::this_cluster().block_rank() == 0 && threadIdx.x == 0;
+    pick_out *o = out + blockIdx.x / PICK_CLUSTER;
     int bad = 0;
     each(row, V, [&](int i, float v, int ok) {
         (void)i;
         bad |= ok && !isfinite(v);
     });
-    if (threadIdx.x == 0) {
-        s.set.has_k = s.set.has_p = s.listed = 0;
+    if (threadIdx.x == 0) s.set.has_k = s.set.has_p = s.listed = 0;
+    if (writer)
         for (int t = 0; t < PICK_MAX_TOP; t++) o->top[t] = 0, o->top_lp[t] = 0;   /* what is not asked for reads as nothing */
-    }
-    if (__syncthreads_or(bad)) {
-        if (threadIdx.x == 0) o->token = -1, o->lp = 0;
+    bad = __syncthreads_or(bad);
+    if (cluster_reduce(&s, (unsigned long long)bad, RED_MAX)) {
+        if (writer) o->token = -1, o->lp = 0;
         return;
     }
     /* the top tokens; the first of them is the greedy pick and the max */
@@ -387,7 +436,7 @@ __global__ static void __launch_bounds__(PICK_THREADS) pick_kernel(const float *
     kt = k0;
     for (int t = 0; t < n; t++) {
         if (t) it = it >= 0 ? first_after(&s, row, V, kt, it, 0, &kt) : -1;
-        if (threadIdx.x == 0) o->top[t] = it, o->top_lp[t] = it >= 0 ? row[it] : -INFINITY;
+        if (writer) o->top[t] = it, o->top_lp[t] = it >= 0 ? row[it] : -INFINITY;
     }
     int token = 0;
     if (q.sample && !(q.sp.temperature > 0 && q.sp.top_k != 1)) token = id0;   /* greedy (sample_draws) */
@@ -422,7 +471,7 @@ __global__ static void __launch_bounds__(PICK_THREADS) pick_kernel(const float *
             token = first_after(&s, row, V, 0, -1, 1, &kl);
         }
     }
-    if (threadIdx.x == 0) {
+    if (writer) {
         o->token = token >= 0 && token < V ? token : id0;   /* (always in: a level found has its tokens) */
         o->lp = row[o->token];
     }
@@ -431,7 +480,7 @@ __global__ static void __launch_bounds__(PICK_THREADS) pick_kernel(const float *
 int gpu_pick(gpu_model *g, int n, const pick_req *d_req, pick_out *d_out, char *err)
 {
     if (n <= 0) return 0;
-    pick_kernel<<<n, PICK_THREADS, 0, g->stream>>>(g->logits, g->m->V, d_req, d_out);
+    pick_kernel<<<n * PICK_CLUSTER, PICK_THREADS, 0, g->stream>>>(g->logits, g->m->V, d_req, d_out);
     CU_TRY(cudaGetLastError(), err, "pick_kernel");
     return 0;
 }
