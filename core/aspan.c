@@ -22,6 +22,16 @@
  * reach only (model.h).
  * The reference's memory starts as zeros and is attended to; unwritten ring
  * rows are zeros too, so the first block sees exactly what it sees.
+ *
+ * Persistent memory (pers_mem_size N > 0: the all-attention layers of
+ * Sukhbaatar et al. 2019b): each head also scores N learned keys,
+ *   s(n) = (q_t . key[:, n] sqrt(D)) / sqrt(D),
+ * in one softmax with the context's; the span mask multiplies the context
+ * part only, then the whole row is renormalised jointly,
+ *   a = a / (sum context a + sum persistent a + 1e-8),
+ *   out_t = sum_d a(d) v_{t-d} + sum_n a(n) val[n] sqrt(N),
+ * and the layer has no feed-forward: h = LN1(h + out Wo^T). A head whose
+ * mask is zero everywhere still attends to its persistent vectors.
  */
 #include "err.h"
 #include "family.h"
@@ -53,11 +63,13 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
           *v = ws_get(ws, WS_V, N * H), *att = ws_get(ws, WS_ATT, N * H), *tmp = ws_get(ws, WS_TMP, N * H),
           *ff = ws_get(ws, WS_FF, N * I), *scm = ws_get(ws, WS_SC, (size_t)M * (maxr ? maxr : 1)),
           *scb = ws_get(ws, WS_KWIN, (size_t)M * M), *pe = ws_get(ws, WS_PE, (size_t)M * (maxr ? maxr : 1)),
-          *p = ws_get(ws, WS_P, (size_t)maxr + 1);
-    float *out = logprobs ? logprobs : ws_get(ws, WS_LOGITS, N * V);
-    if (!x || !q || !k || !v || !att || !tmp || !ff || !scm || !scb || !pe || !p || !out)
+          *p = ws_get(ws, WS_P, (size_t)maxr + m->pers + 1);
+    float *out = logprobs ? logprobs : ws_get(ws, WS_LOGITS, N * V),
+          *psc = m->pers ? ws_get(ws, WS_QU, (size_t)M * m->pers) : NULL;   /* q . persistent keys */
+    if (!x || !q || !k || !v || !att || !tmp || !ff || !scm || !scb || !pe || !p || !out || (m->pers && !psc))
         return err_set(err, "out of memory for a block of %d x %d tokens", B, M);
     const float scale = sqrtf((float)D);
+    const int NP = m->pers;
 
     for (size_t n = 0; n < N; n++) memcpy(x + n * H, m->emb + (size_t)tokens[n] * H, (size_t)H * sizeof *x);
 
@@ -74,7 +86,7 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                 const int r = y->reach[h], kw = y->krows[h];
                 const float *mask = y->mask[h];
                 float *kr = s->buf + s->off[l * K + h], *vr = kr + (size_t)kw * D;
-                if (r == 0) {   /* a head whose mask is zero everywhere outputs zeros */
+                if (r == 0 && !NP) {   /* a head whose mask is zero everywhere outputs zeros */
                     for (int i = 0; i < M; i++) memset(att + (row0 + i) * H + h * D, 0, (size_t)D * sizeof *att);
                     continue;
                 }
@@ -83,9 +95,13 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                 /* scm[i][slot] = q_i . ring key;  scb[i][j] = q_i . block key j;
                  * pe[i][c] = q_i . key_pe[:, S-kw+c] (distance kw-c). No copies:
                  * distances are mapped to ring slots or block rows below. */
-                ops_gemm_nt(scm, kw, qh, H, kr, D, M, kw, D);
-                ops_gemm_nt(scb, M, qh, H, kb, H, M, M, D);
-                ops_gemm_nn(pe, kw, qh, H, m->key_pe + (S - kw), S, M, kw, D);
+                if (kw) {
+                    ops_gemm_nt(scm, kw, qh, H, kr, D, M, kw, D);
+                    ops_gemm_nt(scb, M, qh, H, kb, H, M, M, D);
+                    ops_gemm_nn(pe, kw, qh, H, m->key_pe + (S - kw), S, M, kw, D);
+                }
+                const float *pv = NP ? y->pval_s + (size_t)h * NP * D : NULL;
+                if (NP) ops_gemm_nt(psc, NP, qh, H, y->pkey_s + (size_t)h * NP * D, D, M, NP, D);
                 for (int i = 0; i < M; i++) {
                     const float *smi = scm + (size_t)i * kw, *sbi = scb + (size_t)i * M, *pi = pe + (size_t)i * kw;
                     float mx = -INFINITY;
@@ -100,8 +116,12 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                         p[c] = (sbi[i - (kw - c)] + pi[c]) / scale;
                         mx = p[c] > mx ? p[c] : mx;
                     }
+                    for (int n = 0; n < NP; n++) {   /* the persistent keys, after the context's */
+                        p[kw + n] = psc[(size_t)i * NP + n] / scale;
+                        mx = p[kw + n] > mx ? p[kw + n] : mx;
+                    }
                     double z = 0, zm = 0;
-                    for (int c = 0; c < kw; c++) {
+                    for (int c = 0; c < kw + NP; c++) {
                         p[c] = expf(p[c] - mx);
                         z += p[c];
                     }
@@ -111,6 +131,10 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                         pr[j] = (float)(pr[j] / z) * mask[r - j - 1];
                         zm += pr[j];
                     }
+                    for (int n = 0; n < NP; n++) {
+                        p[kw + n] = (float)(p[kw + n] / z);
+                        zm += p[kw + n];
+                    }
                     const float inv = (float)(1.0 / (zm + 1e-8));
                     float *o = att + (row0 + i) * H + h * D;
                     memset(o, 0, (size_t)D * sizeof *o);
@@ -118,6 +142,10 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                         int d = r - j;   /* distance; the ring's slot of position p0+i-d runs with j */
                         const float a = pr[j] * inv;
                         const float *vv = d <= i ? vb + (size_t)(i - d) * H : vr + (size_t)sl * D;
+                        for (int c = 0; c < D; c++) o[c] += a * vv[c];
+                    }
+                    for (int n = 0; n < NP; n++) {
+                        const float a = p[kw + n] * inv, *vv = pv + (size_t)n * D;
                         for (int c = 0; c < D; c++) o[c] += a * vv[c];
                     }
                 }
@@ -130,6 +158,7 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
         }
         ops_linear(tmp, att, y->wo, NULL, B, M, H, H);
         ops_add_layernorm(x, tmp, y->ln1_w, y->ln1_b, (int)N, H);
+        if (NP) continue;   /* all-attention layers: no feed-forward */
         ops_linear(ff, x, y->fc1_w, y->fc1_b, B, M, H, I);
         ops_relu(ff, N * I);
         ops_linear(tmp, ff, y->fc2_w, y->fc2_b, B, M, I, H);
@@ -146,8 +175,10 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
 static int aspan_config(model_t *m, json_t *cfg, char *err)
 {
     const char *p = m->path;
-    if (cfg_int(p, cfg, "hidden_size", 1, MODEL_MAX_DIM, 1, 0, &m->d_model, err) ||
-        cfg_int(p, cfg, "inner_hidden_size", 1, MODEL_MAX_DIM * 8LL, 1, 0, &m->d_inner, err) ||
+    /* all-attention layers (persistent memory) have no feed-forward, and need no inner_hidden_size */
+    if (cfg_int(p, cfg, "pers_mem_size", 0, MODEL_MAX_SPAN, 0, 0, &m->pers, err) ||
+        cfg_int(p, cfg, "hidden_size", 1, MODEL_MAX_DIM, 1, 0, &m->d_model, err) ||
+        cfg_int(p, cfg, "inner_hidden_size", 1, MODEL_MAX_DIM * 8LL, !m->pers, 1, &m->d_inner, err) ||
         cfg_int(p, cfg, "nb_heads", 1, MODEL_MAX_HEADS, 1, 0, &m->n_head, err) ||
         cfg_int(p, cfg, "nb_layers", 1, MODEL_MAX_LAYERS, 1, 0, &m->n_layers, err) ||
         cfg_int(p, cfg, "attn_span", 1, MODEL_MAX_SPAN, 1, 0, &m->span, err) ||
@@ -178,8 +209,18 @@ static int aspan_tensors(model_t *m, wantlist *L)
                    "layers.%d.attn.attn.adaptive_span._mask.current_val", l) ||
               want(L, &y->mask_tpl, W_LOAD, 1, S, 0, 0, "layers.%d.attn.attn.adaptive_span._mask.mask_template", l) ||
               want(L, &y->ln1_w, W_LOAD, 1, H, 0, 0, "layers.%d.norm1.weight", l) ||
-              want(L, &y->ln1_b, W_LOAD, 1, H, 0, 0, "layers.%d.norm1.bias", l) ||
-              want(L, &y->ln2_w, W_LOAD, 1, H, 0, 0, "layers.%d.norm2.weight", l) ||
+              want(L, &y->ln1_b, W_LOAD, 1, H, 0, 0, "layers.%d.norm1.bias", l);
+        if (m->pers) {   /* persistent keys and values; the span module is listed again under them */
+            const int64_t D = H / K, P = m->pers;
+            bad = bad || want(L, &y->pkey, W_LOAD, 3, K, D, P, "layers.%d.attn.attn.persistent_memory.key", l) ||
+                  want(L, &y->pval, W_LOAD, 3, K, P, D, "layers.%d.attn.attn.persistent_memory.val", l) ||
+                  want(L, &y->pzfrac, W_OPTIONAL, 3, K, 1, 1,
+                       "layers.%d.attn.attn.persistent_memory.adaptive_span._mask.current_val", l) ||
+                  want(L, &y->pmask_tpl, W_OPTIONAL, 1, S, 0, 0,
+                       "layers.%d.attn.attn.persistent_memory.adaptive_span._mask.mask_template", l);
+            continue;
+        }
+        bad = bad || want(L, &y->ln2_w, W_LOAD, 1, H, 0, 0, "layers.%d.norm2.weight", l) ||
               want(L, &y->ln2_b, W_LOAD, 1, H, 0, 0, "layers.%d.norm2.bias", l) ||
               want(L, &y->fc1_w, W_LOAD, 2, I, H, 0, "layers.%d.ff.fc1.weight", l) ||
               want(L, &y->fc1_b, W_LOAD, 1, I, 0, 0, "layers.%d.ff.fc1.bias", l) ||
@@ -197,6 +238,40 @@ static float span_mask(float zfrac, int S, int R, int d)
     float z = zfrac * (float)S;
     float x = ((float)(1 - d) + z) / (float)R + 1.0f;
     return x < 0.0f ? 0.0f : x > 1.0f ? 1.0f : x;
+}
+
+/* Persistent memory: the keys transposed to K x N x D and scaled by
+ * sqrt(D), the values scaled by sqrt(N), as the reference multiplies them
+ * (float32 by the double's float); the span module listed again under the
+ * persistent memory is the layer's own (the same values, not counted twice). */
+static int derive_pers(model_t *m, char *err)
+{
+    const int K = m->n_head, D = m->d_head, P = m->pers, S = m->span;
+    const float sd = (float)sqrt((double)D), sp = (float)sqrt((double)P);
+    for (int l = 0; l < m->n_layers; l++) {
+        layer_t *y = &m->layers[l];
+        for (int h = 0; y->pzfrac && h < K; h++)
+            if (y->pzfrac[h] != y->zfrac[h])
+                return err_set(err, "%s: layers.%d: the persistent memory's current_val[%d] = %g is not the layer's %g "
+                               "(the reference shares one module)", m->path, l, h, (double)y->pzfrac[h],
+                               (double)y->zfrac[h]);
+        for (int j = 0; y->pmask_tpl && j < S; j++)
+            if (y->pmask_tpl[j] != y->mask_tpl[j])
+                return err_set(err, "%s: layers.%d: the persistent memory's mask_template differs from the layer's at %d",
+                               m->path, l, j);
+        m->n_params -= (y->pzfrac ? K : 0) + (y->pmask_tpl ? S : 0);
+        y->pkey_s = malloc((size_t)K * P * D * sizeof *y->pkey_s);
+        y->pval_s = malloc((size_t)K * P * D * sizeof *y->pval_s);
+        if (!y->pkey_s || !y->pval_s) return err_set(err, "out of memory");
+        for (int h = 0; h < K; h++)
+            for (int n = 0; n < P; n++)
+                for (int c = 0; c < D; c++) {
+                    const size_t at = ((size_t)h * P + n) * D + c;
+                    y->pkey_s[at] = y->pkey[((size_t)h * D + c) * P + n] * sd;
+                    y->pval_s[at] = y->pval[at] * sp;
+                }
+    }
+    return 0;
 }
 
 static int aspan_derive(model_t *m, const wantlist *L, char *err)
@@ -243,14 +318,16 @@ static int aspan_derive(model_t *m, const wantlist *L, char *err)
             for (int d = 1; d <= window; d++)
                 if (span_mask(y->zfrac[h], S, R, d) > 0.0f) r = d;
             y->reach[h] = r;
-            y->krows[h] = m->mem_mode == MEM_EXACT && r > 0 ? window : r;
+            /* a head with persistent memory attends (to those) even when its span is zero: exact, it keeps
+             * the window's keys, whose scores share the softmax */
+            y->krows[h] = m->mem_mode == MEM_EXACT && (r > 0 || m->pers) ? window : r;
             y->mask[h] = malloc((size_t)(r ? r : 1) * sizeof(float));
             if (!y->mask[h]) return err_set(err, "out of memory");
             for (int d = 1; d <= r; d++) y->mask[h][d - 1] = span_mask(y->zfrac[h], S, R, d);
         }
     }
     m->n_params -= (int64_t)m->n_layers * m->span;   /* mask templates are buffers, not parameters */
-    return 0;
+    return m->pers ? derive_pers(m, err) : 0;
 }
 
 
@@ -258,6 +335,8 @@ static void aspan_free_derived(model_t *m)
 {
     for (int l = 0; m->layers && l < m->n_layers; l++) {
         layer_t *y = &m->layers[l];
+        free(y->pkey_s);
+        free(y->pval_s);
         for (int h = 0; y->mask && h < m->n_head; h++) free(y->mask[h]);
         free(y->mask);
         free(y->reach);
@@ -310,6 +389,7 @@ static void aspan_report(const model_t *m, json_t *r)
     }
     json_object_set_new(r, "attn_span", json_integer(m->span));
     json_object_set_new(r, "ramp", json_integer(m->ramp));
+    if (m->pers) json_object_set_new(r, "pers_mem_size", json_integer(m->pers));
     json_object_set_new(r, "layers", layers);
 }
 
@@ -320,8 +400,8 @@ static void aspan_cost(const model_t *m, double *tok, double *step)
     const double D = m->d_model, I = m->d_inner, dh = m->d_head;
     for (int l = 0; l < m->n_layers; l++) {
         const layer_t *y = &m->layers[l];
-        *tok += 8 * D * D + 4 * D * I;
-        for (int h = 0; h < m->n_head; h++) *tok += 2 * dh * (2.0 * y->krows[h] + y->reach[h]);
+        *tok += 8 * D * D + (m->pers ? 0 : 4 * D * I);
+        for (int h = 0; h < m->n_head; h++) *tok += 2 * dh * (2.0 * y->krows[h] + y->reach[h] + 2.0 * m->pers);
     }
     (void)step;
 }

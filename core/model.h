@@ -61,6 +61,11 @@ typedef struct {
     /* adaptive-span spans, as the reference computes them */
     float *zfrac;                            /* K: current_val = z / S */
     const float *mask_tpl;                   /* S: the stored mask_template, checked at load */
+    /* adaptive-span with persistent memory (all-attention layers): N key and
+     * value vectors a head, and the span module listed again under them */
+    const float *pkey, *pval;                /* K x D x N, K x N x D */
+    const float *pzfrac, *pmask_tpl;         /* the same values as zfrac, mask_tpl (checked) */
+    float *pkey_s, *pval_s;                  /* derived: K x N x D, key^T * sqrt(D); val * sqrt(N) */
     int mask_tpl_bits;                       /* its dtype's significand bits (24, 11 or 8) */
     int *reach;                              /* K: farthest distance with a nonzero mask (values kept) */
     int *krows;                              /* K: distances whose keys are kept (window or reach) */
@@ -110,6 +115,7 @@ typedef struct model {
     int span;              /* S, the maximum span */
     int ramp;              /* R */
     const float *key_pe;   /* D x S, column c <-> distance S - c */
+    int pers;              /* N persistent vectors a head (0: none); such layers have no feed-forward */
     /* par, transformer-xl */
     int mem_len, tie_weight;
     const float *r_w_bias, *r_r_bias;   /* shared by every block (NULL where each block has its own) */

@@ -11,6 +11,15 @@
 
 #include <stdlib.h>
 
+/* Persistent memory (all-attention layers) is not in the attention kernels yet. */
+static int aspan_supports(const model_t *m, char *why)
+{
+    if (!m->pers) return 1;
+    err_set(why, "%s: the CUDA backend does not run adaptive-span models with persistent memory (pers_mem_size %d) "
+            "yet: it runs on the CPU", m->path, m->pers);
+    return 0;
+}
+
 /* core keeps the mask templates in the arena past the parameters */
 static size_t aspan_arena_extra(const model_t *m) { return (size_t)m->n_layers * m->span; }
 
@@ -127,6 +136,6 @@ static float aspan_embed_scale(const model_t *m)
 }
 
 const gpu_family gpu_family_aspan = {
-    aspan_arena_extra, aspan_upload, gpu_aspan_attn_smem, aspan_alloc_step, aspan_sublayers, aspan_attend,
+    aspan_supports, aspan_arena_extra, aspan_upload, gpu_aspan_attn_smem, aspan_alloc_step, aspan_sublayers, aspan_attend,
     aspan_embed_scale,
 };

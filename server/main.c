@@ -305,6 +305,9 @@ static int cmd_spans(int argc, char **argv)
             printf("%s: %zu layers x %d heads, maximum span %d, ramp %d\n\n", json_string_value(json_object_get(r, "family")),
                    json_array_size(layers), m->n_head, (int)json_integer_value(json_object_get(r, "attn_span")),
                    (int)json_integer_value(json_object_get(r, "ramp")));
+            if (json_integer_value(json_object_get(r, "pers_mem_size")))
+                printf("persistent memory: %d key/value vectors a head, attended with the span; no feed-forward\n\n",
+                       (int)json_integer_value(json_object_get(r, "pers_mem_size")));
             printf("layer  max_span avg_span cache_size   spans per head (z*S; rows kept: keys/values)\n");
             json_array_foreach(layers, i, y) {
                 printf("%5zu  %8d %8d %10d  ", i, (int)json_integer_value(json_object_get(y, "max_span")),

@@ -417,6 +417,42 @@ else
     echo "SKIP test_convert.sh word-level: no $shared/fixtures/txl-word (set SPANSERVE_SHARED)"
 fi
 
+# ---- adaptive-span with persistent memory (all-attention layers): the trainer's checkpoint, with the span
+# module listed twice as the reference's state_dict lists it, converts back to the fixture
+AA="$shared/fixtures/allattn-small/model.safetensors"
+if [ -f "$AA" ]; then
+    python3 - "$AA" "$tmp" <<'EOF' || bad "could not write the persistent-memory .pt files"
+import collections, json, struct, sys
+import numpy as np, torch
+AA, tmp = sys.argv[1:3]
+b = open(AA, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); h.pop("__metadata__")
+t = collections.OrderedDict()
+for k in sorted(h):
+    s, e = h[k]["data_offsets"]
+    t[k] = torch.from_numpy(np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4").reshape(h[k]["shape"]).copy())
+torch.save({"nb_iter": 3000, "model": collections.OrderedDict(("module." + k, v) for k, v in t.items())},
+           tmp + "/allattn.pt")
+t2 = collections.OrderedDict(t)
+k = "layers.1.attn.attn.persistent_memory.adaptive_span._mask.current_val"
+t2[k] = t2[k] + 0.25
+torch.save(t2, tmp + "/allattn_bad.pt")
+t3 = collections.OrderedDict(t)
+t3["layers.0.ff.fc1.weight"] = torch.zeros(512, 128)
+torch.save(t3, tmp + "/allattn_ff.pt")
+EOF
+    expect 0 "$conv" "$tmp/allattn.pt" "$tmp/allattn.safetensors" --vocab "$tmp/vocab.json" --block-sz 64 --adapt-span-ramp 32
+    meta "$tmp/allattn.safetensors" 'c["pers_mem_size"] == 24 and "inner_hidden_size" not in c and not any(".ff." in x or ".norm2." in x for x in names) and "layers.3.attn.attn.persistent_memory.val" in names'
+    same_bpc "$AA" "$tmp/allattn.safetensors"
+    expect 1 "$conv" "$tmp/allattn_bad.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --block-sz 64 --adapt-span-ramp 32
+    contains "$tmp/err" "shares one span module"
+    expect 1 "$conv" "$tmp/allattn_ff.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --block-sz 64 --adapt-span-ramp 32
+    contains "$tmp/err" "persistent memory and feed-forward"
+else
+    echo "SKIP test_convert.sh persistent memory: no $shared/fixtures/allattn-small (set SPANSERVE_SHARED)"
+fi
+
 # ---- Hugging Face: small random TransfoXLLMHeadModel directories, scored by
 # spanserve against transformers' own numbers (its own counts; SKIP without
 # transformers)

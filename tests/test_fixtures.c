@@ -379,5 +379,13 @@ int main(void)
     /* span-only memory: the 1e-8 renormalisation term is all it drops */
     check_bpc("aspan-small", MEM_SPAN, 2e-3);
     check_txl_word();
+    /* adaptive span with persistent memory (all-attention layers): ../shared only */
+    if (!shared_path("fixtures/allattn-small/model.safetensors"))
+        printf("SKIP test_fixtures allattn-small: ../shared/fixtures/allattn-small is not here\n");
+    else {
+        check_vectors("allattn-small");
+        check_bpc("allattn-small", MEM_EXACT, 1e-4);
+        check_bpc("allattn-small", MEM_SPAN, 2e-3);
+    }
     return test_summary("test_fixtures");
 }
