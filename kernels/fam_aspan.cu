@@ -11,13 +11,11 @@
 
 #include <stdlib.h>
 
-/* Persistent memory (all-attention layers) is not in the attention kernels yet. */
 static int aspan_supports(const model_t *m, char *why)
 {
-    if (!m->pers) return 1;
-    err_set(why, "%s: the CUDA backend does not run adaptive-span models with persistent memory (pers_mem_size %d) "
-            "yet: it runs on the CPU", m->path, m->pers);
-    return 0;
+    (void)m;
+    (void)why;
+    return 1;
 }
 
 /* core keeps the mask templates in the arena past the parameters */
@@ -58,7 +56,7 @@ static int aspan_upload(gpu_model *g, char *err)
     if (!g->key_pe) return err_set(err, "%s: key_pe lies outside the model's arena", m->path);
     size_t nd = 0;
     for (int l = 0; l < nl; l++) {
-        nd += 3 * HH;
+        nd += 3 * HH + (size_t)2 * K * m->pers * m->d_head;   /* (persistent memory: key' and val') */
         for (int h = 0; h < K; h++) nd += (size_t)m->layers[l].reach[h];
     }
     g->derived_floats = nd;
@@ -83,10 +81,19 @@ static int aspan_upload(gpu_model *g, char *err)
                 rc = err_set(err, "cudaMemcpy (masks)");
             at += y->reach[h];
         }
+        if (m->pers) {
+            const size_t np = (size_t)K * m->pers * m->d_head;
+            if (cudaMemcpy(at, y->pkey_s, np * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess ||
+                cudaMemcpy(at + np, y->pval_s, np * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+                rc = err_set(err, "cudaMemcpy (persistent memory)");
+            d->pk = at;
+            d->pv = at + np;
+            at += 2 * np;
+        }
         d->wo = gpu_on_device(g, y->wo, HH);
         d->ln1_w = gpu_on_device(g, y->ln1_w, Dm);
         d->ln1_b = gpu_on_device(g, y->ln1_b, Dm);
-        if (rc == 0 && (!d->wo || !d->ln1_w || !d->ln1_b || gpu_bind_ffn(g, d, y)))
+        if (rc == 0 && (!d->wo || !d->ln1_w || !d->ln1_b || (!m->pers && gpu_bind_ffn(g, d, y))))
             rc = err_set(err, "%s: layer %d: a weight lies outside the arena", m->path, l);
     }
     if (rc == 0) rc = upload_spans(g, moff, err);
@@ -108,11 +115,11 @@ static int aspan_alloc_step(gpu_model *g, char *err)
     return 0;
 }
 
+/* attention, then feed-forward; all-attention layers (persistent memory) have none */
 static int aspan_sublayers(const model_t *m, int l)
 {
-    (void)m;
     (void)l;
-    return GPU_SUB_ATTN | GPU_SUB_FFN;
+    return m->pers ? GPU_SUB_ATTN : GPU_SUB_ATTN | GPU_SUB_FFN;
 }
 
 /* A one-token step's rings are written by the attention itself
@@ -121,7 +128,7 @@ static int aspan_sublayers(const model_t *m, int l)
 static int aspan_attend(gpu_model *g, int l, int B, int M, char *err)
 {
     int ring_done = 0;
-    if (gpu_aspan_attn(g, l, B, M, &ring_done, err)) return -1;
+    if (g->m->pers ? gpu_aspan_pers_attn(g, l, B, M, err) : gpu_aspan_attn(g, l, B, M, &ring_done, err)) return -1;
     gpu_mark(g, OP_ATTN);
     if (ring_done) return 0;
     if (gpu_aspan_ring_write(g, l, B, M, err)) return -1;
@@ -135,7 +142,14 @@ static float aspan_embed_scale(const model_t *m)
     return 1.0f;
 }
 
+/* the widest kernel's: with persistent memory, aspan_pers.cu's too */
+static size_t aspan_smem(const gpu_model *g)
+{
+    const size_t a = gpu_aspan_attn_smem(g), p = g->m->pers ? gpu_aspan_pers_smem(g) : 0;
+    return a > p ? a : p;
+}
+
 const gpu_family gpu_family_aspan = {
-    aspan_supports, aspan_arena_extra, aspan_upload, gpu_aspan_attn_smem, aspan_alloc_step, aspan_sublayers, aspan_attend,
+    aspan_supports, aspan_arena_extra, aspan_upload, aspan_smem, aspan_alloc_step, aspan_sublayers, aspan_attend,
     aspan_embed_scale,
 };

@@ -113,6 +113,7 @@ typedef struct {
     const float *rk;              /* par: r_net(sinusoid(t)), t = 0..rk_rows-1, A wide */
     int rk_rows;
     const float *rwb, *rrb;       /* attention: Transformer-XL's u and v (shared, or the layer's own) */
+    const float *pk, *pv;         /* aspan with persistent memory: key' and val' (K x N x D each, in `derived`) */
     /* GPU_BF16: the linear layers' weights in bfloat16 (NULL in GPU_FP32) */
     const bf16 *wqkv_h, *wo_h, *fc1_h, *fc2_h;
 } gpu_layer;
@@ -306,6 +307,10 @@ int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const 
  * queries, into g->att (GPU_FP32) or g->attb (GPU_BF16); the rings are read
  * in the model's precision (so are rel_attn's and written by ring.cu's) */
 int gpu_aspan_attn(gpu_model *g, int layer, int B, int M, int *ring_done, char *err);
+/* aspan_pers.cu: the same with persistent memory (all-attention layers),
+ * one block per query and head; and its shared memory a block */
+int gpu_aspan_pers_attn(gpu_model *g, int layer, int B, int M, char *err);
+size_t gpu_aspan_pers_smem(const gpu_model *g);
 /* rel_attn.cu: one PAR block's relative attention */
 int gpu_rel_attn(gpu_model *g, int layer, int B, int M, char *err);
 /* aspan_tile.cu: the same for blocks of at least ASPAN_TILE_MIN_M queries

@@ -337,7 +337,7 @@ int main(int argc, char **argv)
     float *z = enwik8_spans(&L, &K, err);
     if (!z) { printf("FAIL: %s\n", err); return 1; }
     const char *pa = "/tmp/spanserve-bench-aspan-enwik8.safetensors", *pp = "/tmp/spanserve-bench-par-base.safetensors";
-    rm_aspan a = {256, 512, K, 2048, L, 8192, BLOCK, 32, z};
+    rm_aspan a = {256, 512, K, 2048, L, 8192, BLOCK, 32, z, 0};
     if (rm_write_aspan(pa, &a, 1, err)) { printf("FAIL: %s\n", err); return 1; }
     free(z);
     for (int mode = 0; mode < 2; mode++) {

@@ -112,6 +112,7 @@ static rm_file *rm_open(uint64_t seed)
 typedef struct {
     int V, H, K, I, L, S, block, R;
     const float *zfrac;
+    int P;   /* persistent vectors a head (all-attention layers: no feed-forward); 0: none */
 } rm_aspan;
 
 static int rm_write_aspan(const char *path, const rm_aspan *c, uint64_t seed, char *err)
@@ -137,6 +138,17 @@ static int rm_write_aspan(const char *path, const rm_aspan *c, uint64_t seed, ch
         bad = bad || rm_add(f, name, 3, K, 1, 1, 0, 0, c->zfrac + (size_t)l * K);
         snprintf(name, sizeof name, "layers.%d.attn.attn.adaptive_span._mask.mask_template", l);
         bad = bad || rm_add(f, name, 1, S, 0, 0, 0, 0, tpl);
+        if (c->P) {   /* persistent keys and values, no feed-forward and no norm2 */
+            snprintf(name, sizeof name, "layers.%d.attn.attn.persistent_memory.key", l);
+            bad = bad || rm_add(f, name, 3, K, D, c->P, 1.0f / sqrtf((float)D), 0, NULL);
+            snprintf(name, sizeof name, "layers.%d.attn.attn.persistent_memory.val", l);
+            bad = bad || rm_add(f, name, 3, K, c->P, D, 1.0f / sqrtf((float)c->P), 0, NULL);
+            snprintf(name, sizeof name, "layers.%d.norm1.weight", l);
+            bad = bad || rm_add(f, name, 1, H, 0, 0, 0.1f, 1.0f, NULL);
+            snprintf(name, sizeof name, "layers.%d.norm1.bias", l);
+            bad = bad || rm_add(f, name, 1, H, 0, 0, 0.1f, 0, NULL);
+            continue;
+        }
         for (int k = 1; k <= 2 && !bad; k++) {
             snprintf(name, sizeof name, "layers.%d.norm%d.weight", l, k);
             bad = rm_add(f, name, 1, H, 0, 0, 0.1f, 1.0f, NULL);
@@ -156,8 +168,9 @@ static int rm_write_aspan(const char *path, const rm_aspan *c, uint64_t seed, ch
     char config[512];
     snprintf(config, sizeof config,
              "{\"family\": \"adaptive-span\", \"hidden_size\": %d, \"inner_hidden_size\": %d, \"nb_heads\": %d, "
-             "\"nb_layers\": %d, \"attn_span\": %d, \"block_size\": %d, \"adapt_span_ramp\": %d, \"vocab_size\": %d}",
-             H, I, K, c->L, S, c->block, c->R, V);
+             "\"nb_layers\": %d, \"attn_span\": %d, \"block_size\": %d, \"adapt_span_ramp\": %d, \"vocab_size\": %d, "
+             "\"pers_mem_size\": %d}",
+             H, I, K, c->L, S, c->block, c->R, V, c->P);
     if (bad) {
         rm_free(f);
         return err_set(err, "out of memory");

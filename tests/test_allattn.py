@@ -71,9 +71,12 @@ def run(S, vec, vocab):
     got = (r.json or {}).get("token_logprobs") or []
     # stream 0: block b fed tokens[b*M:(b+1)*M], its row i predicting tokens[b*M+i+1]
     want = [lp[((0 * NB + j // M) * M + j % M) * V + toks[j + 1]] for j in range(NB * M)]
-    worst = max((abs(x - y) for x, y in zip(got, want)), default=1)
-    check("score: the reference's logprobs, blocks with the memory carried", r.status == 200
-          and len(got) >= len(want) and worst <= 1e-4, f"{len(got)} vs {len(want)}: {worst}")
+    prec = (S.call("GET", "/v1/models/a").json or {}).get("precision", "fp32")
+    tol, mean_tol = (1e-4, 1e-4) if prec == "fp32" else (0.1, 0.01)   # bf16 on a GPU: within 0.1, 0.01 on average
+    diffs = [abs(x - y) for x, y in zip(got, want)]
+    worst, mean = max(diffs, default=1), sum(diffs) / max(len(diffs), 1)
+    check(f"score: the reference's logprobs, blocks with the memory carried ({prec})", r.status == 200
+          and len(got) >= len(want) and worst <= tol and mean <= mean_tol, f"{len(got)} vs {len(want)}: {worst} {mean}")
     r = S.call("POST", "/v1/sessions", {"model": "a", "id": "s"})
     check("a session", r.status in (200, 201), f"{r}")
     r1 = S.call("POST", "/v1/score", {"session": "s", "text": text[:100], "per_token": True})

@@ -421,13 +421,25 @@ static void check_random_models(void)
     /* adaptive-span, spans from none (the ramp only) to the whole window,
      * blocks longer than the keys a head keeps */
     float z[3 * 4] = {0.0f, 0.1f, 0.5f, 1.0f, 0.3f, 0.0f, 0.0f, 0.05f, 0.9f, 0.2f, 0.6f, 0.0f};
-    rm_aspan a = {50, 64, 4, 128, 3, 96, 32, 16, z};
+    rm_aspan a = {50, 64, 4, 128, 3, 96, 32, 16, z, 0};
     CHECK(rm_write_aspan(p, &a, 11, err) == 0, "%s", err);
     const int pre[4] = {0, 5, 90, 333}, asteps[] = {32, 1, 1, 160, 7, 1};
     for (int mode = 0; mode < 2; mode++) {
         model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
         CHECK(m != NULL, "random aspan: %s", err);
         if (m) check_random(m, mode ? "random aspan (span memory)" : "random aspan (exact memory)", pre, 4, asteps, 6, 3);
+        model_free(m);
+    }
+    /* persistent memory (all-attention layers, no feed-forward): the same
+     * spans, a head of span 0 attending to its vectors still */
+    rm_aspan ap = {50, 64, 4, 128, 3, 96, 32, 16, z, 12};
+    CHECK(rm_write_aspan(p, &ap, 14, err) == 0, "%s", err);
+    for (int mode = 0; mode < 2; mode++) {
+        model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
+        CHECK(m != NULL, "random aspan with persistent memory: %s", err);
+        if (m) check_random(m, mode ? "random aspan, persistent memory (span)" : "random aspan, persistent memory (exact)",
+                            pre, 4, asteps, 6, 15);
+        if (m && !mode) check_random_prec(m, "random aspan, persistent memory (bf16)", pre, 4, asteps, 6, 15, GPU_BF16, 0.5);
         model_free(m);
     }
     /* PAR: attention, skip and feed-forward blocks, untied output, blocks
@@ -448,7 +460,7 @@ static void check_random_models(void)
     model_free(m);
     /* heads wider than the 128 dims a lane pass accumulates */
     float zw[2] = {0.4f, 1.0f};
-    rm_aspan aw = {40, 320, 2, 64, 1, 80, 16, 8, zw};
+    rm_aspan aw = {40, 320, 2, 64, 1, 80, 16, 8, zw, 0};
     CHECK(rm_write_aspan(p, &aw, 14, err) == 0, "%s", err);
     m = model_load(p, err);
     CHECK(m != NULL, "wide aspan: %s", err);
@@ -470,7 +482,7 @@ static void check_random_models(void)
      * not a multiple of its 128 queries, streams past the window */
     for (int wide = 0; wide < 2; wide++) {
         float zt[4] = {1.0f, 0.3f, 0.0f, 0.02f};
-        rm_aspan at = {40, wide ? 128 : 64, 2, 64, 2, 3000, 64, 32, zt};
+        rm_aspan at = {40, wide ? 128 : 64, 2, 64, 2, 3000, 64, 32, zt, 0};
         CHECK(rm_write_aspan(p, &at, 17 + wide, err) == 0, "%s", err);
         const int tpre[3] = {0, 37, 3100}, tsteps[] = {200, 1, 5, 17, 129, 1, 64};
         for (int mode = 0; mode < 2; mode++) {
@@ -500,7 +512,7 @@ static void check_random_models(void)
     }
     /* a window past the scores kept in shared memory (16384): recomputed */
     float zl[2] = {1.0f, 0.01f};
-    rm_aspan al = {30, 32, 2, 32, 1, 20000, 16, 32, zl};
+    rm_aspan al = {30, 32, 2, 32, 1, 20000, 16, 32, zl, 0};
     CHECK(rm_write_aspan(p, &al, 16, err) == 0, "%s", err);
     m = model_load(p, err);
     CHECK(m != NULL, "long-span aspan: %s", err);
@@ -838,6 +850,12 @@ int main(void)
     check_fixture_random("par-small", MEM_EXACT, "par-small");
     check_random_models();
     check_txl();
+    if (shared_path("fixtures/allattn-small/model.safetensors")) {   /* persistent memory, the reference's */
+        check_vectors("allattn-small");
+        check_bpc("allattn-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
+        check_bpc("allattn-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
+    } else
+        printf("SKIP test_gpu allattn-small: ../shared/fixtures/allattn-small is not here\n");
     check_picks_all();
     check_errors();
     printf("test_gpu: largest GPU vs CPU logprob difference %.2e\n", worst_all);

@@ -383,7 +383,7 @@ static void check_batch_invariance(void)
     if (fd < 0) return;
     close(fd);
     float z[2 * 3] = {0.1f, 0.6f, 1.0f, 0.0f, 0.3f, 0.9f};
-    const rm_aspan as[2] = {{37, 36, 3, 52, 2, 70, 20, 8, z}, {37, 132, 3, 264, 1, 60, 48, 8, z}};
+    const rm_aspan as[2] = {{37, 36, 3, 52, 2, 70, 20, 8, z, 0}, {37, 132, 3, 264, 1, 60, 48, 8, z, 0}};
     const rm_par ps[2] = {{37, 40, 3, 11, 56, 30, 20, 0, "afsa"}, {37, 132, 3, 44, 264, 30, 48, 0, "afsa"}};
     static const char *an[2][2] = {{"random aspan", "random aspan (span memory)"},
                                    {"wide random aspan", "wide random aspan (span memory)"}},
