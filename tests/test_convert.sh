@@ -5,7 +5,9 @@
 # pickled MemTransformerLM), converted back, must score a text exactly as the
 # original checkpoints do; vocabularies rebuilt from text as the references
 # build them; every error case a clear message and exit status 1.
-# Needs torch (the GPU machine has it); skipped where it is missing.
+# Needs torch (the GPU machine has it) to write the files; skipped where it is
+# missing. The converter itself reads them without torch too (checked with
+# torch blocked).
 if ! python3 -c 'import torch' >/dev/null 2>&1; then
     echo "SKIP test_convert.sh: torch is not installed (the GPU machine has it)"
     echo "test_convert.sh: 0 passed, 0 failed"
@@ -452,6 +454,27 @@ EOF
 else
     echo "SKIP test_convert.sh persistent memory: no $shared/fixtures/allattn-small (set SPANSERVE_SHARED)"
 fi
+
+# ---- without torch: the same files read by convert's own reader of the zip format, torch blocked in the
+# Python it runs in; the outputs are the files torch's reading gave, byte for byte
+notorch() { python3 -c 'import runpy, sys; sys.modules["torch"] = None; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name="__main__")' "$@"; }
+same_file() { cmp -s "$1" "$2" && ok || bad "$2 differs from $1 (read with torch)"; }
+expect 0 notorch "$conv" "$tmp/aspan.pt" "$tmp/nt_aspan.safetensors" --vocab "$tmp/vocab.json" --block-sz 64 --adapt-span-ramp 32
+same_file "$tmp/aspan.safetensors" "$tmp/nt_aspan.safetensors"
+expect 0 notorch "$conv" "$tmp/txl_model.pt" "$tmp/nt_txl_model.safetensors" --vocab "$tmp/vocab.json" \
+    --n_layer 4 --d_model 128 --n_head 4 --d_head 32 --d_inner 512
+same_file "$tmp/txl_model.safetensors" "$tmp/nt_txl_model.safetensors"
+if [ -f "$tmp/w_pt.safetensors" ]; then
+    expect 0 notorch "$conv" "$WD/model.pt" "$tmp/nt_w_pt.safetensors" --vocab "$tmp/wvocab.json" --tgt_len 32 --mem_len 32
+    same_file "$tmp/w_pt.safetensors" "$tmp/nt_w_pt.safetensors"
+fi
+if [ -f "$tmp/allattn.safetensors" ]; then
+    expect 0 notorch "$conv" "$tmp/allattn.pt" "$tmp/nt_allattn.safetensors" --vocab "$tmp/vocab.json" --block-sz 64 --adapt-span-ramp 32
+    same_file "$tmp/allattn.safetensors" "$tmp/nt_allattn.safetensors"
+fi
+printf 'not a zip' >"$tmp/old.pt"
+expect 1 notorch "$conv" "$tmp/old.pt" "$tmp/x.safetensors" --vocab "$tmp/vocab.json" --block-sz 64 --adapt-span-ramp 32
+contains "$tmp/err" "needs torch installed"
 
 # ---- Hugging Face: small random TransfoXLLMHeadModel directories, scored by
 # spanserve against transformers' own numbers (its own counts; SKIP without
