@@ -202,7 +202,8 @@ __device__ static inline int reached(unsigned long long acc, double target, int 
  * differ, which the values' leading bits (sign, exponent) do not. */
 __device__ static inline unsigned coarse(const pick_set &c, float v)
 {
-    const float d = (c.mxf - v) * c.inv_tf;   /* float is enough: any order-keeping bucketing is */
+    /* float is enough: any order-keeping bucketing is; the max itself is at 0 even when 1/T is infinite */
+    const float gap = c.mxf - v, d = gap > 0.0f ? gap * c.inv_tf : 0.0f;
     return d < 32 ? PICK_BINS - 1 - (unsigned)(d * 8) : 0;
 }
 

@@ -700,7 +700,7 @@ static void check_picks(const model_t *m, const char *label)
         rows[7 * V + i] = i == V - 1 ? NAN : -2.0f;                   /* not finite */
         for (int k = 3; k < 7; k++) rows[k * V + i] = (float)(-(k - 2) * 3.0 * rng_uniform(&r));
     }
-    static const double temps[] = {1e-3, 0.5, 1, 4}, tops[] = {1, 0.95, 0.5, 1e-9};
+    static const double temps[] = {1e-300, 0.5, 1, 4}, tops[] = {1, 0.95, 0.5, 1e-9};   /* (1e-300: 1/T is inf in float) */
     const int ks[] = {0, 1, 2, 7, V - 1, V + 5};
     pick_req q[32];
     pick_out o[32], h;
