@@ -11,13 +11,6 @@
 
 #include <stdlib.h>
 
-static int aspan_supports(const model_t *m, char *why)
-{
-    (void)m;
-    (void)why;
-    return 1;
-}
-
 /* core keeps the mask templates in the arena past the parameters */
 static size_t aspan_arena_extra(const model_t *m) { return (size_t)m->n_layers * m->span; }
 
@@ -150,6 +143,6 @@ static size_t aspan_smem(const gpu_model *g)
 }
 
 const gpu_family gpu_family_aspan = {
-    aspan_supports, aspan_arena_extra, aspan_upload, aspan_smem, aspan_alloc_step, aspan_sublayers, aspan_attend,
+    aspan_arena_extra, aspan_upload, aspan_smem, aspan_alloc_step, aspan_sublayers, aspan_attend,
     aspan_embed_scale,
 };

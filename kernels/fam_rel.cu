@@ -17,13 +17,6 @@ extern "C" {
 #include <math.h>
 #include <stdlib.h>
 
-static int rel_supports(const model_t *m, char *why)
-{
-    (void)m;
-    (void)why;
-    return 1;
-}
-
 static size_t rel_arena_extra(const model_t *m)
 {
     (void)m;
@@ -131,5 +124,5 @@ static int rel_attend(gpu_model *g, int l, int B, int M, char *err)
 static float rel_embed_scale(const model_t *m) { return (float)sqrt((double)m->d_model); }
 
 const gpu_family gpu_family_rel = {
-    rel_supports, rel_arena_extra, rel_upload, gpu_rel_attn_smem, rel_alloc_step, rel_sublayers, rel_attend, rel_embed_scale,
+    rel_arena_extra, rel_upload, gpu_rel_attn_smem, rel_alloc_step, rel_sublayers, rel_attend, rel_embed_scale,
 };

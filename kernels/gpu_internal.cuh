@@ -141,8 +141,6 @@ typedef struct {
  * fam_rel.cu), listed by core's family name in gpu.cu's table. */
 enum { GPU_SUB_ATTN = 1, GPU_SUB_FFN = 2 };
 typedef struct {
-    /* whether the kernels cover M's variant of the family (0 with WHY) */
-    int (*supports)(const model_t *m, char *why);
     /* floats of core's arena past the parameters that the device needs too */
     size_t (*arena_extra)(const model_t *m);
     /* after the arena is up: each layer's pointers (g->L), the tables the

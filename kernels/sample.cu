@@ -133,19 +133,19 @@ __device__ static inline int before(unsigned ka, int ia, unsigned kb, int ib)
     return ia >= 0 && (ib < 0 || ka > kb || (ka == kb && ia < ib));
 }
 
-enum { RED_MAX, RED_MIN, RED_SUM };
+enum { RED_MAX, RED_MIN };
 
-/* The cluster's max, min or sum of each block's MINE (the same in all of a
+/* The cluster's max or min of each block's MINE (the same in all of a
  * block's threads), in every thread of every block. */
 __device__ static unsigned long long cluster_reduce(pick_sh *s, unsigned long long mine, int op)
 {
     cg::cluster_group cl = cg::this_cluster();
     if (threadIdx.x == 0) s->xch = mine;
     cl.sync();
-    unsigned long long r = op == RED_SUM ? 0 : *cl.map_shared_rank(&s->xch, 0);
-    for (unsigned b = op == RED_SUM ? 0 : 1; b < PICK_CLUSTER; b++) {
+    unsigned long long r = *cl.map_shared_rank(&s->xch, 0);
+    for (unsigned b = 1; b < PICK_CLUSTER; b++) {
         const unsigned long long x = *cl.map_shared_rank(&s->xch, b);
-        r = op == RED_SUM ? r + x : op == RED_MAX ? (x > r ? x : r) : (x < r ? x : r);
+        r = op == RED_MAX ? (x > r ? x : r) : (x < r ? x : r);
     }
     cl.sync();   /* before any block writes its xch again */
     return r;

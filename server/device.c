@@ -40,10 +40,10 @@ static void sync_scalars(gpu_mem *g, const mem_t *s)
     memcpy(g->len, s->len, (size_t)s->m->n_layers * sizeof *g->len);
 }
 
-/* One step on the device: with Q the picks (and TARGETS' logprobs into
- * LOGPROBS, B x M floats), else LOGPROBS (model_forward_targets'). */
+/* One step on the device: with PICK the N picks Q (and TARGETS' logprobs
+ * into LOGPROBS, B x M floats), else LOGPROBS (model_forward_targets'). */
 static int dev_step(device_model *d, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
-                    float *logprobs, int n, const pick_req *q, pick_out *o, char *err)
+                    float *logprobs, int pick, int n, const pick_req *q, pick_out *o, char *err)
 {
     if (B > DEVICE_MAX_BATCH) return err_set(err, "a step of %d streams is over %d", B, DEVICE_MAX_BATCH);
     pthread_mutex_lock(&d->lock);
@@ -51,7 +51,7 @@ static int dev_step(device_model *d, mem_t **mems, int B, const int32_t *tokens,
         d->batch[b] = mems[b]->dev;
         sync_scalars(d->batch[b], mems[b]);
     }
-    int rc = q ? gpu_forward_pick(d->g, d->batch, B, tokens, M, targets, logprobs, n, q, o, err)
+    int rc = pick ? gpu_forward_pick(d->g, d->batch, B, tokens, M, targets, logprobs, n, q, o, err)
                : gpu_forward_targets(d->g, d->batch, B, tokens, M, targets, logprobs, err);
     for (int b = 0; rc == 0 && b < B; b++)   /* par: the rows each attention block now holds */
         memcpy(mems[b]->len, d->batch[b]->len, (size_t)d->m->n_layers * sizeof *mems[b]->len);
@@ -62,14 +62,13 @@ static int dev_step(device_model *d, mem_t **mems, int B, const int32_t *tokens,
 static int dev_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                        float *logprobs, char *err)
 {
-    return dev_step(ctx, mems, B, tokens, M, targets, logprobs, 0, NULL, NULL, err);
+    return dev_step(ctx, mems, B, tokens, M, targets, logprobs, 0, 0, NULL, NULL, err);
 }
 
 static int dev_forward_pick(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                             float *tlp, int n, const pick_req *q, pick_out *o, char *err)
 {
-    static const pick_req none;
-    return dev_step(ctx, mems, B, tokens, M, targets, tlp, n, q ? q : &none, o, err);
+    return dev_step(ctx, mems, B, tokens, M, targets, tlp, 1, n, q, o, err);
 }
 
 static int dev_attach(void *ctx, mem_t *s, char *err)
