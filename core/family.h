@@ -9,6 +9,9 @@
  *                                 Transformer-XLs converted to its layout)
  *   transformer-xl      txl.c     kimiyoung/transformer-xl's MemTransformerLM:
  *                                 adaptive input and softmax, word vocabularies
+ *   gpt-adaptive-span   gpt.c     GPT-style window models (gpt.h): the GPT with
+ *   nanogpt                       adaptive spans of uuzall/adaptive_attention_span,
+ *                                 karpathy/nanoGPT
  * model_load reads the config and the vocabulary, asks the table which
  * family the config names, and calls its functions in this order: config,
  * tensors, (the file's tensors bound), derive. Memory, the forward and the
@@ -29,7 +32,7 @@ enum { W_LOAD, W_OPTIONAL, W_IGNORE };  /* required; loaded if present; allowed 
 
 typedef struct {
     char name[96];
-    int ndim;
+    int ndim;           /* -1: any shape (W_IGNORE only) */
     int64_t shape[3];
     const float **dst;
     int need;
@@ -89,7 +92,7 @@ typedef struct family_ops {
     void (*cost)(const model_t *m, double *tok, double *step);
 } family_ops;
 
-extern const family_ops family_aspan, family_par, family_txl;
+extern const family_ops family_aspan, family_par, family_txl, family_gpt_aspan, family_nanogpt;
 
 /* What the Transformer-XL families share (par.c): the forward (forward.h),
  * the r_net tables, memory of mem_len rows per attention block, reports. */

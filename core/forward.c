@@ -4,6 +4,7 @@
 #include "forward.h"
 #include "err.h"
 #include "family.h"
+#include "gpt.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,12 @@ static int forward_check(const model_t *m, mem_t **mems, int B, const int32_t *t
         else if (mems[b]->pos > MEM_MAX_POS - M)
             return err_set(err, "stream %d is at position %lld: a stream holds at most %lld positions", b,
                            (long long)mems[b]->pos, (long long)MEM_MAX_POS);
+        else if (m->window && mems[b]->keep >= 0) {   /* fed in windows: one window a forward */
+            const int64_t held = mems[b]->pos < mems[b]->keep ? mems[b]->pos : mems[b]->keep;
+            if (held + M > m->window)
+                return err_set(err, "stream %d: a window of %lld tokens held and %d new is over the model's %d", b,
+                               (long long)held, M, m->window);
+        }
     for (long i = 0; i < (long)B * M; i++)
         if (tokens[i] < 0 || tokens[i] >= m->V)
             return err_set(err, "token id %d at %ld is outside the vocabulary [0, %d)", tokens[i], i, m->V);
@@ -57,9 +64,15 @@ static int forward_check(const model_t *m, mem_t **mems, int B, const int32_t *t
     return 0;
 }
 
-static void advance(mem_t **mems, int B, int M)
+/* The streams consumed their M tokens: positions, and a window model's rings of tokens. */
+static void advance(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M)
 {
-    for (int b = 0; b < B; b++) mems[b]->pos += M;
+    const int C = m->window;
+    for (int b = 0; b < B; b++) {
+        mem_t *s = mems[b];
+        if (C) gpt_ring_push(C, s->toks, s->pos, tokens + (size_t)b * M, M);
+        s->pos += M;
+    }
 }
 
 int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
@@ -69,7 +82,7 @@ int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *
     int rc;
     if (m->backend) rc = m->backend->forward(m->backend->ctx, mems, B, tokens, M, targets, logprobs, err);
     else rc = m->family->forward(m, mems, B, tokens, M, targets, logprobs, ws, err);
-    if (rc == 0) advance(mems, B, M);
+    if (rc == 0) advance(m, mems, B, tokens, M);
     return rc;
 }
 
@@ -86,7 +99,7 @@ int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tok
     if (forward_check(m, mems, B, tokens, M, targets, err)) return -1;
     if (m->backend && m->backend->forward_pick) {
         if (m->backend->forward_pick(m->backend->ctx, mems, B, tokens, M, targets, tlp, n, q, o, err)) return -1;
-        advance(mems, B, M);
+        advance(m, mems, B, tokens, M);
         return 0;
     }
     /* the host: a stream with picks gets its rows whole, the others only their targets (adaptive

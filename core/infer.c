@@ -117,7 +117,7 @@ size_t gen_prefill_left(const gen_state *g)
 
 long gen_prefill(gen_state *g, fwd_ws *ws, char *err)
 {
-    size_t left = gen_prefill_left(g), L = (size_t)g->m->block_len;
+    size_t left = gen_prefill_left(g), L = (size_t)mem_block(g->s);
     if (infer_feed_many(g->m, NULL, 0, &g, 1, left < L ? left : L, ws, err)) return -1;
     return (long)gen_prefill_left(g);
 }
@@ -196,10 +196,13 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
                     char *err)
 {
     if (!m || ns < 0 || ng < 0 || (ns && !jobs) || (ng && !gens)) return err_set(err, "no model or no streams");
-    const size_t L = (size_t)m->block_len, blk = M < L ? M : L;
     mem_t **mems = malloc(((size_t)ns + (size_t)ng + 1) * sizeof *mems);
     if (!mems) return err_set(err, "out of memory");
     int S = feed_check(m, jobs, ns, gens, ng, M, mems, err), rc = S < 0 ? -1 : 0;
+    /* pieces of the streams' block (mem_block: a window model fed in windows feeds one a forward) */
+    size_t L = (size_t)m->block_len;
+    for (int b = 0; b < S; b++) L = (size_t)mem_block(mems[b]) < L ? (size_t)mem_block(mems[b]) : L;
+    const size_t blk = M < L ? M : L;
     int32_t *in = NULL, *tg = NULL;
     float *tl = NULL;
     pick_req *q = NULL;

@@ -23,7 +23,7 @@ typedef struct {
 
 /* Scores TOKS[0..n) after the stream S: the first token is predicted from
  * the pending token (a stream without one starts predicting at toks[1]).
- * Feeds blocks of the model's block length. PER_TOKEN, if not NULL, gets the
+ * Feeds blocks of the stream's block length (mem_block). PER_TOKEN, if not NULL, gets the
  * logprob of each prediction (room for n floats). Adds to *OUT. A
  * prediction that is not finite is an error. */
 int infer_score(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *toks, size_t n, score_t *out,

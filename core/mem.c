@@ -23,7 +23,7 @@ static size_t mem_floats(const model_t *m)
     return n;
 }
 
-size_t mem_bytes(const model_t *m) { return mem_floats(m) * sizeof(float); }
+size_t mem_bytes(const model_t *m) { return mem_floats(m) * sizeof(float) + (size_t)m->window * sizeof(int32_t); }
 size_t mem_bytes_reference(const model_t *m) { return m->family->mem_reference(m); }
 size_t mem_bytes_full(const model_t *m) { return m->family->mem_full(m); }
 const char *mem_full_name(const model_t *m) { return m->family->full_name; }
@@ -38,7 +38,9 @@ mem_t *mem_new(const model_t *m)
     s->buf = calloc(s->n_floats ? s->n_floats : 1, sizeof(float));
     s->off = calloc((size_t)mem_slots(m), sizeof *s->off);
     s->len = calloc((size_t)m->n_layers, sizeof *s->len);
-    if (!s->buf || !s->off || !s->len) {
+    s->toks = m->window ? calloc((size_t)m->window, sizeof *s->toks) : NULL;
+    s->keep = -1;
+    if (!s->buf || !s->off || !s->len || (m->window && !s->toks)) {
         mem_free(s);
         return NULL;
     }
@@ -62,13 +64,27 @@ void mem_free(mem_t *s)
     free(s->buf);
     free(s->off);
     free(s->len);
+    free(s->toks);
     free(s);
+}
+
+void mem_windows(mem_t *s, int keep)
+{
+    const int C = s->m->window;
+    s->keep = keep < 0 ? -1 : keep >= C ? (C > 0 ? C - 1 : 0) : keep;
+}
+
+int mem_block(const mem_t *s)
+{
+    const model_t *m = s->m;
+    return m->window && s->keep >= 0 ? m->window - s->keep : m->block_len;
 }
 
 void mem_reset(mem_t *s)
 {
     memset(s->buf, 0, s->n_floats * sizeof(float));
     memset(s->len, 0, (size_t)s->m->n_layers * sizeof *s->len);
+    if (s->toks) memset(s->toks, 0, (size_t)s->m->window * sizeof *s->toks);
     s->pos = 0;
     s->pending = -1;
     if (s->dev) s->m->backend->push(s->m->backend->ctx, s, NULL);
@@ -85,7 +101,9 @@ int mem_copy(mem_t *dst, const mem_t *src)
     if (dst->m != src->m || mem_pull(src)) return -1;
     memcpy(dst->buf, src->buf, src->n_floats * sizeof(float));
     memcpy(dst->len, src->len, (size_t)src->m->n_layers * sizeof *src->len);
+    if (src->toks) memcpy(dst->toks, src->toks, (size_t)src->m->window * sizeof *src->toks);
     dst->pos = src->pos;
+    dst->keep = src->keep;
     dst->pending = src->pending;
     return dst->dev ? dst->m->backend->push(dst->m->backend->ctx, dst, NULL) : 0;
 }
@@ -100,6 +118,8 @@ int mem_copy(mem_t *dst, const mem_t *src)
  *  32  8  number of floats (u64)
  *  40  4*n_layers  rows held per layer (par) or zeros
  *  ... floats, little-endian IEEE 754
+ *  ... window models only: the token ring, `window` int32 (position p at
+ *      p % window; the last min(pos, window) positions are held, the rest 0)
  *
  * Written on the host's byte order, which every supported machine shares
  * (x86-64, aarch64): little-endian.
@@ -115,7 +135,7 @@ int64_t mem_room(const mem_t *s)
 
 size_t mem_serial_size(const mem_t *s)
 {
-    return MEM_HDR + 4 * (size_t)s->m->n_layers + s->n_floats * sizeof(float);
+    return MEM_HDR + 4 * (size_t)s->m->n_layers + s->n_floats * sizeof(float) + 4 * (size_t)s->m->window;
 }
 
 size_t mem_serial_header(mem_t *s, void *buf, size_t cap)
@@ -145,6 +165,7 @@ int mem_serialize(mem_t *s, void *buf, size_t cap)
     size_t h = mem_serial_header(s, buf, cap);
     if (!h) return -1;
     memcpy((unsigned char *)buf + h, s->buf, s->n_floats * sizeof(float));
+    if (s->toks) memcpy((unsigned char *)buf + h + s->n_floats * sizeof(float), s->toks, 4 * (size_t)s->m->window);
     return 0;
 }
 
@@ -194,12 +215,25 @@ int mem_deserialize(mem_t *s, const void *buf, size_t len, char *err)
             return err_set(err, "the state's value %zu is %g: a memory holds finite values within +-%g", i, (double)v,
                            MEM_MAX_ABS);
     }
+    /* a window model's tokens: ids of the vocabulary where held, zeros elsewhere */
+    const unsigned char *tv = vals + 4 * s->n_floats;
+    const int C = m->window;
+    const int64_t held = pos < C ? pos : C;
+    for (int i = 0; i < C; i++) {
+        int32_t t;
+        memcpy(&t, tv + 4 * (size_t)i, 4);
+        const int64_t age = ((pos - 1 - i) % C + C) % C;   /* slot i holds position pos-1-age */
+        if (age < held ? (t < 0 || t >= m->V) : t != 0)
+            return err_set(err, "the state's token %d is %d: a window holds token ids in [0, %d) where it has seen "
+                           "tokens and 0 elsewhere", i, t, m->V);
+    }
     for (uint32_t l = 0; l < nl; l++) {
         int32_t k;
         memcpy(&k, p + MEM_HDR + 4 * l, 4);
         s->len[l] = k;
     }
     memcpy(s->buf, vals, s->n_floats * sizeof(float));
+    if (C) memcpy(s->toks, tv, 4 * (size_t)C);
     s->pos = pos;
     s->pending = pend;
     if (s->dev && m->backend->push(m->backend->ctx, s, err)) return -1;

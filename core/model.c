@@ -23,7 +23,8 @@
 #include <string.h>
 
 /* The families, in the order a config is offered to them. */
-static const family_ops *const families[] = {&family_aspan, &family_par, &family_txl, NULL};
+static const family_ops *const families[] = {&family_aspan, &family_par, &family_txl, &family_gpt_aspan,
+                                             &family_nanogpt, NULL};
 
 const char *model_family_name(const model_t *m) { return m->family->name; }
 
@@ -149,7 +150,7 @@ static int bind_tensors(model_t *m, st_file *f, wantlist *L, char *err)
                     st_dtype_name(t->dtype));
             goto out;
         }
-        int same = t->ndim == w->ndim;
+        int same = w->ndim < 0 || t->ndim == w->ndim;   /* ndim -1: any shape (an ignored buffer) */
         for (int d = 0; same && d < w->ndim; d++) same = t->shape[d] == w->shape[d];
         if (!same) {
             shape_str(got, sizeof got, t->ndim, t->shape);

@@ -11,6 +11,10 @@
  *   transformer-xl kimiyoung/transformer-xl's MemTransformerLM: layers of
  *                  attention then feed-forward (held as blocks attn, ffn, ...),
  *                  adaptive input and softmax, pre-LN, clamp_len, same_length.
+ *   gpt            GPT-style models of a fixed context window and no memory
+ *                  between windows: nanoGPT, and the GPT with adaptive spans
+ *                  of uuzall/adaptive_attention_span (family names "nanogpt",
+ *                  "gpt-adaptive-span").
  *
  * core/family.h is the interface each family fills (one file each).
  *
@@ -57,6 +61,8 @@ typedef struct {
     const float *fc1_w, *fc1_b, *fc2_w, *fc2_b;
     const float *ln2_w, *ln2_b;              /* aspan norm2; par ff layer_norm */
     const float *alpha;                      /* par: 3 architecture logits, or NULL */
+    const float *qkv_b, *wo_b;               /* gpt: the attention's biases (NULL: none) */
+    const float **bound;                     /* gpt: where each head's tensors were loaded (5 x K) */
     const float *r_w_bias, *r_r_bias;        /* attention blocks: Transformer-XL's u and v (nh x dh) */
     /* adaptive-span spans, as the reference computes them */
     float *zfrac;                            /* K: current_val = z / S */
@@ -110,7 +116,14 @@ typedef struct model {
     int n_layers;          /* aspan layers, or PAR blocks */
     int d_model;           /* H or D */
     int n_head, d_head, d_inner;
-    int block_len;         /* block_size (aspan) or tgt_len (par) */
+    int block_len;         /* block_size (aspan, gpt) or tgt_len (par): the tokens a forward feeds */
+    /* gpt: the context window (block_size); 0 for the families with a memory */
+    int window;
+    int gelu;              /* gpt: the feed-forward's activation is GELU (erf form), not ReLU */
+    int cache_kv;          /* gpt: keys and values of a window that starts at 0 stay valid as it grows */
+    int bias;              /* gpt: its Linear and LayerNorm layers have biases (nanoGPT's config.bias) */
+    const float *wpe;      /* gpt: learned positions, window x d_model */
+    const float *lnf_w, *lnf_b;   /* gpt: the final LayerNorm (lnf_b NULL: no bias) */
     /* adaptive-span */
     int span;              /* S, the maximum span */
     int ramp;              /* R */
@@ -177,6 +190,10 @@ typedef struct mem {
     int64_t pos;           /* positions consumed so far */
     int *len;              /* par: rows held per layer (<= mem_len) */
     int32_t pending;       /* the last token, not yet fed; -1 if none */
+    /* window models (model_t.window > 0): the last `window` tokens fed, a
+     * ring by position; and how a forward reads them (mem_windows) */
+    int32_t *toks;
+    int keep;
     void *dev;             /* the backend's copy of buf (authoritative while set), or NULL */
 } mem_t;
 
@@ -186,6 +203,16 @@ typedef struct mem {
 #define MEM_MAX_POS (INT64_C(1) << 53)
 
 mem_t *mem_new(const model_t *m);
+/* A window model's stream fed in windows, as such models are evaluated: each
+ * forward's tokens form one window, fed whole, after the last KEEP tokens
+ * held (0: each window alone; window - stride: sliding windows of STRIDE
+ * new tokens). Without it (KEEP -1, mem_new's) a stream predicts each token
+ * as its model generates: from the window of the last `window` tokens ending
+ * at it. A memory model's streams ignore it. */
+void mem_windows(mem_t *s, int keep);
+/* Tokens a forward of stream S feeds at most in one piece: the model's
+ * block, or a window model's stride in windows (mem_windows). */
+int mem_block(const mem_t *s);
 /* Tokens stream S may still be given (its pending token counts as given). */
 int64_t mem_room(const mem_t *s);
 void mem_free(mem_t *s);

@@ -58,8 +58,13 @@ void ops_add_layernorm(float *x, const float *r, const float *w, const float *b,
         for (int j = 0; j < d; j++) var += (row[j] - mean) * (row[j] - mean);
         var /= d;
         double inv = 1.0 / sqrt(var + 1e-5);
-        for (int j = 0; j < d; j++) row[j] = (float)((row[j] - mean) * inv) * w[j] + b[j];
+        for (int j = 0; j < d; j++) row[j] = (float)((row[j] - mean) * inv) * w[j] + (b ? b[j] : 0.0f);
     }
+}
+
+void ops_gelu(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (float)(0.5 * x[i] * (1.0 + erf(x[i] * 0.70710678118654752440)));
 }
 
 void ops_relu(float *x, size_t n)

@@ -15,9 +15,11 @@ void ops_linear(float *y, const float *x, const float *W, const float *b, int B,
 void ops_gemm_nt(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k);
 /* C[m x n] = A[m x k] B[k x n], with leading dimensions. */
 void ops_gemm_nn(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k);
-/* x[n x d] = LayerNorm(x + r) * w + b (eps 1e-5, biased variance); r may be NULL. */
+/* x[n x d] = LayerNorm(x + r) * w + b (eps 1e-5, biased variance); r and b may be NULL. */
 void ops_add_layernorm(float *x, const float *r, const float *w, const float *b, int n, int d);
 void ops_relu(float *x, size_t n);
+/* x * Phi(x), the exact (erf) GELU */
+void ops_gelu(float *x, size_t n);
 /* Row-wise log-softmax of x[n x d], in place. */
 void ops_log_softmax(float *x, int n, int d);
 

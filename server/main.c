@@ -102,11 +102,15 @@ static char *read_all(const char *path, size_t *len, char *err)
 static const char score_usage[] =
     "usage: spanserve score --model PATH [--json] [--memory exact|span]\n"
     "                       [--device cpu|cuda|auto] [--precision bf16|fp32]\n"
-    "                       [--set KEY=VALUE]... FILE\n"
+    "                       [--stride N] [--set KEY=VALUE]... FILE\n"
     "\n"
     "Scores every prediction of the text in FILE (\"-\" for standard input):\n"
     "token i+1 given all before it, in blocks of the model's block length with\n"
-    "the memory carried. Prints the tokens scored, the mean negative\n"
+    "the memory carried; a model of a fixed window (nanogpt, gpt-adaptive-span)\n"
+    "in consecutive windows of its block_size, each alone, as those projects\n"
+    "evaluate (the last window may be shorter), or with --stride N in sliding\n"
+    "windows: each a window of N new tokens after the block_size - N before\n"
+    "them. Prints the tokens scored, the mean negative\n"
     "log-likelihood (nats), bits per character (character models) and\n"
     "perplexity; on a terminal, a progress line on stderr meanwhile. A word\n"
     "model reads FILE as its trainer read a file: each line's words, then <eos>.\n"
@@ -120,6 +124,7 @@ static const char score_usage[] =
     "                   this build has the CUDA core, else the CPU)\n"
     "  --precision P    on the GPU: bf16 (default; weights and memory in bfloat16,\n"
     "                   sums in fp32) or fp32 (the reference to 1e-4)\n"
+    "  --stride N       window models: sliding windows of N new tokens (1..block_size)\n"
     "  --set KEY=VALUE  a setting over the checkpoint's (transformer-xl:\n"
     "                   eval_tgt_len, eval_mem_len, eval_clamp_len, eval_same_length)\n";
 
@@ -152,7 +157,7 @@ static model_t *open_model(const char *path, mem_mode mode, const char *device, 
 static int score_with_progress(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *toks, size_t n, score_t *sc,
                                char *err)
 {
-    const size_t piece = (size_t)m->block_len * 64;
+    const size_t piece = (size_t)mem_block(s) * 64;
     cli_progress p;
     cli_progress_begin(&p, "scoring", "tokens");
     /* the first piece also feeds the first token, which nothing predicts */
@@ -174,9 +179,10 @@ static int cmd_score(int argc, char **argv)
 {
     static const struct option opts[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, 'j'}, {"memory", 1, 0, 'M'},
                                           {"device", 1, 0, 'd'}, {"precision", 1, 0, 'p'}, {"help", 0, 0, 'h'},
-                                          {"set", 1, 0, 'e'}, {0, 0, 0, 0}};
+                                          {"set", 1, 0, 'e'}, {"stride", 1, 0, 's'}, {0, 0, 0, 0}};
     const char *model = NULL, *device = "auto", *precision = "bf16";
     int json = 0, c;
+    long stride = 0;
     json_t *sets = NULL;
     char set_err[ERR_LEN];
     mem_mode mode = MEM_EXACT;
@@ -198,6 +204,13 @@ static int cmd_score(int argc, char **argv)
         case 'e':
             if (cli_settings_add(&sets, optarg, 0, set_err)) return cli_usage_error("score", "--set: %s", set_err);
             break;
+        case 's': {
+            char *end;
+            stride = strtol(optarg, &end, 10);
+            if (end == optarg || *end || stride < 1 || stride > MODEL_MAX_SPAN)
+                return cli_usage_error("score", "--stride must be a positive integer");
+            break;
+        }
         case 'h': fputs(score_usage, stdout); return 0;
         default: return cli_bad_option("score", opts, argv, optind);
         }
@@ -220,7 +233,13 @@ static int cmd_score(int argc, char **argv)
         goto out;
     }
     if (n < 2) { fprintf(stderr, "%s: %s: a text of %zu tokens has nothing to predict\n", prog, argv[optind], n); goto out; }
+    if (stride && (!m->window || stride > m->window)) {
+        if (!m->window) fprintf(stderr, "%s: --stride applies to models with a fixed window (nanogpt, gpt-adaptive-span)\n", prog);
+        else fprintf(stderr, "%s: --stride %ld is over the model's window of %d tokens\n", prog, stride, m->window);
+        goto out;
+    }
     mem_t *s = mem_new(m);
+    if (s && m->window) mem_windows(s, stride ? m->window - (int)stride : 0);
     fwd_ws *ws = ws_new();
     score_t sc = {0, 0};
     double t0 = clock_s();
@@ -301,7 +320,23 @@ static int cmd_spans(int argc, char **argv)
         json_t *r = report_spans(m), *layers = json_object_get(r, "layers"), *blocks = json_object_get(r, "blocks");
         size_t i;
         json_t *y;
-        if (layers) {
+        const int window = (int)json_integer_value(json_object_get(r, "window"));
+        if (window)
+            printf("%s: a window of %d tokens, no memory between windows; a session recomputes %s\n\n",
+                   json_string_value(json_object_get(r, "family")), window,
+                   json_string_value(json_object_get(r, "recompute")));
+        if (layers && window) {
+            printf("layer  spans per head (z*max_size; reach: keys from the window's end with a nonzero mask)\n");
+            json_array_foreach(layers, i, y) {
+                printf("%5zu ", i);
+                size_t h;
+                json_t *hd;
+                json_array_foreach(json_object_get(y, "heads"), h, hd)
+                    printf(" %.1f(%d)", json_number_value(json_object_get(hd, "span")),
+                           (int)json_integer_value(json_object_get(hd, "reach")));
+                printf("\n");
+            }
+        } else if (layers) {
             printf("%s: %zu layers x %d heads, maximum span %d, ramp %d\n\n", json_string_value(json_object_get(r, "family")),
                    json_array_size(layers), m->n_head, (int)json_integer_value(json_object_get(r, "attn_span")),
                    (int)json_integer_value(json_object_get(r, "ramp")));

@@ -259,12 +259,27 @@ enum MHD_Result route_score(request_t *r)
     char err[512];
     const char *model, *session, *text;
     int status;
+    long long stride;
     if (field_str(b, "model", &model, err) || field_str(b, "session", &session, err) ||
-        field_str(b, "text", &text, err) || field_bool(b, "per_token", 0, &t->per_token, err))
+        field_str(b, "text", &text, err) || field_bool(b, "per_token", 0, &t->per_token, err) ||
+        field_int(b, "stride", 1, MODEL_MAX_SPAN, 0, &stride, err))
         return task_refuse(r, t, b, 400, err);
     if (!text) return task_refuse(r, t, b, 400, "text is required");
-    if ((status = task_bind(t, model, session, err)) || (status = encode(t, text, 0, 0, err)))
-        return task_refuse(r, t, b, status, err);
+    if ((status = task_bind(t, model, session, err))) return task_refuse(r, t, b, status, err);
+    /* a window model scored without a session: windows of its context, each alone or sliding by stride */
+    const int C = t->sm->m->window;
+    if (stride && !C)
+        return task_refuse(r, t, b, 400, "stride applies to models with a fixed context window (nanogpt, "
+                           "gpt-adaptive-span); a model of this family carries its memory from block to block");
+    if (stride && t->sess)
+        return task_refuse(r, t, b, 400, "stride applies to scoring without a session: a session predicts each "
+                           "token from the window of the last tokens it has seen");
+    if (stride > C) {
+        snprintf(err, sizeof err, "stride %lld is over the model's window of %d tokens", stride, C);
+        return task_refuse(r, t, b, 400, err);
+    }
+    if (C && !t->sess) mem_windows(t->mem, stride ? C - (int)stride : 0);
+    if ((status = encode(t, text, 0, 0, err))) return task_refuse(r, t, b, status, err);
     if (t->n == 0 || (t->n == 1 && t->mem->pending < 0))
         return task_refuse(r, t, b, 400, "the text has nothing to predict: it needs 2 characters (or 1 in a session that has seen text)");
     if (t->per_token && !(t->lps = malloc(t->n * sizeof *t->lps))) return task_refuse(r, t, b, 503, "out of memory");
@@ -481,6 +496,9 @@ static json_t *score_json(const task_t *t)
     if (t->sm->m->vocab.kind->per_character)   /* bits per character only where a token is one */
         json_object_set_new(j, "bpc", json_real(nll / log(2.0)));
     if (t->sess) json_object_set_new(j, "session", json_string(t->sess_id));
+    else if (t->sm->m->window)   /* how a window model's text was cut */
+        json_object_set_new(j, "windows", json_pack("{s:i, s:i}", "window", t->sm->m->window, "stride",
+                                                    mem_block(t->mem)));
     if (t->lps) {
         json_t *a = json_array();
         for (long i = 0; i < t->sc.tokens; i++) json_array_append_new(a, json_real(t->lps[i]));

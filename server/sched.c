@@ -210,6 +210,13 @@ static size_t inputs_left(const task_t *t)
     return left && t->mem->pending < 0 ? left - 1 : left;
 }
 
+/* The inputs T feeds a forward at most: its stream's block (a window model
+ * scored in windows feeds one window, or a stride, at a time). */
+static size_t task_block(const task_t *t)
+{
+    return (size_t)mem_block(t->kind == TASK_GENERATE ? t->g.s : t->mem);
+}
+
 static int is_decoding(const task_t *t)
 {
     return t->kind == TASK_GENERATE && t->prefill_done && !t->done;
@@ -223,8 +230,9 @@ static int is_reading(const task_t *t)
 /* The tasks whose next block goes through one forward (srv.lock held),
  * oldest first: the first reading task of the active list (the one that has
  * waited longest for its turn) feeds the block it would feed alone, M =
- * min(block_len, its inputs left) inputs; every later reading task of the
- * same model whose own next block is M long joins, up to SCHED_MAX_BATCH.
+ * min(its block, its inputs left) inputs (task_block); every later reading
+ * task of the same model whose own next block is M long joins, up to
+ * SCHED_MAX_BATCH.
  * So each text is cut where it would be cut alone, into blocks of block_len
  * from its start: a PAR segment's context depends on where it starts, and
  * even where the math does not (adaptive-span), a block of another length
@@ -238,16 +246,15 @@ static int reader_batch(task_t **batch, size_t *M)
     task_t *head = srv.active;
     while (head && !is_reading(head)) head = head->next;
     if (!head) return 0;
-    const model_t *m = head->sm->m;
-    const size_t L = (size_t)m->block_len, left = inputs_left(head);
+    const size_t L = task_block(head), left = inputs_left(head);
     const int max_b = batch_cap(head->sm->cost.block_flops);
     *M = left < L ? left : L;
     batch[0] = head;
     int B = 1;
     for (task_t *t = head->next; t && *M > 0 && B < max_b; t = t->next) {
         if (t->sm != head->sm || !is_reading(t)) continue;
-        size_t l = inputs_left(t);
-        if ((l < L ? l : L) == *M) batch[B++] = t;
+        size_t l = inputs_left(t), Lt = task_block(t);
+        if ((l < Lt ? l : Lt) == *M) batch[B++] = t;
     }
     return B;
 }

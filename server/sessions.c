@@ -135,8 +135,9 @@ static int write_file(const char *path, const void *data, size_t len, int sync)
     return write_parts(path, &v, 1, sync);
 }
 
-/* Writes the memory of S to ID.mem: its header, then its floats as they are
- * (no copy). S must not change meanwhile: acquired, or under srv.lock. */
+/* Writes the memory of S to ID.mem: its header, then its floats and a
+ * window model's tokens as they are (no copy). S must not change meanwhile:
+ * acquired, or under srv.lock. */
 static int write_memory(session_t *s, int sync)
 {
     size_t cap = mem_serial_size(s->mem) - s->mem->n_floats * sizeof(float);
@@ -148,8 +149,9 @@ static int write_memory(session_t *s, int sync)
     }
     char path[1100];
     sess_path(path, sizeof path, s->id, "mem");
-    struct iovec v[2] = {{hdr, h}, {s->mem->buf, s->mem->n_floats * sizeof(float)}};
-    int rc = write_parts(path, v, 2, sync);
+    struct iovec v[3] = {{hdr, h}, {s->mem->buf, s->mem->n_floats * sizeof(float)},
+                         {s->mem->toks, (size_t)s->mem->m->window * sizeof *s->mem->toks}};
+    int rc = write_parts(path, v, s->mem->toks ? 3 : 2, sync);
     int e = errno;
     free(hdr);
     errno = e;

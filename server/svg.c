@@ -65,6 +65,14 @@ char *svg_spans(const model_t *m)
         }
         fprintf(f, "<text x=\"%d\" y=\"%d\">memory per session: %zu bytes (reference: %zu)</text>\n", x0, y0 + chh * nl + 30,
                 bytes, (size_t)json_integer_value(json_object_get(mem, "reference_bytes_per_stream")));
+    } else if (!blocks) {   /* a window model without spans: every head sees its whole window */
+        const int window = (int)json_integer_value(json_object_get(r, "window"));
+        fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"560\" height=\"90\" font-family=\"sans-serif\" font-size=\"12\">\n");
+        fprintf(f, "<title>%s: a window of %d tokens</title>\n", json_string_value(json_object_get(r, "family")), window);
+        fprintf(f, "<text x=\"20\" y=\"24\" font-size=\"14\">No learned spans: every head attends to its whole window of %d tokens</text>\n", window);
+        fprintf(f, "<rect x=\"20\" y=\"36\" width=\"520\" height=\"16\" fill=\"#d9534f\"><title>window: %d tokens</title></rect>\n", window);
+        fprintf(f, "<text x=\"20\" y=\"76\">memory per session: %zu bytes (a session recomputes %s)</text>\n", bytes,
+                json_string_value(json_object_get(r, "recompute")));
     } else {
         static const char *kinds[3] = {"attn", "ffn", "skip"}, *kind_col[3] = {"#d9534f", "#5b9bd5", "#bbbbbb"};
         const int nb = (int)json_array_size(blocks);

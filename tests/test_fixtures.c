@@ -367,6 +367,104 @@ static void check_txl_word(void)
     model_free(m);
 }
 
+/* Row I of LP (V wide) against REF's row: the largest difference so far in *WORST. */
+static void row_diff(const float *lp, const float *ref, int V, double *worst)
+{
+    for (int c = 0; c < V; c++) {
+        double d = fabs(lp[c] - ref[c]);
+        *worst = d > *worst ? d : *worst;
+    }
+}
+
+/* A GPT-style window model (fixtures/README.md, "gpt-aspan", "nanogpt-char"):
+ * each window fed whole in windows mode; short windows; the stream's
+ * predictions (each token the last of its window, as the seeds' generate);
+ * 40 greedy tokens after window 0; val_bpc_windows. */
+static void check_gpt(const char *name)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load(fx(name, "model.safetensors"), err);
+    st_file *vf = m ? st_open(fx(name, "vectors.safetensors"), err) : NULL;
+    json_t *e = json_load_file(fx(name, "expected.json"), 0, NULL);
+    CHECK(m && vf && e, "%s: %s", name, err);
+    if (!m || !vf || !e) { model_free(m); st_close(vf); json_decref(e); return; }
+    const st_tensor *tt = st_find(vf, "tokens"), *lt = st_find(vf, "logprobs"), *sh = st_find(vf, "short_logprobs"),
+                    *gt = st_find(vf, "greedy");
+    const int S = (int)tt->shape[0], T = (int)tt->shape[1], V = m->V, G = (int)gt->shape[0];
+    const int32_t *tok = tt->data, *greedy = gt->data;
+    const float *ref = lt->data, *sref = sh ? sh->data : NULL;
+    const int TS = sh ? (int)sh->shape[1] : 0;
+    CHECK(T == m->window, "%s: window %d vs the vectors' %d", name, m->window, T);
+    fwd_ws *ws = ws_new();
+    mem_t *s = mem_new(m);
+    float *lp = malloc(sizeof(float) * (size_t)T * V);
+    double whole = 0, shorter = 0, stream = 0, stream1 = 0;
+    for (int w = 0; w < S; w++) {
+        mem_reset(s);
+        mem_windows(s, 0);
+        CHECK(model_forward(m, &s, 1, tok + w * T, T, lp, ws, err) == 0, "%s", err);
+        for (int i = 0; i < T; i++) row_diff(lp + (size_t)i * V, ref + ((size_t)w * T + i) * V, V, &whole);
+        if (sref) {
+            mem_reset(s);
+            CHECK(model_forward(m, &s, 1, tok + w * T, TS, lp, ws, err) == 0, "%s", err);
+            for (int i = 0; i < TS; i++) row_diff(lp + (size_t)i * V, sref + ((size_t)w * TS + i) * V, V, &shorter);
+        }
+    }
+    /* a stream: row i is the last of the window ending at i (for the adaptive-span GPT the short
+     * window's last row; for nanoGPT every row of the whole window) */
+    mem_reset(s);
+    mem_windows(s, -1);
+    CHECK(model_forward(m, &s, 1, tok, T, lp, ws, err) == 0, "%s", err);
+    row_diff(lp + (size_t)(T - 1) * V, ref + (size_t)(T - 1) * V, V, &stream);
+    if (sref) row_diff(lp + (size_t)(TS - 1) * V, sref + (size_t)(TS - 1) * V, V, &stream);
+    else
+        for (int i = 0; i < T; i++) row_diff(lp + (size_t)i * V, ref + (size_t)i * V, V, &stream);
+    /* the same a token at a time */
+    mem_reset(s);
+    for (int i = 0; i < T; i++) {
+        CHECK(model_forward(m, &s, 1, tok + i, 1, lp, ws, err) == 0, "%s", err);
+        if (i == T - 1 || (!sref && i % 17 == 0)) row_diff(lp, ref + (size_t)i * V, V, &stream1);
+        if (sref && i == TS - 1) row_diff(lp, sref + (size_t)i * V, V, &stream1);
+    }
+    /* greedy: each step from the last `window` tokens */
+    int same = 0;
+    for (int g = 0; g < G; g++) {
+        int best = 0;
+        for (int c = 1; c < V; c++) best = lp[c] > lp[best] ? c : best;
+        same += best == greedy[g];
+        if (best != greedy[g]) break;
+        int32_t x = best;
+        CHECK(model_forward(m, &s, 1, &x, 1, lp, ws, err) == 0, "%s", err);
+    }
+    printf("%s: max |logprob - reference| windows %.2e, short windows %.2e, stream %.2e, token at a time %.2e; "
+           "greedy %d of %d\n", name, whole, shorter, stream, stream1, same, G);
+    CHECK(whole <= 1e-4 && shorter <= 1e-4, "%s windows: %.3g, short: %.3g", name, whole, shorter);
+    CHECK(stream <= 1e-4 && stream1 <= 1e-4, "%s stream: %.3g, a token at a time: %.3g", name, stream, stream1);
+    CHECK(same == G, "%s: greedy tokens agree for %d of %d", name, same, G);
+    /* val_bpc_windows: consecutive windows of the validation text, each alone */
+    size_t n = 0;
+    int32_t *t = val_tokens(m, &n);
+    long want = (long)json_integer_value(json_object_get(e, "val_tokens_scored"));
+    CHECK(t && n > (size_t)want, "validation text of %zu tokens", n);
+    if (t && n > (size_t)want) {
+        score_t sc = {0, 0};
+        mem_reset(s);
+        mem_windows(s, 0);
+        CHECK(infer_score(m, s, ws, t, (size_t)want + 1, &sc, NULL, err) == 0, "%s", err);
+        double bpc = sc.nll_sum / sc.tokens / log(2.0), r = json_real_value(json_object_get(e, "val_bpc_windows"));
+        printf("%s: windows bpc %.7f, reference %.7f (%ld predictions)\n", name, bpc, r, sc.tokens);
+        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
+        CHECK_NEAR(bpc, r, 1e-4, "val_bpc_windows");
+    }
+    free(t);
+    free(lp);
+    mem_free(s);
+    ws_free(ws);
+    st_close(vf);
+    json_decref(e);
+    model_free(m);
+}
+
 int main(void)
 {
     check_bf16();
@@ -386,6 +484,14 @@ int main(void)
         check_vectors("allattn-small");
         check_bpc("allattn-small", MEM_EXACT, 1e-4);
         check_bpc("allattn-small", MEM_SPAN, 2e-3);
+    }
+    /* GPT-style window models: ../shared only */
+    const char *gpts[] = {"gpt-aspan", "nanogpt-char"};
+    for (int i = 0; i < 2; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "fixtures/%s/model.safetensors", gpts[i]);
+        if (!shared_path(rel)) printf("SKIP test_fixtures %s: ../shared/fixtures/%s is not here\n", gpts[i], gpts[i]);
+        else check_gpt(gpts[i]);
     }
     return test_summary("test_fixtures");
 }
