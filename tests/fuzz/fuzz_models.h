@@ -1,7 +1,8 @@
 /*
  * fuzz_models.h - the tiny models the fuzz targets run (tests/fuzz/models,
  * or $FUZZ_MODELS): fuzz_model(k) is adaptive-span with exact memory, with
- * span memory, or PAR, by k % 3. Loaded once; a model that does not load
+ * span memory, PAR, the GPT with adaptive spans or nanoGPT (window models
+ * of 8 tokens), by k % FUZZ_N_MODELS. Loaded once; a model that does not load
  * stops the fuzzer (the seeds would mean nothing).
  */
 #ifndef SPANSERVE_FUZZ_MODELS_H
@@ -18,15 +19,16 @@
 
 #define REQUIRE(c) do { if (!(c)) abort(); } while (0)
 
-static model_t *fuzz_models[3];
+#define FUZZ_N_MODELS 5
+static model_t *fuzz_models[FUZZ_N_MODELS];
 
 static void fuzz_models_load(void)
 {
     if (fuzz_models[0]) return;
     const char *dir = getenv("FUZZ_MODELS");
     if (!dir) dir = "tests/fuzz/models";
-    static const char *files[3] = {"tiny-aspan", "tiny-aspan", "tiny-par"};
-    for (int i = 0; i < 3; i++) {
+    static const char *files[FUZZ_N_MODELS] = {"tiny-aspan", "tiny-aspan", "tiny-par", "tiny-gpt-aspan", "tiny-nanogpt"};
+    for (int i = 0; i < FUZZ_N_MODELS; i++) {
         char path[1024], err[ERR_LEN];
         snprintf(path, sizeof path, "%s/%s.safetensors", dir, files[i]);
         fuzz_models[i] = model_load_mode(path, i == 1 ? MEM_SPAN : MEM_EXACT, err);
@@ -37,6 +39,6 @@ static void fuzz_models_load(void)
     }
 }
 
-static const model_t *fuzz_model(unsigned k) { return fuzz_models[k % 3]; }
+static const model_t *fuzz_model(unsigned k) { return fuzz_models[k % FUZZ_N_MODELS]; }
 
 #endif

@@ -3,7 +3,8 @@
  * bytes PUT /v1/sessions/ID/state hands to mem_deserialize.
  *
  * The first byte picks a tiny model of tests/fuzz/models (adaptive-span with
- * exact or span memory, or PAR); the rest is the state. A refusal must come
+ * exact or span memory, PAR, or a window model: fuzz_models.h); the rest is
+ * the state. A refusal must come
  * with a message and leave the memory as it was. An accepted state
  * serialises back to the same bytes, and two tokens fed from it give finite
  * log-probabilities (or, at the bound on positions, a refusal that says

@@ -1,7 +1,7 @@
 /*
  * fuzz_state_seeds.c - writes fuzz_state's seeds into DIR: for each tiny
  * model, the state of a fresh stream and of streams fed 3, 9 and 40 tokens
- * (past the span and mem_len), each prefixed by the model's selector byte.
+ * (past the span, mem_len and window), each prefixed by the model's selector byte.
  */
 #include "fuzz_models.h"
 
@@ -10,7 +10,7 @@ int main(int argc, char **argv)
     if (argc != 2) return fprintf(stderr, "usage: fuzz_state_seeds DIR\n"), 2;
     fuzz_models_load();
     static const int fed[] = {0, 3, 9, 40};
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < FUZZ_N_MODELS; k++)
         for (size_t f = 0; f < sizeof fed / sizeof *fed; f++) {
             const model_t *m = fuzz_model((unsigned)k);
             mem_t *s = mem_new(m);
