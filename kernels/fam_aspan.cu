@@ -144,5 +144,5 @@ static size_t aspan_smem(const gpu_model *g)
 
 const gpu_family gpu_family_aspan = {
     aspan_arena_extra, aspan_upload, aspan_smem, aspan_alloc_step, aspan_sublayers, aspan_attend,
-    aspan_embed_scale,
+    aspan_embed_scale, NULL,
 };

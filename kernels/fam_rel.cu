@@ -124,5 +124,5 @@ static int rel_attend(gpu_model *g, int l, int B, int M, char *err)
 static float rel_embed_scale(const model_t *m) { return (float)sqrt((double)m->d_model); }
 
 const gpu_family gpu_family_rel = {
-    rel_arena_extra, rel_upload, gpu_rel_attn_smem, rel_alloc_step, rel_sublayers, rel_attend, rel_embed_scale,
+    rel_arena_extra, rel_upload, gpu_rel_attn_smem, rel_alloc_step, rel_sublayers, rel_attend, rel_embed_scale, NULL,
 };

@@ -1,7 +1,9 @@
 /*
  * forward.cu - one step on the device: core's model_forward launch by
  * launch, each family's attention through its gpu_family (fam_aspan.cu,
- * fam_rel.cu).
+ * fam_rel.cu); a family with a step of its own (fam_gpt.cu: the window
+ * models' ragged windows) runs it in place of launch_step, and the rest
+ * (targets, picks, the copies back, advancing the memories) is shared.
  *
  *   adaptive-span layer: qkv = x [Wq;Wk;Wv]^T; span attention (reads the
  *     rings and the block); ring writes (a separate launch, so that no write
@@ -31,6 +33,10 @@
  * later steps of B streams launch the graph.
  */
 #include "gpu_internal.cuh"
+
+extern "C" {
+#include "gpt.h"   /* gpt_ring_push: a window model's token ring, as core advances it */
+}
 
 #include <math.h>
 #include <string.h>
@@ -223,19 +229,21 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
            "copying the step's inputs");
 
     g->prof_n = 0;
-    *graph = M == 1 && g->graphs_on && !g->prof_on ? decode_graph(g, B) : NULL;
+    /* (a family's own step plans its launches from the memories every time: no graph) */
+    *graph = M == 1 && g->graphs_on && !g->prof_on && !g->fam->step ? decode_graph(g, B) : NULL;
     if (*graph) {
         CU_TRY(cudaGraphLaunch(*graph, g->stream), err, "launching the decode step's graph");
         g->graph_launches++;
         return 0;
     }
     if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
+    if (g->fam->step) return g->fam->step(g, mems, B, tokens, M, err);
     return launch_step(g, B, M, want_lp && *any_tg && !*any_rows, err);
 }
 
 /* After the step's copies: waits for it, adds up the profile and advances
- * the memories. */
-static int step_end(gpu_model *g, gpu_mem **mems, int B, int M, char *err)
+ * the memories (as core/forward.c's advance, and the rows each holds). */
+static int step_end(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, char *err)
 {
     CU_TRY(cudaStreamSynchronize(g->stream), err, "the step failed on the device");
     for (int i = 0; g->prof_on && i < g->prof_n; i++) {
@@ -247,6 +255,7 @@ static int step_end(gpu_model *g, gpu_mem **mems, int B, int M, char *err)
     for (int b = 0; b < B; b++) {
         gpu_mem *s = mems[b];
         for (int l = 0; l < g->m->n_layers; l++) s->len[l] = (int)mem_held_rows(g->m, l, s->pos + M);
+        if (s->toks) gpt_ring_push(g->m->window, s->toks, s->pos, tokens + (size_t)b * M, M);
         s->pos += M;
     }
     return 0;
@@ -277,7 +286,7 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
         CU_TRY(cudaMemcpyAsync(logprobs, g->logits, N * V * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
                "copying the logprobs");
     }
-    if (step_end(g, mems, B, M, err)) return -1;
+    if (step_end(g, mems, B, tokens, M, err)) return -1;
     for (int b = 0; logprobs && any_tg && b < B; b++)
         if (targets[(size_t)b * M] >= 0)
             for (int i = 0; i < M; i++) {
@@ -327,7 +336,7 @@ int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens,
         CU_TRY(cudaMemcpyAsync(g->h_tl, g->tl, N * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
                "copying the targets' logprobs");
     }
-    if (picks_launch(g, n, q, err) || step_end(g, mems, B, M, err)) return -1;
+    if (picks_launch(g, n, q, err) || step_end(g, mems, B, tokens, M, err)) return -1;
     for (size_t r = 0; any_tg && r < N; r++)
         if (targets[r / M * M] >= 0) tlp[r] = g->h_tl[r];
     if (n) memcpy(o, g->h_po, (size_t)n * sizeof *o);

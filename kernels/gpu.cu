@@ -1,8 +1,9 @@
 /*
  * gpu.cu - a model on the device: the weights uploaded once, the tables its
- * family derives at load (fam_aspan.cu, fam_rel.cu, listed here by name),
- * every per-step buffer planned for max_batch x max_block tokens; the memory
- * of a stream on the device, in mem_t's layout; the device's name; timers.
+ * family derives at load (fam_aspan.cu, fam_rel.cu, fam_gpt.cu, listed here
+ * by name), every per-step buffer planned for max_batch x max_block tokens;
+ * the memory of a stream on the device, in mem_t's layout (and a window
+ * model's token ring, on the host); the device's name; timers.
  *
  * The weights: core keeps every tensor in one float arena (core/model.c), so
  * the arena travels in one copy and each device pointer is the host pointer's
@@ -130,6 +131,7 @@ void gpu_model_free(gpu_model *g)
     cudaFree(g->ada_mem);
     cudaFree(g->tl);
     free(g->ada);
+    gpu_gpt_free(g->gpt);
     if (g->h_tl) cudaFreeHost(g->h_tl);
     cudaFree(g->d_pq);
     cudaFree(g->d_po);
@@ -287,6 +289,8 @@ static const struct {
     {"adaptive-span", &gpu_family_aspan},
     {"par-transformer-xl", &gpu_family_rel},
     {"transformer-xl", &gpu_family_rel},
+    {"gpt-adaptive-span", &gpu_family_gpt},
+    {"nanogpt", &gpu_family_gpt},
 };
 
 static const gpu_family *family_of(const model_t *m)
@@ -340,7 +344,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->graph = (cudaGraphExec_t *)calloc((size_t)max_batch, sizeof *g->graph);
     g->L = (gpu_layer *)calloc((size_t)m->n_layers, sizeof *g->L);
     const int slots = m->family->mem_slots(m);
-    g->h_off = (size_t *)calloc((size_t)slots, sizeof *g->h_off);
+    g->h_off = (size_t *)calloc((size_t)(slots ? slots : 1), sizeof *g->h_off);
     mem_t *lay = mem_new(m);   /* the layout, taken from core itself */
     int rc = 0;
     if (!g->L || !g->h_off || !lay || !g->graph) rc = err_set(err, "out of memory");
@@ -377,7 +381,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
             g->out_b = gpu_on_device(g, m->out_b, V);
         }
         (void)A;   /* the r biases are each attention block's (the family's upload) */
-        if (rc == 0 && !m->ada && (!g->emb || !g->out_w || !g->out_b))
+        if (rc == 0 && !m->ada && (!g->emb || !g->out_w || (m->out_b && !g->out_b)))
             rc = err_set(err, "%s: a weight lies outside the model's arena", m->path);
     }
     if (rc == 0) rc = g->fam->upload(g, err);
@@ -393,7 +397,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                          m->path, m->d_head, need, optin);
     }
     if (rc == 0) {
-        int64_t *off = (int64_t *)malloc((size_t)slots * sizeof *off);
+        int64_t *off = (int64_t *)malloc((size_t)(slots ? slots : 1) * sizeof *off);
         if (!off) rc = err_set(err, "out of memory");
         for (int i = 0; rc == 0 && i < slots; i++) off[i] = (int64_t)g->h_off[i];
         if (rc == 0 && (cudaMalloc(&g->d_off, (size_t)slots * sizeof *off) != cudaSuccess ||
@@ -405,7 +409,11 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
      * before it is written shows */
     if (rc == 0) {
         const size_t N = (size_t)max_batch * max_block, Dm = m->d_model, A = (size_t)m->n_head * m->d_head;
-        size_t nx = align16(N * Dm), nqkv = align16(N * 3 * A), natt = align16(N * A), nff = align16(N * m->d_inner),
+        /* the layers' rows: a family with its own step (window models) computes windows of up to m->window
+         * rows, grouped up to this many */
+        const size_t NR = g->fam->step && (size_t)m->window > N ? (size_t)m->window : N;
+        g->step_rows = (int)NR;
+        size_t nx = align16(NR * Dm), nqkv = align16(NR * 3 * A), natt = align16(NR * A), nff = align16(NR * m->d_inner),
                nlog = align16(N * m->V);
         /* GPU_BF16: the bfloat16 inputs of the linear layers after them
          * (x, att, relu(ff): half a float each, rounded up to whole floats) */
@@ -413,7 +421,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                                                 align16((nqkv + 1) / 2)
                                           : 0;
         size_t total = 2 * nx + nqkv + natt + nff + nlog + nb;
-        if (cudaMalloc(&g->x, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "out of device memory for a step of %zu rows", N);
+        if (cudaMalloc(&g->x, total * sizeof(float)) != cudaSuccess)
+            rc = err_set(err, "out of device memory for a step of %zu rows", NR);
         else {
             g->tmp = g->x + nx;
             g->qkv = g->tmp + nx;
@@ -472,6 +481,12 @@ gpu_mem *gpu_mem_new(gpu_model *g, char *err)
     s->g = g;
     s->n_floats = g->mem_floats;
     s->pending = -1;
+    s->keep = -1;
+    if (g->m->window && !(s->toks = (int32_t *)calloc((size_t)g->m->window, sizeof *s->toks))) {
+        err_set(err, "out of memory");
+        gpu_mem_free(s);
+        return NULL;
+    }
     size_t bytes = (s->n_floats ? s->n_floats : 1) * g->ring_elem;
     if (cudaMalloc(&s->buf, bytes) != cudaSuccess || cudaMemset(s->buf, 0, bytes) != cudaSuccess) {
         err_set(err, "out of device memory for a session of %zu bytes", bytes);
@@ -486,6 +501,7 @@ void gpu_mem_free(gpu_mem *s)
     if (!s) return;
     cudaFree(s->buf);
     free(s->len);
+    free(s->toks);
     free(s);
 }
 
@@ -493,6 +509,7 @@ int gpu_mem_reset(gpu_mem *s, char *err)
 {
     CU_TRY(cudaMemset(s->buf, 0, s->n_floats * s->g->ring_elem), err, "cudaMemset (session)");
     memset(s->len, 0, (size_t)s->g->m->n_layers * sizeof *s->len);
+    if (s->toks) memset(s->toks, 0, (size_t)s->g->m->window * sizeof *s->toks);
     s->pos = 0;
     s->pending = -1;
     return 0;
@@ -524,7 +541,7 @@ static bf16 *bf16_host(size_t n)
         if (!(st = (stage_t *)calloc(1, sizeof *st))) return NULL;
         pthread_setspecific(stage_key, st);
     }
-    if (st->n < n) {
+    if (st->n < n || !st->p) {   /* (a memory of no rings, gpt-adaptive-span's, still gets a buffer) */
         cudaFreeHost(st->p);
         st->p = NULL;
         st->n = 0;
@@ -556,8 +573,10 @@ int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err)
         CU_TRY(copy_now(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyHostToDevice), err,
                "uploading a session");
     memcpy(dst->len, src->len, (size_t)src->m->n_layers * sizeof *dst->len);
+    if (dst->toks) memcpy(dst->toks, src->toks, (size_t)src->m->window * sizeof *dst->toks);
     dst->pos = src->pos;
     dst->pending = src->pending;
+    dst->keep = src->keep;
     return 0;
 }
 
@@ -574,8 +593,10 @@ int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err)
         CU_TRY(copy_now(dst->buf, src->buf, src->n_floats * sizeof(float), cudaMemcpyDeviceToHost), err,
                "downloading a session");
     memcpy(dst->len, src->len, (size_t)dst->m->n_layers * sizeof *dst->len);
+    if (src->toks) memcpy(dst->toks, src->toks, (size_t)dst->m->window * sizeof *dst->toks);
     dst->pos = src->pos;
     dst->pending = src->pending;
+    dst->keep = src->keep;
     return 0;
 }
 

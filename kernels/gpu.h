@@ -1,7 +1,7 @@
 /*
- * gpu.h - the CUDA forward of both families: the same computation as core's
- * model_forward (core/aspan.c, core/par.c), on the device, in one of two
- * precisions:
+ * gpu.h - the CUDA forward of the families: the same computation as core's
+ * model_forward (core/aspan.c, core/par.c, core/txl.c, core/gpt.c), on the
+ * device, in one of two precisions:
  *
  *   GPU_FP32  float32 throughout: core's results to float rounding.
  *   GPU_BF16  the weights of the linear layers, their inputs and the memory's
@@ -47,6 +47,12 @@ typedef struct gpu_mem {
     int64_t pos;           /* positions consumed so far */
     int *len;              /* host, n_layers: par rows held per layer */
     int32_t pending;       /* the last token, not yet fed; -1 if none */
+    /* window models (model_t.window > 0; NULL and -1 otherwise): mem_t's
+     * ring of the last `window` tokens fed, on the host (gpt_plan reads it
+     * to cut a step into windows; the GPU forward advances it as core's
+     * model_forward does), and how a forward reads it (mem_windows' keep) */
+    int32_t *toks;
+    int keep;
 } gpu_mem;
 
 /* 0 when a CUDA device can be used; else -1 and why in ERR. */
@@ -92,19 +98,23 @@ void gpu_tiles(gpu_model *g, int on);
  * the reason graphs went off, or "". */
 void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why);
 
-/* A zeroed memory (what mem_new gives), on the device. */
+/* A zeroed memory (what mem_new gives: a window model's stream mode, keep
+ * -1), on the device. */
 gpu_mem *gpu_mem_new(gpu_model *g, char *err);
 void gpu_mem_free(gpu_mem *s);
+/* What mem_reset does: rings, lengths, token ring, position and pending
+ * token cleared; keep (the stream's mode) left as it is. */
 int gpu_mem_reset(gpu_mem *s, char *err);
-/* Host <-> device: rings, position, lengths, pending token. S's model must
- * be the gpu_model's. In GPU_BF16 the rings are rounded to bfloat16 on the
- * way up and widened on the way down. */
+/* Host <-> device: rings, position, lengths, pending token, and a window
+ * model's token ring and keep. S's model must be the gpu_model's. In
+ * GPU_BF16 the rings are rounded to bfloat16 on the way up and widened on
+ * the way down. */
 int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err);
 int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err);
 
 /* model_forward on the device: feeds tokens[b*M + i] (B <= max_batch
  * streams, M <= max_block tokens each) with each stream's memory, advancing
- * the memories (pos, len). Writes B*M rows of V log-probabilities to
+ * the memories (pos, len; a window model's token ring). Writes B*M rows of V log-probabilities to
  * LOGPROBS (host memory) if not NULL. Returns when the step is done: 0, or
  * -1 with ERR set. */
 int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err);

@@ -2,8 +2,9 @@
  * gpu_internal.cuh - what the files of kernels/ share: the device model
  * (weights, derived tables, per-step buffers), error checks, and the
  * launchers of each operation (one file each: embed.cu, matmul.cu,
- * bias_relu.cu, layernorm.cu, aspan_attn.cu, rel_attn.cu, ring.cu,
- * logsoftmax.cu). gpu.cu loads and plans; forward.cu runs a step.
+ * bias_relu.cu, gelu.cu, layernorm.cu, aspan_attn.cu, rel_attn.cu,
+ * gpt_attn.cu, gpt_rows.cu, ring.cu, logsoftmax.cu). gpu.cu loads and
+ * plans; forward.cu runs a step (a window model's: fam_gpt.cu).
  */
 #ifndef SPANSERVE_GPU_INTERNAL_CUH
 #define SPANSERVE_GPU_INTERNAL_CUH
@@ -114,6 +115,9 @@ typedef struct {
     int rk_rows;
     const float *rwb, *rrb;       /* attention: Transformer-XL's u and v (shared, or the layer's own) */
     const float *pk, *pv;         /* aspan with persistent memory: key' and val' (K x N x D each, in `derived`) */
+    const float *qkv_b, *wo_b;    /* gpt: the attention's biases (NULL: none; so may ln1_b, ln2_b, fc1_b, fc2_b be) */
+    const float *wmask;           /* gpt-adaptive-span: K x window soft masks by distance from the window's end
+                                   * (in `derived`), NULL without spans */
     /* GPU_BF16: the linear layers' weights in bfloat16 (NULL in GPU_FP32) */
     const bf16 *wqkv_h, *wo_h, *fc1_h, *fc2_h;
 } gpu_layer;
@@ -138,7 +142,9 @@ typedef struct {
 /* A family on the device: what its layers do differently. The rest of a
  * step (embedding, linear layers, LayerNorm, feed-forward, the output
  * layer) is shared (forward.cu). One implementation a file (fam_aspan.cu,
- * fam_rel.cu), listed by core's family name in gpu.cu's table. */
+ * fam_rel.cu, fam_gpt.cu), listed by core's family name in gpu.cu's table.
+ * A family whose step is not B x M rows through the layers (the window
+ * models: ragged windows) gives a `step` of its own instead. */
 enum { GPU_SUB_ATTN = 1, GPU_SUB_FFN = 2 };
 typedef struct {
     /* floats of core's arena past the parameters that the device needs too */
@@ -157,9 +163,21 @@ typedef struct {
     int (*attend)(gpu_model *g, int l, int B, int M, char *err);
     /* the embedding's factor (an adaptive input scales itself) */
     float (*embed_scale)(const model_t *m);
+    /* NULL, or what replaces the shared launches (forward.cu's launch_step)
+     * of a step whose inputs are staged (g->d_stage: tokens, targets,
+     * positions, ring bases): it leaves the B x M rows of log-probabilities
+     * in g->logits as launch_step does, and everything after (targets,
+     * picks, the copies back) is shared. Its steps never run as graphs.
+     * It must not advance the memories (forward.cu does, after the step). */
+    int (*step)(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, char *err);
 } gpu_family;
 
-extern const gpu_family gpu_family_aspan, gpu_family_rel;
+extern const gpu_family gpu_family_aspan, gpu_family_rel, gpu_family_gpt;
+
+/* fam_gpt.cu's state of a step (the plan on the host, staging, the rows'
+ * index on the device); freed with the model. */
+typedef struct gpu_gpt gpu_gpt;
+void gpu_gpt_free(gpu_gpt *t);
 
 struct gpu_model {
     const model_t *m;
@@ -182,7 +200,8 @@ struct gpu_model {
     float *derived;               /* packed aspan QKV, par rk tables, aspan masks */
     size_t derived_floats;
     gpu_layer *L;                 /* host array, n_layers */
-    const float *emb, *out_w, *out_b, *key_pe;
+    const float *emb, *out_w, *out_b, *key_pe;   /* out_b NULL: none (nanoGPT) */
+    const float *wpe, *lnf_w, *lnf_b;             /* gpt: positions, the final LayerNorm (lnf_b may be NULL) */
     /* GPU_BF16: the linear layers' weights in bfloat16, one allocation */
     bf16 *wbf;
     size_t wbf_elems;
@@ -195,12 +214,16 @@ struct gpu_model {
     size_t mem_floats;
     size_t *h_off;
     int64_t *d_off;
-    /* per-step buffers, rows N = max_batch * max_block */
+    /* per-step buffers: logits of N = max_batch * max_block rows; x, tmp,
+     * qkv, att, ff (and their bf16 copies) of step_rows rows: N, or for a
+     * family with its own step (window models) at least one window */
+    int step_rows;
     float *x, *qkv, *att, *tmp, *ff, *logits;
     /* GPU_BF16: the linear layers' inputs in bfloat16 (x, att, relu(ff)),
      * and the projections' output (queries, keys, values) in bfloat16, the
      * rings' type */
     bf16 *xb, *attb, *ffb, *qkvb;
+    gpu_gpt *gpt;                 /* window models: fam_gpt.cu's step state */
     /* aspan decode: the partial results of a query's key splits
      * (ASPAN_SPLIT_BLOCKS records of d_head + 4 floats), NULL for par */
     float *part;
@@ -268,14 +291,14 @@ int gpu_to_bf16(gpu_model *g, bf16 *dst, const float *src, size_t n, char *err);
 /* embed.cu: x[n] = emb[tok[n]] * scale; also into xb (bfloat16) if not NULL */
 int gpu_embed(gpu_model *g, float *x, bf16 *xb, const float *emb, const int32_t *tok, int n, int d, float scale,
               char *err);
-/* bias_relu.cu: y = max(y + b, 0), rows of d; into yb (bfloat16) instead of
- * y when yb is not NULL */
+/* bias_relu.cu: y = max(y + b, 0), rows of d (b may be NULL); into yb
+ * (bfloat16) instead of y when yb is not NULL */
 int gpu_bias_relu(gpu_model *g, float *y, bf16 *yb, const float *b, int n, int d, char *err);
 /* layernorm.cu: x = LN(x + (r + rb)) * w + b; rb may be NULL; also into xb
  * (bfloat16) if not NULL */
 int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const float *rb, const float *w,
                       const float *b, int n, int d, char *err);
-/* logsoftmax.cu: y = log_softmax(y + b), rows of d */
+/* logsoftmax.cu: y = log_softmax(y + b), rows of d (b may be NULL) */
 int gpu_log_softmax(gpu_model *g, float *y, const float *b, int n, int d, char *err);
 /* logsoftmax.cu: tl[n] = y[n * d + tgt[n]] for the rows whose tgt is >= 0 */
 int gpu_gather_targets(gpu_model *g, float *tl, const float *y, const int32_t *tgt, int n, int d, char *err);
@@ -291,7 +314,8 @@ int gpu_pick(gpu_model *g, int n, const pick_req *d_req, pick_out *d_out, char *
 /* matmul.cu: y = x W^T with rows of y LDY floats apart (a column block of a wider matrix) */
 int gpu_linear_ld(gpu_model *g, float *y, int ldy, const float *x, const float *W, int n, int in, int out, char *err);
 int gpu_linear_bf16_ld(gpu_model *g, float *y, int ldy, const bf16 *x, const bf16 *W, int n, int in, int out, char *err);
-/* layernorm.cu: y = LN(x) * w + b (x unchanged), into y (float) or yb (bfloat16) */
+/* layernorm.cu: y = LN(x) * w + b (x unchanged), into y (float) or yb
+ * (bfloat16); b may be NULL, y may be x */
 int gpu_layernorm_to(gpu_model *g, float *y, bf16 *yb, const float *x, const float *w, const float *b, int n, int d,
                      char *err);
 /* layernorm.cu: x += r (+ rb); also into xb (bfloat16) if not NULL */
@@ -335,5 +359,48 @@ size_t gpu_rel_attn_smem(const gpu_model *g);
 /* ring.cu: the block's keys and values into the rings (after the layer's attention) */
 int gpu_aspan_ring_write(gpu_model *g, int layer, int B, int M, char *err);
 int gpu_par_ring_write(gpu_model *g, int layer, int B, int M, char *err);
+
+/* ---- window models (fam_gpt.cu, core/gpt.h) ----
+ * A step's windows (gpt_plan's gpt_win, with what the device needs) are
+ * computed in groups of up to g->step_rows rows; a group's window k has its
+ * computed rows at row0.. of the group's buffers (x, qkv, att, ...). */
+typedef struct {
+    int64_t start;     /* absolute position of the window's row 0 */
+    int64_t pos;       /* the stream's position before the step */
+    int b;             /* the stream */
+    int cached;        /* rows 0..cached-1: keys and values from the stream's cache */
+    int n;             /* rows computed: window rows cached..cached+n-1 */
+    int out_from;      /* computed rows from out_from on are wanted, */
+    int out_row;       /* into the step's output rows out_row.. */
+    int write_kv;      /* the computed rows' keys and values go into the cache */
+    int row0;          /* the first computed row's row in the group */
+    int pad;
+} gpu_gpt_win;
+/* gelu.cu: y = GELU(y + b) (the erf form, as core's ops_gelu: in double),
+ * rows of d, b may be NULL; into yb (bfloat16) instead of y when not NULL */
+int gpu_bias_gelu(gpu_model *g, float *y, bf16 *yb, const float *b, int n, int d, char *err);
+/* gpt_rows.cu: the group's rows (R) from its NW windows W: each row's window
+ * (ROWWIN), token (ROWTOK: the stream's ring RINGS[b * window + p % window]
+ * before the step, the step's TOKENS, B x M, after) and window row (ROWPOS) */
+int gpu_gpt_index(gpu_model *g, const gpu_gpt_win *w, int nw, const int32_t *rings, const int32_t *tokens, int M,
+                  int32_t *rowwin, int32_t *rowtok, int32_t *rowpos, char *err);
+/* gpt_rows.cu: x[R] = wte[tok] + wpe[window row] */
+int gpu_gpt_embed(gpu_model *g, float *x, const int32_t *rowtok, const int32_t *rowpos, int R, char *err);
+/* gpt_rows.cu: out = y + b (b may be NULL), R rows of d, into OUT (float,
+ * may be Y) or OUTB (bfloat16) */
+int gpu_gpt_bias(gpu_model *g, float *out, bf16 *outb, const float *y, const float *b, int R, int d, char *err);
+/* gpt_rows.cu: layer L's keys and values of the write_kv windows' rows
+ * (from the projections, in the model's precision) into their streams'
+ * caches (ring bases in the staged inputs) */
+int gpu_gpt_cache_write(gpu_model *g, int l, const gpu_gpt_win *w, int R, const int32_t *rowwin, char *err);
+/* gpt_rows.cu: each window's wanted rows of X (R rows) into Y, packed: the
+ * wanted row of output row o at Y's row o - BASE */
+int gpu_gpt_gather(gpu_model *g, float *y, const float *x, const gpu_gpt_win *w, int R, const int32_t *rowwin, int base,
+                   char *err);
+/* gpt_attn.cu: layer L's causal attention of the group's R rows (span
+ * masks of gpt-adaptive-span), into g->att (GPU_FP32) or g->attb; and the
+ * shared memory a block of it asks for */
+int gpu_gpt_attn(gpu_model *g, int l, const gpu_gpt_win *w, int R, const int32_t *rowwin, char *err);
+size_t gpu_gpt_attn_smem(const gpu_model *g);
 
 #endif

@@ -49,9 +49,11 @@ int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const fl
     return 0;
 }
 
-/* pre-LN (a word-level Transformer-XL with pre_lnorm): the sublayer reads
- * LN(x), the residual stream x is left as it is (core/par.c: a copy, then
- * ops_add_layernorm with no residual). */
+/* pre-LN (a word-level Transformer-XL with pre_lnorm, the GPT window
+ * models): the sublayer reads LN(x), the residual stream x is left as it is
+ * (core/par.c: a copy, then ops_add_layernorm with no residual). b may be
+ * NULL (a LayerNorm without bias: nanoGPT's bias=False), and y may be x (in
+ * place: each thread rewrites only the values it read last). */
 __global__ static void layernorm_to_kernel(float *y, bf16 *yb, const float *x, const float *w, const float *b, int d)
 {
     __shared__ double scratch[32];
@@ -66,7 +68,7 @@ __global__ static void layernorm_to_kernel(float *y, bf16 *yb, const float *x, c
     }
     const double inv = 1.0 / sqrt(block_sum(v, scratch) / d + 1e-5);
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        const float o = (float)((row[j] - mean) * inv) * w[j] + b[j];
+        const float o = (float)((row[j] - mean) * inv) * w[j] + (b ? b[j] : 0.0f);
         if (yb) yb[(size_t)blockIdx.x * d + j] = __float2bfloat16(o);
         else y[(size_t)blockIdx.x * d + j] = o;
     }

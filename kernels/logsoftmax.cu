@@ -1,8 +1,8 @@
 /*
  * logsoftmax.cu - the output distribution: y = log_softmax(y + b) per row of
- * V logits, in place. The bias is added in float (as core's ops_linear), the
- * sum of exp(y - max) is taken in double (as core's ops_log_softmax).
- * One block per row.
+ * V logits, in place. The bias (NULL: none, as nanoGPT's head) is added in
+ * float (as core's ops_linear), the sum of exp(y - max) is taken in double
+ * (as core's ops_log_softmax). One block per row.
  */
 #include "gpu_internal.cuh"
 #include "reduce.cuh"
@@ -14,7 +14,7 @@ __global__ static void log_softmax_kernel(float *y, const float *b, int d)
     float *row = y + (size_t)blockIdx.x * d;
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float v = row[j] + b[j];
+        float v = b ? row[j] + b[j] : row[j];
         row[j] = v;
         mx = fmaxf(mx, v);
     }

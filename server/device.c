@@ -31,12 +31,15 @@ typedef struct {
     gpu_mem *batch[DEVICE_MAX_BATCH];
 } device_model;
 
-/* The device memory's position, lengths and pending token follow the host
- * memory's: model_forward and the scheduler keep those on the host. */
+/* The device memory's position, lengths, pending token and (window models)
+ * mode follow the host memory's: model_forward, the scheduler and
+ * mem_windows keep those on the host. (A window model's token ring is
+ * advanced on both sides by every forward, and copied with the rings.) */
 static void sync_scalars(gpu_mem *g, const mem_t *s)
 {
     g->pos = s->pos;
     g->pending = s->pending;
+    g->keep = s->keep;
     memcpy(g->len, s->len, (size_t)s->m->n_layers * sizeof *g->len);
 }
 

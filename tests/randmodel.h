@@ -1,5 +1,5 @@
 /*
- * randmodel.h - checkpoints of either family with random weights, written
+ * randmodel.h - checkpoints of the families with random weights, written
  * with core's safetensors writer: the GPU test's random models and the
  * benchmark's models of the reference shapes (../shared/bench/README.md).
  * Weights are uniform, scaled like PyTorch's default initialisation so that
@@ -340,6 +340,110 @@ static inline int rm_write_txl(const char *path, const rm_txl *c, uint64_t seed,
              c->words ? "words" : "chars", c->n_layer, c->nh, D, c->dh, I, E, c->div_val, cuts,
              c->tie_weight ? "true" : "false", ties, c->pre_lnorm ? "true" : "false", c->tgt_len, c->mem_len,
              c->tgt_len, c->mem_len, c->clamp_len, c->same_length ? "true" : "false", V);
+    if (bad) {
+        rm_free(f);
+        return err_set(err, "out of memory");
+    }
+    return rm_save(f, path, config, V, err);
+}
+
+/* GPT-style window models (core/gpt.c): "gpt-adaptive-span" (ASPAN: per-head
+ * q, k, v without bias, a span mask on every head, ZFRAC L*K values of
+ * current_val, MAX_SIZE >= C and RAMP; ReLU feed-forward; lm_head with bias)
+ * or "nanogpt" (BIAS: config.bias; HEAD 0 tied to wte (no lm_head), 1 its
+ * own, 2 saved beside wte with the same values). N need not be a multiple of
+ * K for gpt-adaptive-span (heads of N / K dims). */
+typedef struct {
+    int V, N, K, L, C;
+    int aspan;
+    const float *zfrac;
+    int max_size, ramp;
+    int bias, head;
+} rm_gpt;
+
+static inline int rm_write_gpt(const char *path, const rm_gpt *c, uint64_t seed, char *err)
+{
+    rm_file *f = rm_open(seed);
+    if (!f) return err_set(err, "out of memory");
+    const int V = c->V, n = c->N, K = c->K, C = c->C, hs = n / K, E = K * hs, I = 4 * n;
+    const float sn = 1.0f / sqrtf((float)n), se = 1.0f / sqrtf((float)E), si = 1.0f / sqrtf((float)I);
+    char name[128];
+    int bad = 0;
+    if (c->aspan) {
+        const int S = c->max_size;
+        float *tpl = malloc((size_t)S * sizeof *tpl);
+        bad = !tpl;
+        for (int j = 0; !bad && j < S; j++) tpl[j] = (float)(1 - S + j);   /* linspace(1-S, 0, S) */
+        bad = bad || rm_add(f, "token_embedding.weight", 2, V, n, 0, 1.0f, 0, NULL) ||
+              rm_add(f, "position_embedding.weight", 2, C, n, 0, 0.5f, 0, NULL) ||
+              rm_add(f, "ln_f.weight", 1, n, 0, 0, 0.1f, 1.0f, NULL) || rm_add(f, "ln_f.bias", 1, n, 0, 0, 0.1f, 0, NULL) ||
+              rm_add(f, "lm_head.weight", 2, V, n, 0, sn, 0, NULL) || rm_add(f, "lm_head.bias", 1, V, 0, 0, 0.1f, 0, NULL);
+        static const char *const qkv[3] = {"query", "key", "value"};
+        for (int l = 0; !bad && l < c->L; l++) {
+            for (int h = 0; h < K && !bad; h++) {
+                for (int t = 0; t < 3 && !bad; t++) {
+                    snprintf(name, sizeof name, "blocks.%d.sa.heads.%d.%s.weight", l, h, qkv[t]);
+                    bad = rm_add(f, name, 2, hs, n, 0, sn, 0, NULL);
+                }
+                snprintf(name, sizeof name, "blocks.%d.sa.heads.%d.adaptive_span.current_val", l, h);
+                bad = bad || rm_add(f, name, 3, 1, 1, 1, 0, 0, c->zfrac + (size_t)l * K + h);
+                snprintf(name, sizeof name, "blocks.%d.sa.heads.%d.adaptive_span.mask_template", l, h);
+                bad = bad || rm_add(f, name, 1, S, 0, 0, 0, 0, tpl);
+            }
+            static const char *const lin[3] = {"sa.proj", "ff.net.0", "ff.net.2"};
+            const int rows[3] = {n, I, n}, cols[3] = {E, n, I};
+            const float sc[3] = {se, sn, si};
+            for (int k = 0; k < 3 && !bad; k++) {
+                snprintf(name, sizeof name, "blocks.%d.%s.weight", l, lin[k]);
+                bad = rm_add(f, name, 2, rows[k], cols[k], 0, sc[k], 0, NULL);
+                snprintf(name, sizeof name, "blocks.%d.%s.bias", l, lin[k]);
+                bad = bad || rm_add(f, name, 1, rows[k], 0, 0, sc[k], 0, NULL);
+            }
+            for (int k = 1; k <= 2 && !bad; k++) {
+                snprintf(name, sizeof name, "blocks.%d.ln%d.weight", l, k);
+                bad = rm_add(f, name, 1, n, 0, 0, 0.1f, 1.0f, NULL);
+                snprintf(name, sizeof name, "blocks.%d.ln%d.bias", l, k);
+                bad = bad || rm_add(f, name, 1, n, 0, 0, 0.1f, 0, NULL);
+            }
+        }
+        free(tpl);
+    } else {
+        bad = rm_add(f, "transformer.wte.weight", 2, V, n, 0, 0.3f, 0, NULL) ||
+              rm_add(f, "transformer.wpe.weight", 2, C, n, 0, 0.5f, 0, NULL) ||
+              rm_add(f, "transformer.ln_f.weight", 1, n, 0, 0, 0.1f, 1.0f, NULL);
+        const float *wte = bad ? NULL : f->data[0];
+        if (c->bias) bad = bad || rm_add(f, "transformer.ln_f.bias", 1, n, 0, 0, 0.1f, 0, NULL);
+        if (c->head == 1) bad = bad || rm_add(f, "lm_head.weight", 2, V, n, 0, sn, 0, NULL);
+        if (c->head == 2) bad = bad || rm_add(f, "lm_head.weight", 2, V, n, 0, 0, 0, wte);
+        static const char *const lin[4] = {"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"};
+        const int rows[4] = {3 * n, n, I, n}, cols[4] = {n, n, n, I};
+        const float sc[4] = {sn, sn, sn, si};
+        for (int l = 0; !bad && l < c->L; l++) {
+            for (int k = 0; k < 4 && !bad; k++) {
+                snprintf(name, sizeof name, "transformer.h.%d.%s.weight", l, lin[k]);
+                bad = rm_add(f, name, 2, rows[k], cols[k], 0, sc[k], 0, NULL);
+                snprintf(name, sizeof name, "transformer.h.%d.%s.bias", l, lin[k]);
+                if (c->bias) bad = bad || rm_add(f, name, 1, rows[k], 0, 0, sc[k], 0, NULL);
+            }
+            for (int k = 1; k <= 2 && !bad; k++) {
+                snprintf(name, sizeof name, "transformer.h.%d.ln_%d.weight", l, k);
+                bad = rm_add(f, name, 1, n, 0, 0, 0.1f, 1.0f, NULL);
+                snprintf(name, sizeof name, "transformer.h.%d.ln_%d.bias", l, k);
+                if (c->bias) bad = bad || rm_add(f, name, 1, n, 0, 0, 0.1f, 0, NULL);
+            }
+        }
+    }
+    char config[512];
+    if (c->aspan)
+        snprintf(config, sizeof config,
+                 "{\"family\": \"gpt-adaptive-span\", \"n_embd\": %d, \"n_head\": %d, \"n_layer\": %d, "
+                 "\"block_size\": %d, \"max_size\": %d, \"ramp_size\": %d, \"dropout\": 0.0, \"vocab_size\": %d}",
+                 n, K, c->L, C, c->max_size, c->ramp, V);
+    else
+        snprintf(config, sizeof config,
+                 "{\"family\": \"nanogpt\", \"n_embd\": %d, \"n_head\": %d, \"n_layer\": %d, \"block_size\": %d, "
+                 "\"bias\": %s, \"dropout\": 0.0, \"vocab_size\": %d}",
+                 n, K, c->L, C, c->bias ? "true" : "false", V);
     if (bad) {
         rm_free(f);
         return err_set(err, "out of memory");

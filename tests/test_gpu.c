@@ -13,7 +13,14 @@
  *     50, random inputs near the CPU, memories through upload/download;
  *   - decode steps run as CUDA graphs give the same bits as launched one by
  *     one;
- *   - the errors gpu_forward returns.
+ *   - the errors gpu_forward returns;
+ *   - the window models (core/gpt.c: gpt-adaptive-span, nanogpt): the
+ *     fixtures' windows, short windows, stream mode (at once, a token at a
+ *     time, past the slide), greedy generation (host and device picks) and
+ *     windows bpc against the reference; random models of both families
+ *     (biases or none, tied or own heads, E < n_embd, a head of 160 dims)
+ *     against the CPU with streams of every mode and position in one batch,
+ *     in fp32 (1e-4) and bf16 (0.1); device picks; what a step refuses.
  * Without a GPU (or built without nvcc) it reports itself skipped.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -778,6 +785,401 @@ static void check_picks_all(void)
     unlink(p);
 }
 
+/* ------------------------------------------------------------ window models
+ * core/gpt.c's GPT-style models (kernels/fam_gpt.cu): the fixtures against
+ * their reference vectors and the CPU, random models against the CPU. */
+
+/* mem_windows on a device memory (gpu_mem.keep, as core clamps it) */
+static void gpu_windows(gpu_mem *s, int keep)
+{
+    const int C = gpu_model_host(s->g)->window;
+    s->keep = keep < 0 ? -1 : keep >= C ? C - 1 : keep;
+}
+
+/* Rows FROM..TO-1 of LP (V wide) against REF's: the largest difference so far in *WORST. */
+static void rows_diff(const float *lp, const float *ref, int from, int to, int V, double *worst)
+{
+    double d = max_diff(lp + (size_t)from * V, ref + (size_t)from * V, (size_t)(to - from) * V);
+    *worst = d > *worst || isnan(d) ? d : *worst;
+}
+
+/* The greedy pick of a row (core/sample.h: temperature 0) */
+static pick_req greedy_pick(int row) { return (pick_req){row, 1, {0, 0, 1}, 0, 0}; }
+
+/* A fixture window model (fixtures/README.md, "gpt-aspan", "nanogpt-char")
+ * on the device, as tests/test_fixtures.c's check_gpt checks the CPU:
+ *   windows mode (mem_windows 0): both windows whole in one batch, and their
+ *     first 67 tokens (short windows), against the reference and the CPU;
+ *     targets only beside whole rows, the same bits;
+ *   stream mode (each token the last row of its window): window 0 all at
+ *     once, then window 1 in pieces of 50, 1 and 77 tokens (past the slide:
+ *     every token a window of its own), and window 0 a token at a time;
+ *     against the reference where it has the row, the CPU everywhere;
+ *   greedy: 40 tokens after window 0 picked on the host from the rows and
+ *     picked on the device (gpu_forward_pick), both the fixture's `greedy`;
+ *     no decode step ran as a CUDA graph;
+ *   val_bpc_windows to 1e-4 in fp32; bf16: windows near the reference, bpc
+ *     within 0.005, greedy agreement reported. */
+static void check_gpt_fixture(const char *name)
+{
+    char err[ERR_LEN] = "";
+    model_t *m = model_load(fx(name, "model.safetensors"), err);
+    st_file *vf = m ? st_open(fx(name, "vectors.safetensors"), err) : NULL;
+    json_t *e = json_load_file(fx(name, "expected.json"), 0, NULL);
+    CHECK(m && vf && e, "%s: %s", name, err);
+    if (!m || !vf || !e) {
+        model_free(m);
+        st_close(vf);
+        json_decref(e);
+        return;
+    }
+    const st_tensor *tt = st_find(vf, "tokens"), *lt = st_find(vf, "logprobs"), *sh = st_find(vf, "short_logprobs"),
+                    *gt = st_find(vf, "greedy");
+    const int S = (int)tt->shape[0], T = (int)tt->shape[1], V = m->V, G = (int)gt->shape[0];
+    /* short windows: gpt-aspan's own vectors; nanoGPT's are the first rows of the whole windows (causal) */
+    const int TS = sh ? (int)sh->shape[1] : 67;
+    CHECK(S == 2 && T == m->window, "%s: %d windows of %d, the model's window %d", name, S, T, m->window);
+    int32_t *tok = malloc(sizeof(int32_t) * S * T), *gr = malloc(sizeof(int32_t) * G), *in = malloc(sizeof(int32_t) * S * T),
+            *tg = malloc(sizeof(int32_t) * S * T);
+    float *ref = malloc(sizeof(float) * S * T * V), *sref = malloc(sizeof(float) * S * TS * V);
+    memcpy(tok, tt->data, sizeof(int32_t) * S * T);
+    memcpy(gr, gt->data, sizeof(int32_t) * G);
+    memcpy(ref, lt->data, sizeof(float) * S * T * V);
+    for (int w = 0; w < S; w++)
+        memcpy(sref + (size_t)w * TS * V, sh ? (const float *)sh->data + (size_t)w * TS * V : ref + (size_t)w * T * V,
+               sizeof(float) * TS * V);
+    gpu_model *g = S == 2 && T == m->window ? gpu_model_new(m, S, T, GPU_FP32, err) : NULL;
+    CHECK(g != NULL, "%s: %s", name, err);
+    gpu_mem *gm[2] = {g ? gpu_mem_new(g, err) : NULL, g ? gpu_mem_new(g, err) : NULL};
+    mem_t *cm[2] = {mem_new(m), mem_new(m)};
+    fwd_ws *ws = ws_new();
+    float *lp = malloc(sizeof(float) * S * T * V), *clp = malloc(sizeof(float) * S * T * V),
+          *tlp = malloc(sizeof(float) * S * T * V);
+    if (!g || !gm[0] || !gm[1]) goto out;
+    double whole = 0, shorter = 0, stream = 0, stream1 = 0, cpu = 0;
+
+    /* windows mode: both windows in one batch, whole and short */
+    for (int s = 0; s < S; s++) {
+        CHECK(gpu_mem_reset(gm[s], err) == 0, "%s", err);
+        gpu_windows(gm[s], 0);
+        mem_reset(cm[s]);
+        mem_windows(cm[s], 0);
+    }
+    CHECK(gpu_forward(g, gm, S, tok, T, lp, err) == 0, "%s", err);
+    CHECK(model_forward(m, cm, S, tok, T, clp, ws, err) == 0, "%s", err);
+    rows_diff(lp, ref, 0, S * T, V, &whole);
+    rows_diff(lp, clp, 0, S * T, V, &cpu);
+    CHECK(gm[0]->pos == T && gm[1]->pos == T && gm[0]->keep == 0, "positions %lld %lld, keep %d", (long long)gm[0]->pos,
+          (long long)gm[1]->pos, gm[0]->keep);
+    /* stream 0 wants its targets only, stream 1 whole rows: the same values as the step of whole rows */
+    for (int i = 0; i < T; i++) tg[i] = tok[(i + 1) % T];
+    tg[T] = -1;
+    for (int s = 0; s < S; s++) CHECK(gpu_mem_reset(gm[s], err) == 0, "%s", err);
+    CHECK(gpu_forward_targets(g, gm, S, tok, T, tg, tlp, err) == 0, "%s", err);
+    int same = memcmp(tlp + (size_t)T * V, lp + (size_t)T * V, sizeof(float) * T * V) == 0;
+    for (int i = 0; i < T; i++) same &= tlp[(size_t)i * V + tg[i]] == lp[(size_t)i * V + tg[i]];
+    CHECK(same, "%s: a step of targets differs from the step of whole rows", name);
+    /* short windows */
+    for (int s = 0; s < S; s++) {
+        CHECK(gpu_mem_reset(gm[s], err) == 0, "%s", err);
+        mem_reset(cm[s]);
+        memcpy(in + (size_t)s * TS, tok + (size_t)s * T, sizeof(int32_t) * TS);
+    }
+    CHECK(gpu_forward(g, gm, S, in, TS, lp, err) == 0, "%s", err);
+    CHECK(model_forward(m, cm, S, in, TS, clp, ws, err) == 0, "%s", err);
+    rows_diff(lp, sref, 0, S * TS, V, &shorter);
+    rows_diff(lp, clp, 0, S * TS, V, &cpu);
+
+    /* stream mode: window 0 at once (stream 0), then window 1's tokens in pieces, past the slide */
+    CHECK(gpu_mem_reset(gm[0], err) == 0, "%s", err);
+    gpu_windows(gm[0], -1);
+    mem_reset(cm[0]);
+    mem_windows(cm[0], -1);
+    CHECK(gpu_forward(g, gm, 1, tok, T, lp, err) == 0, "%s", err);
+    CHECK(model_forward(m, cm, 1, tok, T, clp, ws, err) == 0, "%s", err);
+    rows_diff(lp, clp, 0, T, V, &cpu);
+    rows_diff(lp, ref, T - 1, T, V, &stream);
+    if (sh) rows_diff(lp, sref, TS - 1, TS, V, &stream);
+    else rows_diff(lp, ref, 0, T, V, &stream);
+    double slide = 0;
+    const int piece[3] = {50, 1, 77};
+    for (int k = 0, at = T; k < 3; at += piece[k++]) {
+        CHECK(gpu_forward(g, gm, 1, tok + at, piece[k], lp, err) == 0, "%s", err);
+        CHECK(model_forward(m, cm, 1, tok + at, piece[k], clp, ws, err) == 0, "%s", err);
+        rows_diff(lp, clp, 0, piece[k], V, &slide);
+    }
+    CHECK(gm[0]->pos == 2 * T && memcmp(gm[0]->toks, cm[0]->toks, sizeof(int32_t) * T) == 0,
+          "%s: the stream's position %lld or token ring differs from the CPU's", name, (long long)gm[0]->pos);
+
+    /* a token at a time (stream 1), then greedy from the host's argmax of each row */
+    CHECK(gpu_mem_reset(gm[1], err) == 0, "%s", err);
+    gpu_windows(gm[1], -1);
+    mem_reset(cm[1]);
+    mem_windows(cm[1], -1);
+    long launches0 = 0, launches1 = 0;
+    gpu_graphs(g, 1);
+    gpu_graph_status(g, &launches0, NULL, NULL);
+    for (int i = 0; i < T; i++) {
+        CHECK(gpu_forward(g, &gm[1], 1, tok + i, 1, lp, err) == 0, "%s", err);
+        CHECK(model_forward(m, &cm[1], 1, tok + i, 1, clp, ws, err) == 0, "%s", err);
+        rows_diff(lp, clp, 0, 1, V, &cpu);
+        if (i == T - 1 || (!sh && i % 17 == 0)) rows_diff(lp, ref + (size_t)i * V, 0, 1, V, &stream1);
+        if (sh && i == TS - 1) rows_diff(lp, sref + (size_t)i * V, 0, 1, V, &stream1);
+    }
+    int host_same = 0;
+    for (int k = 0; k < G; k++) {
+        int best = 0;
+        for (int c = 1; c < V; c++) best = lp[c] > lp[best] ? c : best;
+        if (best != gr[k]) break;
+        host_same++;
+        int32_t x = best;
+        CHECK(gpu_forward(g, &gm[1], 1, &x, 1, lp, err) == 0, "%s", err);
+        CHECK(model_forward(m, &cm[1], 1, &x, 1, clp, ws, err) == 0, "%s", err);
+        rows_diff(lp, clp, 0, 1, V, &slide);
+    }
+    gpu_graph_status(g, &launches1, NULL, NULL);
+    /* greedy picked on the device: window 0 at once, then a token a step */
+    CHECK(gpu_mem_reset(gm[0], err) == 0, "%s", err);
+    pick_req q = greedy_pick(T - 1);
+    pick_out o = {-1, 0, {0}, {0}};
+    int dev_same = 0;
+    CHECK(gpu_forward_pick(g, gm, 1, tok, T, NULL, NULL, 1, &q, &o, err) == 0, "%s", err);
+    q = greedy_pick(0);
+    for (int k = 0; k < G && o.token == gr[k]; k++) {
+        dev_same++;
+        int32_t x = o.token;
+        if (gpu_forward_pick(g, gm, 1, &x, 1, NULL, NULL, 1, &q, &o, err)) {
+            CHECK(0, "%s", err);
+            break;
+        }
+    }
+    printf("%s on the GPU: max |logprob - reference| windows %.2e, short windows %.2e, stream %.2e, token at a time "
+           "%.2e; GPU vs CPU %.2e, past the slide %.2e; greedy %d (host picks) and %d (device picks) of %d\n",
+           name, whole, shorter, stream, stream1, cpu, slide, host_same, dev_same, G);
+    CHECK(whole <= 1e-4 && shorter <= 1e-4, "%s windows: %.3g, short: %.3g", name, whole, shorter);
+    CHECK(stream <= 1e-4 && stream1 <= 1e-4, "%s stream: %.3g, a token at a time: %.3g", name, stream, stream1);
+    CHECK(cpu <= 1e-4 && slide <= 1e-4, "%s GPU vs CPU: %.3g, past the slide %.3g", name, cpu, slide);
+    CHECK(host_same == G && dev_same == G, "%s: greedy tokens agree for %d (host) and %d (device) of %d", name,
+          host_same, dev_same, G);
+    CHECK(launches1 == launches0, "%s: %ld decode steps ran as a graph (a window model's plan changes every step)",
+          name, launches1 - launches0);
+    note_worst(cpu > slide ? cpu : slide);
+
+    /* val_bpc_windows: consecutive windows of the validation text, each alone; fp32 and bf16 */
+    size_t n = 0;
+    int32_t *t = val_tokens(m, &n);
+    const long want = (long)json_integer_value(json_object_get(e, "val_tokens_scored"));
+    const double rbpc = json_real_value(json_object_get(e, "val_bpc_windows"));
+    CHECK(t && n > (size_t)want, "validation text of %zu tokens", n);
+    for (int prec = GPU_FP32; t && n > (size_t)want && prec <= GPU_BF16; prec++) {
+        gpu_model *gv = gpu_model_new(m, 1, T, prec, err);
+        gpu_mem *s = gv ? gpu_mem_new(gv, err) : NULL;
+        score_t sc = {0, 0};
+        if (s) gpu_windows(s, 0);
+        CHECK(s && gpu_score(gv, s, t, (size_t)want + 1, &sc, err) == 0, "%s", err);
+        const double bpc = sc.nll_sum / sc.tokens / log(2.0);
+        printf("%s (%s) on the GPU: windows bpc %.7f, reference %.7f, |diff| %.2e (%ld predictions)\n", name,
+               gpu_precision_name(prec), bpc, rbpc, fabs(bpc - rbpc), sc.tokens);
+        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
+        CHECK_NEAR(bpc, rbpc, prec == GPU_FP32 ? 1e-4 : 0.005, "val_bpc_windows on the GPU");
+        if (prec == GPU_BF16 && s) {
+            /* bf16: the windows against the reference, and greedy agreement (reported) */
+            gpu_mem *b2 = gpu_mem_new(gv, err);
+            double wb = 0;
+            int bsame = 0;
+            CHECK(b2 != NULL, "%s", err);
+            for (int w = 0; b2 && w < S; w++) {
+                CHECK(gpu_mem_reset(s, err) == 0, "%s", err);
+                CHECK(gpu_forward(gv, &s, 1, tok + (size_t)w * T, T, lp, err) == 0, "%s", err);
+                rows_diff(lp, ref + (size_t)w * T * V, 0, T, V, &wb);
+            }
+            if (b2) {
+                q = greedy_pick(T - 1);
+                CHECK(gpu_forward_pick(gv, &b2, 1, tok, T, NULL, NULL, 1, &q, &o, err) == 0, "%s", err);
+                q = greedy_pick(0);
+                for (int k = 0; k < G && o.token == gr[k]; k++) {
+                    bsame++;
+                    int32_t x = o.token;
+                    if (gpu_forward_pick(gv, &b2, 1, &x, 1, NULL, NULL, 1, &q, &o, err)) break;
+                }
+            }
+            printf("%s (bf16) on the GPU: windows max |logprob - reference| %.3g; greedy equal to the reference's "
+                   "for %d of %d\n", name, wb, bsame, G);
+            CHECK(wb <= 0.15, "%s bf16 windows: %.3g", name, wb);
+            gpu_mem_free(b2);
+        }
+        gpu_mem_free(s);
+        gpu_model_free(gv);
+    }
+    free(t);
+out:
+    for (int s = 0; s < 2; s++) {
+        gpu_mem_free(gm[s]);
+        mem_free(cm[s]);
+    }
+    gpu_model_free(g);
+    ws_free(ws);
+    free(tok); free(gr); free(in); free(tg); free(ref); free(sref); free(lp); free(clp); free(tlp);
+    st_close(vf);
+    json_decref(e);
+    model_free(m);
+}
+
+/* Random window models against the CPU: NS streams brought by the CPU to
+ * positions PRE (stream mode), set to modes KEEP (mem_windows; -1 stream
+ * mode), moved to the device; the steps STEPS (tokens a stream) fed to both
+ * in one batch; logprobs, then the memories (the cache, the token ring,
+ * position and mode) compared. */
+static void check_gpt_random(const model_t *m, const char *label, int NS, const int *pre, const int *keep,
+                             const int *steps, int nsteps, uint64_t seed, int prec, double tol)
+{
+    char err[ERR_LEN] = "";
+    int maxM = 1;
+    for (int k = 0; k < nsteps; k++) maxM = steps[k] > maxM ? steps[k] : maxM;
+    gpu_model *g = gpu_model_new(m, NS, maxM, prec, err);
+    CHECK(g != NULL, "%s: %s", label, err);
+    if (!g) return;
+    const int V = m->V;
+    rm_rng rng = {seed};
+    fwd_ws *ws = ws_new();
+    mem_t **cm = calloc((size_t)NS, sizeof *cm), **back = calloc((size_t)NS, sizeof *back);
+    gpu_mem **gm = calloc((size_t)NS, sizeof *gm);
+    int maxpre = 1;
+    for (int s = 0; s < NS; s++) maxpre = pre[s] > maxpre ? pre[s] : maxpre;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(maxpre > NS * maxM ? maxpre : NS * maxM));
+    float *lp = malloc(sizeof(float) * (size_t)NS * maxM * V), *clp = malloc(sizeof(float) * (size_t)NS * maxM * V);
+    int ok = 1;
+    for (int s = 0; s < NS; s++) {
+        cm[s] = mem_new(m);
+        back[s] = mem_new(m);
+        gm[s] = gpu_mem_new(g, err);
+        CHECK(gm[s] != NULL, "%s", err);
+        for (int i = 0; i < pre[s]; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        for (int at = 0; at < pre[s]; at += 37) {   /* pieces of 37: across the window's start and its slide */
+            const int k = pre[s] - at < 37 ? pre[s] - at : 37;
+            CHECK(model_forward(m, &cm[s], 1, tok + at, k, NULL, ws, err) == 0, "%s", err);
+        }
+        mem_windows(cm[s], keep[s]);
+        ok &= gm[s] && gpu_mem_upload(gm[s], cm[s], err) == 0;
+        CHECK(ok, "%s", err);
+    }
+    double worst = 0;
+    for (int k = 0; ok && k < nsteps; k++) {
+        const int M = steps[k];
+        for (int i = 0; i < NS * M; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        CHECK(model_forward(m, cm, NS, tok, M, clp, ws, err) == 0, "%s: step %d: %s", label, k, err);
+        CHECK(gpu_forward(g, gm, NS, tok, M, lp, err) == 0, "%s: step %d: %s", label, k, err);
+        double d = max_diff(lp, clp, (size_t)NS * M * V);
+        worst = d > worst || isnan(d) ? d : worst;
+    }
+    double worst_mem = 0;
+    int same = 1;
+    for (int s = 0; ok && s < NS; s++) {
+        CHECK(gpu_mem_download(gm[s], back[s], err) == 0, "%s", err);
+        double d = max_diff(back[s]->buf, cm[s]->buf, cm[s]->n_floats);
+        worst_mem = d > worst_mem || isnan(d) ? d : worst_mem;
+        same = same && back[s]->pos == cm[s]->pos && back[s]->keep == cm[s]->keep &&
+               memcmp(back[s]->toks, cm[s]->toks, (size_t)m->window * sizeof(int32_t)) == 0;
+    }
+    printf("%s (%s): GPU vs CPU, %d streams: logprobs %.2e, caches %.2e\n", label, gpu_precision_name(prec), NS, worst,
+           worst_mem);
+    CHECK(worst <= tol, "%s (%s) logprobs: %.3g", label, gpu_precision_name(prec), worst);
+    CHECK(worst_mem <= tol, "%s (%s) caches: %.3g", label, gpu_precision_name(prec), worst_mem);
+    CHECK(same, "%s: positions, modes or token rings differ", label);
+    if (prec == GPU_FP32) note_worst(worst);
+    for (int s = 0; s < NS; s++) {
+        mem_free(cm[s]);
+        mem_free(back[s]);
+        gpu_mem_free(gm[s]);
+    }
+    free(cm); free(back); free(gm); free(tok); free(lp); free(clp);
+    ws_free(ws);
+    gpu_model_free(g);
+}
+
+/* What a window model's step refuses (and that a refused step moves
+ * nothing), and gpu_mem_reset on its memory. */
+static void check_gpt_errors(const model_t *m)
+{
+    char err[ERR_LEN] = "";
+    const int C = m->window;
+    gpu_model *g = gpu_model_new(m, 2, C, GPU_FP32, err);
+    CHECK(g != NULL, "%s", err);
+    if (!g) return;
+    gpu_mem *s = gpu_mem_new(g, err);
+    int32_t *tok = calloc((size_t)C, sizeof *tok);
+    CHECK(s && s->toks && s->keep == -1, "a new memory: %s", err);
+    if (s) {
+        for (int i = 0; i < C; i++) tok[i] = (int32_t)(i % m->V);
+        CHECK(gpu_forward(g, &s, 1, tok, C - 5, NULL, err) == 0, "%s", err);
+        gpu_windows(s, C - 10);   /* C - 10 held: at most 10 new tokens */
+        CHECK(gpu_forward(g, &s, 1, tok, 11, NULL, err) == -1 && strstr(err, "over the model's"), "a window too long: %s",
+              err);
+        CHECK(s->pos == C - 5, "a refused step moved the position to %lld", (long long)s->pos);
+        s->toks[3] = m->V;
+        CHECK(gpu_forward(g, &s, 1, tok, 1, NULL, err) == -1 && strstr(err, "token ring"), "a bad token ring: %s", err);
+        s->toks[3] = 0;
+        CHECK(gpu_forward(g, &s, 1, tok, 10, NULL, err) == 0, "%s", err);
+        CHECK(s->pos == C + 5 && s->toks[(C + 4) % C] == tok[9], "position %lld after a window", (long long)s->pos);
+        CHECK(gpu_mem_reset(s, err) == 0, "%s", err);
+        int zero = 1;
+        for (int i = 0; i < C; i++) zero &= s->toks[i] == 0;
+        CHECK(zero && s->pos == 0 && s->keep == C - 10, "gpu_mem_reset: tokens %s, position %lld, keep %d",
+              zero ? "cleared" : "left", (long long)s->pos, s->keep);
+    }
+    free(tok);
+    gpu_mem_free(s);
+    gpu_model_free(g);
+}
+
+static void check_gpt_models(void)
+{
+    char err[ERR_LEN] = "", p[] = "/tmp/spanserve-gpu-gpt-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    /* stream sets (windows of 40): A mixes modes and positions (stream mode from 0, across the slide, at the
+     * window's last row; windows mode alone and with 25 held), B long steps (a window that grows to the whole
+     * window over the cache, windows recomputed in the same step) */
+    const int preA[5] = {0, 30, 5, 100, 39}, keepA[5] = {-1, -1, 0, 25, -1}, stepsA[] = {15, 1, 7, 1, 15, 3, 1};
+    const int preB[4] = {0, 12, 70, 3}, keepB[4] = {-1, -1, -1, 0}, stepsB[] = {40, 1, 33, 1, 2};
+    const int nA = (int)(sizeof stepsA / sizeof *stepsA), nB = (int)(sizeof stepsB / sizeof *stepsB);
+    float z[3 * 4] = {0.0f, 0.1f, 0.5f, 1.0f, 0.3f, 0.05f, 0.7f, 0.2f, 0.9f, 0.0f, 1.0f, 0.4f};
+    /* {V, n_embd, heads, layers, window, aspan, z, max_size, ramp, bias, head} */
+    const struct {
+        rm_gpt c;
+        const char *label;
+    } models[] = {
+        {{50, 50, 3, 3, 40, 1, z, 40, 8, 0, 0}, "random gpt-adaptive-span (heads of 16, E 48 < n_embd 50, ramp 8)"},
+        {{50, 64, 2, 2, 100, 1, z, 128, 16, 0, 0}, "random gpt-adaptive-span (heads of 32, window 100, max_size 128)"},
+        {{50, 64, 4, 2, 40, 0, NULL, 0, 0, 1, 0}, "random nanogpt (bias, tied head)"},
+        {{50, 64, 4, 2, 40, 0, NULL, 0, 0, 0, 1}, "random nanogpt (no bias, own head)"},
+        {{50, 64, 4, 2, 40, 0, NULL, 0, 0, 1, 2}, "random nanogpt (bias, head saved equal to wte)"},
+        {{40, 160, 1, 1, 40, 0, NULL, 0, 0, 1, 0}, "random nanogpt (one head of 160)"},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+        CHECK(rm_write_gpt(p, &models[i].c, 41 + i, err) == 0, "%s", err);
+        model_t *m = model_load(p, err);
+        CHECK(m != NULL, "%s: %s", models[i].label, err);
+        if (!m) continue;
+        char label[160];
+        snprintf(label, sizeof label, "%s, streams A", models[i].label);
+        check_gpt_random(m, label, 5, preA, keepA, stepsA, nA, 51 + i, GPU_FP32, 1e-4);
+        check_gpt_random(m, label, 5, preA, keepA, stepsA, nA, 51 + i, GPU_BF16, 0.1);
+        snprintf(label, sizeof label, "%s, streams B", models[i].label);
+        check_gpt_random(m, label, 4, preB, keepB, stepsB, nB, 61 + i, GPU_FP32, 1e-4);
+        check_gpt_random(m, label, 4, preB, keepB, stepsB, nB, 61 + i, GPU_BF16, 0.1);
+        if (i == 0 || i == 2) {
+            snprintf(label, sizeof label, "picks, %s", models[i].label);
+            check_picks(m, label);
+        }
+        if (i == 3) check_gpt_errors(m);
+        model_free(m);
+    }
+    unlink(p);
+}
+
 static void check_errors(void)
 {
     char err[ERR_LEN] = "";
@@ -825,39 +1227,53 @@ int main(void)
     }
     CHECK(gpu_device_name(name, sizeof name, err) == 0, "%s", err);
     printf("test_gpu on %s\n", name);
-    check_vectors("aspan-small");
-    check_vectors("par-small");
-    check_bpc("aspan-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
-    check_bpc("par-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
-    check_bpc("aspan-small", MEM_SPAN, GPU_FP32, 1, 2e-3);
-    /* the tiled attention (split windows) on the fixture's whole text */
-    check_bpc("aspan-small", MEM_EXACT, GPU_FP32, 2, 1e-4);
-    /* bf16: within 0.005 of float32 (which is the reference's to 1e-4) */
-    check_bpc("aspan-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
-    check_bpc("aspan-small", MEM_SPAN, GPU_BF16, 1, 0.005 - 2e-3);
-    check_bpc("aspan-small", MEM_EXACT, GPU_BF16, 2, 0.005 - 1e-4);
-    check_bpc("par-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
-    check_bpc("par-small", MEM_EXACT, GPU_FP32, 2, 1e-4);
-    check_bf16_greedy("aspan-small");
-    check_bf16_greedy("par-small");
-    check_bf16_memory();
-    check_graphs("aspan-small", GPU_FP32);
-    check_graphs("par-small", GPU_FP32);
-    check_graphs("aspan-small", GPU_BF16);
-    check_graphs("par-small", GPU_BF16);
-    check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
-    check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
-    check_fixture_random("par-small", MEM_EXACT, "par-small");
-    check_random_models();
-    check_txl();
-    if (shared_path("fixtures/allattn-small/model.safetensors")) {   /* persistent memory, the reference's */
-        check_vectors("allattn-small");
-        check_bpc("allattn-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
-        check_bpc("allattn-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
-    } else
-        printf("SKIP test_gpu allattn-small: ../shared/fixtures/allattn-small is not here\n");
-    check_picks_all();
-    check_errors();
+    /* SPANSERVE_GPU_TESTS=gpt: the window models' checks alone */
+    const char *only = getenv("SPANSERVE_GPU_TESTS");
+    const int gpt_only = only && strcmp(only, "gpt") == 0;
+    if (!gpt_only) {   /* the families with a memory */
+        check_vectors("aspan-small");
+        check_vectors("par-small");
+        check_bpc("aspan-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
+        check_bpc("par-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
+        check_bpc("aspan-small", MEM_SPAN, GPU_FP32, 1, 2e-3);
+        /* the tiled attention (split windows) on the fixture's whole text */
+        check_bpc("aspan-small", MEM_EXACT, GPU_FP32, 2, 1e-4);
+        /* bf16: within 0.005 of float32 (which is the reference's to 1e-4) */
+        check_bpc("aspan-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
+        check_bpc("aspan-small", MEM_SPAN, GPU_BF16, 1, 0.005 - 2e-3);
+        check_bpc("aspan-small", MEM_EXACT, GPU_BF16, 2, 0.005 - 1e-4);
+        check_bpc("par-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
+        check_bpc("par-small", MEM_EXACT, GPU_FP32, 2, 1e-4);
+        check_bf16_greedy("aspan-small");
+        check_bf16_greedy("par-small");
+        check_bf16_memory();
+        check_graphs("aspan-small", GPU_FP32);
+        check_graphs("par-small", GPU_FP32);
+        check_graphs("aspan-small", GPU_BF16);
+        check_graphs("par-small", GPU_BF16);
+        check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
+        check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
+        check_fixture_random("par-small", MEM_EXACT, "par-small");
+        check_random_models();
+        check_txl();
+        if (shared_path("fixtures/allattn-small/model.safetensors")) {   /* persistent memory, the reference's */
+            check_vectors("allattn-small");
+            check_bpc("allattn-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
+            check_bpc("allattn-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
+        } else
+            printf("SKIP test_gpu allattn-small: ../shared/fixtures/allattn-small is not here\n");
+        check_picks_all();
+    }
+    /* window models (core/gpt.c): the fixtures (../shared only), random models of both families */
+    const char *gpts[] = {"gpt-aspan", "nanogpt-char"};
+    for (int i = 0; i < 2; i++) {
+        char rel[128];
+        snprintf(rel, sizeof rel, "fixtures/%s/model.safetensors", gpts[i]);
+        if (!shared_path(rel)) printf("SKIP test_gpu %s: ../shared/fixtures/%s is not here\n", gpts[i], gpts[i]);
+        else check_gpt_fixture(gpts[i]);
+    }
+    check_gpt_models();
+    if (!gpt_only) check_errors();
     printf("test_gpu: largest GPU vs CPU logprob difference %.2e\n", worst_all);
     return test_summary("test_gpu");
 }
