@@ -56,7 +56,11 @@ def main():
 
 def run(S, fix, name, vec, vocab):
     T.CURRENT = fix
-    prec = (S.call("GET", f"/v1/models/{name}").json or {}).get("precision", "fp32")
+    info = S.call("GET", f"/v1/models/{name}").json or {}
+    prec = info.get("precision", "fp32")
+    print(f"{fix}: served on {info.get('device')} ({prec})")
+    if "--device cuda" in os.environ.get("SPANSERVE_SERVE_ARGS", ""):
+        check(f"{fix} is served on the GPU as asked", info.get("device", "cpu") != "cpu", f"{info.get('device')}")
     tol, mean_tol = (1e-4, 1e-5) if prec == "fp32" else (0.1, 0.01)   # bf16 on a GPU: within 0.1, 0.01 on average
     _, (NW, W) = vec["tokens"][0], vec["tokens"][1]
     toks = ints(vec["tokens"])
