@@ -147,6 +147,11 @@ def run(S, fix, name, vec, vocab):
     check(f"{fix} session: exported", r.status == 200 and len(state) > 0, f"{r.status}")
     r = S.call("PUT", f"/v1/sessions/h{name}/state?model={name}", state, ctype="application/octet-stream")
     check(f"{fix} session: imported", r.status in (200, 204), f"{r}")
+    # a state whose window holds a token outside the vocabulary is refused, saying so
+    bad = state[:-4] + (9999).to_bytes(4, "little")
+    r = S.call("PUT", f"/v1/sessions/b{name}/state?model={name}", bad, ctype="application/octet-stream")
+    check(f"{fix} session: a state with a token outside the vocabulary is refused", r.status == 400
+          and "token" in ((r.json or {}).get("error") or {}).get("message", ""), f"{r}")
     a = S.call("POST", "/v1/score", {"session": f"g{name}", "text": "O Romeo", "per_token": True})
     b = S.call("POST", "/v1/score", {"session": f"h{name}", "text": "O Romeo", "per_token": True})
     check(f"{fix} session: the imported state predicts as the original",
