@@ -33,6 +33,7 @@
  * and the layer has no feed-forward: h = LN1(h + out Wo^T). A head whose
  * mask is zero everywhere still attends to its persistent vectors.
  */
+#include "attention.h"
 #include "err.h"
 #include "family.h"
 #include "forward.h"
@@ -136,6 +137,8 @@ int aspan_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, 
                         zm += p[kw + n];
                     }
                     const float inv = (float)(1.0 / (zm + 1e-8));
+                    if (ws->rec)   /* the keys of distances r..1, then the persistent vectors */
+                        attn_record(ws->rec, b, l, h, p0 + i, p0 + i - r, pr, r, p + kw, NP, inv);
                     float *o = att + (row0 + i) * H + h * D;
                     memset(o, 0, (size_t)D * sizeof *o);
                     for (int j = 0, sl = ring_slot(p0 + i - r, r); j < r; j++, sl = sl + 1 == r ? 0 : sl + 1) {
@@ -373,16 +376,22 @@ static const char *aspan_mem_kind(const model_t *m) { return m->mem_mode == MEM_
 
 /* ------------------------------------------------------------ reports */
 
+json_t *span_heads_report(const model_t *m, const layer_t *y, int key_rows)
+{
+    json_t *heads = json_array();
+    for (int h = 0; h < m->n_head; h++)
+        json_array_append_new(heads, json_pack("{s:f, s:f, s:i, s:i}", "z", (double)y->zfrac[h], "span",
+                                               (double)y->zfrac[h] * m->span, "reach", y->reach[h], "key_rows",
+                                               key_rows < 0 ? y->krows[h] : key_rows));
+    return heads;
+}
+
 static void aspan_report(const model_t *m, json_t *r)
 {
     json_t *layers = json_array();
     for (int l = 0; l < m->n_layers; l++) {
         const layer_t *y = &m->layers[l];
-        json_t *heads = json_array();
-        for (int h = 0; h < m->n_head; h++)
-            json_array_append_new(heads, json_pack("{s:f, s:f, s:i, s:i}", "z", (double)y->zfrac[h], "span",
-                                                   (double)y->zfrac[h] * m->span, "reach", y->reach[h], "key_rows",
-                                                   y->krows[h]));
+        json_t *heads = span_heads_report(m, y, -1);
         json_array_append_new(layers, json_pack("{s:i, s:o, s:i, s:i, s:i, s:i}", "layer", l, "heads", heads,
                                                 "max_span", y->max_span, "avg_span", y->avg_span, "cache_size",
                                                 y->cache_size, "trim_len", y->trim_len));

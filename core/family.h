@@ -92,6 +92,10 @@ typedef struct family_ops {
     void (*cost)(const model_t *m, double *tok, double *step);
 } family_ops;
 
+/* The heads of an adaptive-span layer Y as the reports give them: z, span
+ * (z * m->span), reach, key_rows (KEY_ROWS, or each head's own when -1). */
+json_t *span_heads_report(const model_t *m, const layer_t *y, int key_rows);
+
 extern const family_ops family_aspan, family_par, family_txl, family_gpt_aspan, family_nanogpt;
 
 /* What the Transformer-XL families share (par.c): the forward (forward.h),

@@ -15,9 +15,14 @@ enum {
     WS_N
 };
 
+struct attn_rec;
+
 struct fwd_ws {
     float *buf[WS_N];
     size_t cap[WS_N];
+    /* NULL, or what each attention row's final weights are handed to
+     * (attention.h): set by attention_run on a workspace of its own */
+    struct attn_rec *rec;
 };
 
 /* Buffer I of at least N floats, grown (never shrunk) as needed; NULL when

@@ -27,6 +27,7 @@
  *                      context slides every token is a window recomputed, as
  *                      sample.py crops to the last block_size.
  */
+#include "attention.h"
 #include "err.h"
 #include "family.h"
 #include "forward.h"
@@ -85,9 +86,10 @@ void gpt_ring_push(int C, int32_t *toks, int64_t pos, const int32_t *tokens, int
 
 /* Window W's computed rows (at X + its first row) through layer Y's
  * attention into ATT: keys and values of rows before `cached` from the
- * stream's cache, the rest from QKV. */
+ * stream's cache, the rest from QKV. The rows whose output is wanted hand
+ * their weights to REC (when not NULL). */
 static void attend(const model_t *m, const layer_t *y, int l, const mem_t *s, const gpt_win *w, const float *qkv,
-                   float *att, float *p)
+                   float *att, float *p, attn_rec *rec)
 {
     const int K = m->n_head, hs = m->d_head, E = K * hs, T = w->cached + w->n;
     const float scale = 1.0f / sqrtf((float)hs);
@@ -115,6 +117,8 @@ static void attend(const model_t *m, const layer_t *y, int l, const mem_t *s, co
                 zm += p[r];
             }
             const float inv = mask ? (float)(1.0 / (zm + 1e-8)) : 1.0f;
+            if (rec && j >= w->out_from)   /* window row r is position start + r */
+                attn_record(rec, w->b, l, h, w->start + i, w->start, p, i + 1, NULL, 0, inv);
             float *o = att + (size_t)j * E + h * hs;
             memset(o, 0, (size_t)hs * sizeof *o);
             for (int r = 0; r <= i; r++) {
@@ -168,7 +172,7 @@ static int run_group(const model_t *m, mem_t *const *mems, const gpt_stream *st,
                     memcpy(cv + (size_t)(v->cached + j) * E, q + (size_t)j * 3 * E + 2 * E, (size_t)E * sizeof *cv);
                 }
             }
-            attend(m, y, l, mems[v->b], v, q, att + (size_t)ro[k] * E, p);
+            attend(m, y, l, mems[v->b], v, q, att + (size_t)ro[k] * E, p, ws->rec);
         }
         for (int k = 0; k < nw; k++)
             win_linear(hb + (size_t)ro[k] * n, att + (size_t)ro[k] * E, y->wo, y->wo_b, w[k].n, E, n);
@@ -461,13 +465,8 @@ static void gpt_report(const model_t *m, json_t *r)
     if (!m->layers[0].mask) return;
     json_t *layers = json_array();
     for (int l = 0; l < m->n_layers; l++) {
-        const layer_t *y = &m->layers[l];
-        json_t *heads = json_array();
-        for (int h = 0; h < m->n_head; h++)
-            json_array_append_new(heads, json_pack("{s:f, s:f, s:i, s:i}", "z", (double)y->zfrac[h], "span",
-                                                   (double)y->zfrac[h] * m->span, "reach", y->reach[h], "key_rows",
-                                                   m->window));
-        json_array_append_new(layers, json_pack("{s:i, s:o}", "layer", l, "heads", heads));
+        json_array_append_new(layers, json_pack("{s:i, s:o}", "layer", l, "heads",
+                                                span_heads_report(m, &m->layers[l], m->window)));
     }
     json_object_set_new(r, "attn_span", json_integer(m->span));
     json_object_set_new(r, "ramp", json_integer(m->ramp));

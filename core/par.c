@@ -26,6 +26,7 @@
  * depends on t alone: computed once at load (par_derive_tables).
  */
 #include "adaptive.h"
+#include "attention.h"
 #include "err.h"
 #include "family.h"
 #include "forward.h"
@@ -140,6 +141,8 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
                         z += p[j];
                     }
                     const float inv = (float)(1.0 / z);
+                    if (ws->rec)   /* key j is position p0 - mlen + j */
+                        attn_record(ws->rec, b, l, h, p0 + i, p0 - mlen + j0, p + j0, qi - j0 + 1, NULL, 0, inv);
                     float *o = att + (row0 + i) * A + h * dh;
                     memset(o, 0, (size_t)dh * sizeof *o);
                     for (int j = j0, sl = sl0; j <= qi; j++) {

@@ -45,6 +45,7 @@ static const route_t routes[] = {
     {"GET", "/v1/models/*/spans", route_models_spans, 0, 0, 0},
     {"POST", "/v1/generate", route_generate, 0, 1, 0},
     {"POST", "/v1/score", route_score, 0, 1, 0},
+    {"POST", "/v1/attention", route_attention, 0, 1, 0},
     {"POST", "/v1/completions", route_completions, 0, 1, 0},
     {"POST", "/v1/chat/completions", route_chat_completions, 0, 1, 0},
     {"POST", "/v1/sessions", route_sessions_post, 0, 1, 0},

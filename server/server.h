@@ -416,6 +416,7 @@ enum MHD_Result route_generate(request_t *r);
 enum MHD_Result route_completions(request_t *r);
 enum MHD_Result route_chat_completions(request_t *r);
 enum MHD_Result route_score(request_t *r);
+enum MHD_Result route_attention(request_t *r);   /* route_attention.c */
 enum MHD_Result route_sessions_post(request_t *r);
 enum MHD_Result route_sessions_list(request_t *r);
 enum MHD_Result route_sessions_get(request_t *r);

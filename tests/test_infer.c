@@ -1,9 +1,11 @@
 /*
  * test_infer.c - scoring and generation over a stream's memory: chunked
  * scoring adds up to the whole, a stream batched with others gets the bits
- * it gets alone, memory export/import, sampling, the vocabulary.
+ * it gets alone, memory export/import, sampling, the vocabulary, and the
+ * attention weights recorded from the forward (attention.h).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "attention.h"
 #include "err.h"
 #include "fixtures.h"
 #include "harness.h"
@@ -728,6 +730,121 @@ static void check_words(void)
     CHECK(vocab_parse_kind(&v, w, "[\"<eos>\", 3]", err) != 0 && strstr(err, "not a word"), "number: %s", err);
 }
 
+/* ------------------------------------------------------------ attention */
+
+/* A device backend that must not be used: attention_run reads a model on
+ * the CPU whatever serves it (its memory never attached, its forward never
+ * called). */
+static int fake_calls;
+static int fake_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                        float *lp, char *err)
+{
+    (void)ctx, (void)mems, (void)B, (void)tokens, (void)M, (void)targets, (void)lp;
+    fake_calls++;
+    return err_set(err, "the device was used");
+}
+static int fake_attach(void *ctx, mem_t *s, char *err)
+{
+    (void)ctx, (void)s;
+    fake_calls++;
+    return err_set(err, "the device was used");
+}
+
+/* Row R's keys in top-k order (heaviest, then nearest) into POS/W; their count (at most K). */
+static int top_of(const attn_row *r, int k, int64_t *pos, float *w)
+{
+    int n = 0;
+    for (int i = 0; i < r->n; i++) {
+        int at = n < k ? n++ : k;   /* insertion into the sorted prefix */
+        while (at > 0 && (r->w[i] > w[at - 1] || (r->w[i] == w[at - 1] && r->pos[i] > pos[at - 1]))) {
+            if (at < k) pos[at] = pos[at - 1], w[at] = w[at - 1];
+            at--;
+        }
+        if (at < k) pos[at] = r->pos[i], w[at] = r->w[i];
+    }
+    return n;
+}
+
+static void check_attention(const char *name, int layer, double sum_tol)
+{
+    char err[ERR_LEN];
+    model_t *m = load(name, MEM_EXACT);
+    if (!m) return;
+    size_t n;
+    int32_t *t = text_tokens(m, 150, &n);
+    /* whole rows of one head, through the CPU while the model has a backend */
+    const fwd_backend fake = {NULL, fake_forward, NULL, fake_attach, NULL, NULL, NULL};
+    m->backend = &fake;
+    fake_calls = 0;
+    attn_result full, top;
+    attn_opts o = {layer, 1, 8};
+    int rc = attention_run(m, t, (int)n, &o, NULL, NULL, &full, err);
+    m->backend = NULL;
+    CHECK(rc == 0 && fake_calls == 0, "%s: %s (%d calls to the device)", name, rc ? err : "", fake_calls);
+    if (rc) goto out;
+    CHECK(full.full && full.n_tokens == (int)n && full.n_rows == (int)n, "%s: %d rows of %zu tokens", name, full.n_rows, n);
+    double worst = 0, worst_sum = 0;
+    int bad_keys = 0;
+    for (int i = 0; i < full.n_rows; i++) {
+        const attn_row *r = &full.rows[i];
+        double s = r->before_start + r->persistent;
+        for (int k = 0; k < r->n; k++) {
+            s += r->w[k];
+            bad_keys += r->pos[k] < 0 || r->pos[k] > r->query || (k && r->pos[k] <= r->pos[k - 1]);
+        }
+        worst = fabs(s - r->sum) > worst ? fabs(s - r->sum) : worst;
+        worst_sum = fabs(r->sum - 1) > worst_sum ? fabs(r->sum - 1) : worst_sum;
+        bad_keys += r->layer != layer || r->head != 1 || r->query != i;
+    }
+    CHECK(bad_keys == 0, "%s: %d keys out of order or past the query", name, bad_keys);
+    CHECK(worst <= 1e-6, "%s: a row's weights add up to %g off its sum", name, worst);
+    CHECK(worst_sum <= sum_tol, "%s: a sum is %g off 1", name, worst_sum);
+    /* every head's top 5: head 1's are the head of its whole rows, bit for bit */
+    o = (attn_opts){layer, -1, 5};
+    rc = attention_run(m, t, (int)n, &o, NULL, NULL, &top, err);
+    CHECK(rc == 0 && !top.full && top.n_rows == m->n_head * (int)n, "%s: %s", name, rc ? err : "rows");
+    int differ = 0;
+    for (int i = 0; rc == 0 && i < (int)n; i++) {
+        const attn_row *a = &top.rows[(size_t)n + i], *b = &full.rows[i];
+        int64_t pos[5];
+        float w[5];
+        int k = top_of(b, 5, pos, w);
+        differ += a->head != 1 || a->n != k || a->sum != b->sum || memcmp(a->pos, pos, (size_t)k * sizeof *pos) ||
+                  memcmp(a->w, w, (size_t)k * sizeof *w);
+    }
+    CHECK(differ == 0, "%s: %d top-5 lists are not the heads of the whole rows", name, differ);
+    if (rc == 0) attention_free(&top);
+    attention_free(&full);
+    CHECK(attention_weights_max(m, 100, &(attn_opts){layer, 1, 8}) == 5050 + 100 * (size_t)m->pers, "%s: bound", name);
+    CHECK(attention_weights_max(m, 100, &(attn_opts){-1, -1, 8}) ==
+              (size_t)attention_layers(m, &(attn_opts){-1, -1, 8}) * m->n_head * 100 * 8, "%s: bound", name);
+out:
+    free(t);
+    model_free(m);
+}
+
+/* What attention_check refuses, with messages that say what would do. */
+static void check_attention_errors(void)
+{
+    char err[ERR_LEN];
+    model_t *m = load("par-small", MEM_EXACT);
+    if (!m) return;
+    CHECK(attention_check(m, &(attn_opts){0, -1, 8}, err) != 0 && strstr(err, "not attention") &&
+              strstr(err, "the attention layers are 3, 5, 6"), "ffn block: %s", err);
+    CHECK(attention_check(m, &(attn_opts){8, -1, 8}, err) != 0 && strstr(err, "0..7"), "layer 8: %s", err);
+    CHECK(attention_check(m, &(attn_opts){3, 4, 8}, err) != 0 && strstr(err, "0..3"), "head 4: %s", err);
+    CHECK(attention_check(m, &(attn_opts){3, -1, 0}, err) != 0 && strstr(err, "top_k"), "top_k 0: %s", err);
+    CHECK(attention_check(m, &(attn_opts){3, -1, ATTN_MAX_TOP_K + 1}, err) != 0, "top_k past the bound");
+    CHECK(attention_check(m, &(attn_opts){5, 3, ATTN_MAX_TOP_K}, err) == 0, "%s", err);
+    attn_result r;
+    CHECK(attention_run(m, NULL, 0, &(attn_opts){5, 3, 8}, NULL, NULL, &r, err) != 0, "no tokens");
+    int32_t tok[3] = {1, 2, 3};
+    CHECK(attention_run(m, tok, 3, &(attn_opts){5, 3, 8}, NULL, NULL, &r, err) == 0 && r.n_rows == 3 &&
+              r.rows[0].n == 1 && r.rows[0].pos[0] == 0 && r.rows[0].w[0] == 1.0f, "%s", err);
+    attention_free(&r);
+    model_free(m);
+}
+
 int main(void)
 {
     check_words();
@@ -743,5 +860,8 @@ int main(void)
     check_generate();
     check_sampling();
     check_vocab();
+    check_attention("aspan-small", 2, 1e-5);   /* sums: 1 less the renormalisation's 1e-8 share */
+    check_attention("par-small", 5, 1e-6);
+    check_attention_errors();
     return test_summary("test_infer");
 }
