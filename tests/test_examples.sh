@@ -266,6 +266,29 @@ contains "$tmp/out" "byte 6"
 printf 'a' >"$tmp/one.txt"
 expect 22 sh $ex/score.sh aspan "$tmp/one.txt"; check_error "score.sh of one character" 400 invalid_request
 
+expect 22 env STRIDE=8 sh $ex/score.sh aspan "$tmp/text.txt"; check_error "score.sh STRIDE=8 of a model with a memory" 400 invalid_request
+contains "$tmp/out" "stride"
+
+# ------------------------------------------------------------ attention
+head -c 200 "$tmp/text.txt" >"$tmp/short.txt"
+expect 0 sh $ex/attention.sh aspan "$tmp/short.txt"
+check "attention.sh: every layer and head, 8 keys a row" "$tmp/out" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert len(r["tokens"]) == 200 and r["heads"], r.keys()
+for h in r["heads"]:
+    assert len(h["rows"]) == 200
+    for row in h["rows"]:
+        assert len(row["keys"]) <= 8 and all(k < row["query"] for k in row["keys"]), row
+        assert all(a >= b for a, b in zip(row["weights"], row["weights"][1:])), row
+PY
+expect 0 env LAYER=1 HEAD=0 FORMAT=svg sh $ex/attention.sh aspan "$tmp/short.txt"
+check "attention.sh FORMAT=svg: one head's heat map" "$tmp/out" <<'PY'
+import sys, xml.etree.ElementTree as ET
+assert ET.parse(sys.argv[1]).getroot().tag.endswith("svg")
+PY
+expect 22 env FORMAT=svg sh $ex/attention.sh aspan "$tmp/short.txt"; check_error "attention.sh FORMAT=svg without a head" 400 invalid_request
+
 # ------------------------------------------------------------ completions
 expect 0 env SEED=7 MAX_TOKENS=60 sh $ex/completions.sh aspan "ROMEO:"; cp "$tmp/out" "$tmp/cmpl.json"
 check "completions.sh: $(head -c 300 "$tmp/out")" "$tmp/out" "$tmp/gen1.json" <<'PY'

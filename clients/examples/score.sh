@@ -5,7 +5,8 @@
 #                                    FILE: default standard input
 #   PER_TOKEN=1 adds "token_logprobs"; SESSION scores in a session, whose memory
 #   predicts the text's first token (chunks sent one after another add up to
-#   the whole)
+#   the whole); STRIDE=N: a window model (nanogpt, gpt-adaptive-span) scored in
+#   sliding windows of N new tokens (without it: windows of block_size, each alone)
 #   SPANSERVE_URL      the server (default http://127.0.0.1:8080)
 #   SPANSERVE_API_KEY  sent as "Authorization: Bearer KEY" when set
 set -eu
@@ -20,6 +21,7 @@ file=${2:--}
 extra=""
 [ -z "${PER_TOKEN:-}" ] || extra="$extra, \"per_token\": true"
 [ -z "${SESSION:-}" ] || extra="$extra, \"session\": \"$SESSION\""
+[ -z "${STRIDE:-}" ] || extra="$extra, \"stride\": $STRIDE"
 [ "$file" = - ] || exec <"$file"
 # The body goes through standard input: a text may be longer than one
 # command-line argument can be.
