@@ -34,7 +34,9 @@ SRV_SRC  := $(wildcard server/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
 OPENAPI_C := $(BUILD)/server/openapi.c $(BUILD)/server/openapi_jobs.c
-SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/%.o) $(OPENAPI_C:.c=.o)
+UI_SRC   := server/ui/index.html server/ui/jobs.html server/ui/ui.js server/ui/ui.css
+UI_C     := $(BUILD)/server/ui.c
+SRV_OBJ  := $(SRV_SRC:%.c=$(BUILD)/%.o) $(OPENAPI_C:.c=.o) $(UI_C:.c=.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BIN      := $(if $(filter build,$(BUILD)),bin/spanserve,$(BUILD)/bin/spanserve)
 # The client, clients/spanctl.c: HTTP only, so libcurl and jansson, no core.
@@ -71,7 +73,14 @@ $(OPENAPI_C): $(BUILD)/server/%.c: server/%.json
 	@mkdir -p $(dir $@)
 	{ printf 'const char $(notdir $(basename $<))_json[] =\n'; sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; printf ';\n'; } > $@
 
-$(OPENAPI_C:.c=.o): %.o: %.c
+# The dashboard (GET /, route_ui.c): server/ui/NAME.EXT as ui_NAME_EXT,
+# each '?' escaped so that no "??x" reads as a trigraph.
+$(UI_C): $(UI_SRC)
+	@mkdir -p $(dir $@)
+	for f in $(UI_SRC); do n=$$(basename $$f | tr . _); printf 'const char ui_%s[] =\n' $$n; \
+	    sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/?/\\?/g' -e 's/^/"/' -e 's/$$/\\n"/' $$f; printf ';\n'; done > $@
+
+$(OPENAPI_C:.c=.o) $(UI_C:.c=.o): %.o: %.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h)
@@ -152,11 +161,11 @@ $(BUILD)/fuzz/state_seeds: tests/fuzz/fuzz_state_seeds.c tests/fuzz/fuzz_models.
 
 # fuzz_http runs a whole server in its process: the server's files too
 FUZZ_SRV_OBJ := $(patsubst server/%.c,$(BUILD)/fuzz/srv/%.o,$(filter-out server/main.c,$(SRV_SRC))) \
-                $(BUILD)/fuzz/srv/openapi.o $(BUILD)/fuzz/srv/openapi_jobs.o
+                $(BUILD)/fuzz/srv/openapi.o $(BUILD)/fuzz/srv/openapi_jobs.o $(BUILD)/fuzz/srv/ui.o
 $(BUILD)/fuzz/srv/%.o: server/%.c $(wildcard core/*.h server/*.h)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -Iserver -fsanitize=fuzzer-no-link -c $< -o $@
-$(BUILD)/fuzz/srv/openapi.o $(BUILD)/fuzz/srv/openapi_jobs.o: $(BUILD)/fuzz/srv/%.o: $(BUILD)/server/%.c
+$(BUILD)/fuzz/srv/openapi.o $(BUILD)/fuzz/srv/openapi_jobs.o $(BUILD)/fuzz/srv/ui.o: $(BUILD)/fuzz/srv/%.o: $(BUILD)/server/%.c
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -c $< -o $@
 $(BUILD)/fuzz/fuzz_http: tests/fuzz/fuzz_http.c $(FUZZ_SRV_OBJ) $(FUZZ_OBJ)

@@ -34,6 +34,9 @@ typedef struct {
 } route_t;
 
 static const route_t routes[] = {
+    {"GET", "/", route_ui_page, 1, 0, 0},   /* the dashboard: the page only, its data through the API */
+    {"GET", "/ui.js", route_ui_js, 1, 0, 0},
+    {"GET", "/ui.css", route_ui_css, 1, 0, 0},
     {"GET", "/healthz", route_healthz, 1, 0, 0},
     {"GET", "/readyz", route_readyz, 1, 0, 0},
     {"GET", "/metrics", route_metrics, 0, 0, 0},
@@ -58,6 +61,9 @@ static const route_t routes[] = {
 
 /* The jobs listener: training texts and jobs (route_jobs.c), admin keys. */
 static const route_t job_routes[] = {
+    {"GET", "/", route_ui_jobs_page, 1, 0, 0},   /* the jobs page of the dashboard */
+    {"GET", "/ui.js", route_ui_js, 1, 0, 0},
+    {"GET", "/ui.css", route_ui_css, 1, 0, 0},
     {"GET", "/healthz", route_jobs_healthz, 1, 0, 0},
     {"GET", "/openapi.json", route_jobs_openapi, 0, 0, 0},
     {"POST", "/v1/files", route_files_post, 0, 0, 1},
@@ -765,6 +771,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     log_line("%s %s %d %.1fms %ld tokens%s", method, r->route, status, dt * 1e3, tokens,
              toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
     metrics_request(r->route, status, dt);
+    /* work that finished for a client that left: its answer was never built (on_resume did not run) */
+    if (r->on_resume && r->resume_free) r->resume_free(r->resume_ctx);
     if (r->upload_fd >= 0) close(r->upload_fd);
     if (r->upload_tmp[0]) unlink(r->upload_tmp);   /* an upload the route did not keep */
     free(r->body);

@@ -66,6 +66,8 @@ static void job_free(attn_job *j)
     free(j);
 }
 
+static void job_free_ctx(void *ctx) { job_free(ctx); }
+
 /* Lets the model and the slot go (srv.lock held). */
 static void job_release_locked(attn_job *j)
 {
@@ -296,6 +298,7 @@ static void *attention_main(void *arg)
     pthread_mutex_lock(&srv.lock);
     job_release_locked(j);
     j->r->on_resume = attention_done;
+    j->r->resume_free = job_free_ctx;
     MHD_resume_connection(j->r->conn);
     pthread_mutex_unlock(&srv.lock);
     return NULL;

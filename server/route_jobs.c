@@ -252,6 +252,14 @@ typedef struct {
     char err[512];
 } fetch_t;
 
+static void fetch_free(void *ctx)
+{
+    fetch_t *f = ctx;
+    json_decref(f->req);
+    json_decref(f->file);
+    free(f);
+}
+
 static enum MHD_Result fetch_done(request_t *r)
 {
     fetch_t *f = r->resume_ctx;
@@ -276,9 +284,7 @@ static enum MHD_Result fetch_done(request_t *r)
         pthread_mutex_unlock(&jobs_lock);
         rc = j ? reply_json(r, existed ? 200 : 201, o) : reply_error(r, status, "%s", err);
     }
-    json_decref(f->req);
-    json_decref(f->file);
-    free(f);
+    fetch_free(f);
     return rc;
 }
 
@@ -295,6 +301,7 @@ static void *fetch_main(void *arg)
     pthread_mutex_lock(&jobs_lock);
     fetches--;
     f->r->on_resume = fetch_done;
+    f->r->resume_free = fetch_free;
     MHD_resume_connection(f->r->conn);
     pthread_mutex_unlock(&jobs_lock);
     return NULL;

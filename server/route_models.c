@@ -141,13 +141,21 @@ typedef struct {
     char err[512];
 } download_t;
 
+static void download_free(void *ctx)
+{
+    download_t *d = ctx;
+    json_decref(d->result);
+    free(d->url);
+    free(d->settings);
+    free(d);
+}
+
 static enum MHD_Result download_done(request_t *r)
 {
     download_t *d = r->resume_ctx;
     enum MHD_Result rc = d->result ? reply_json(r, 201, d->result) : reply_error(r, d->status, "%s", d->err);
-    free(d->url);
-    free(d->settings);
-    free(d);
+    d->result = NULL;   /* reply_json took it */
+    download_free(d);
     r->on_resume = NULL;
     r->resume_ctx = NULL;
     return rc;
@@ -203,6 +211,7 @@ static void *download_main(void *arg)
     pthread_mutex_lock(&srv.lock);
     srv.downloads--;
     d->r->on_resume = download_done;
+    d->r->resume_free = download_free;
     MHD_resume_connection(d->r->conn);
     pthread_mutex_unlock(&srv.lock);
     return NULL;

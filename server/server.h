@@ -318,6 +318,8 @@ int fetch_url(const char *url, const char *path, size_t max, const char *limit, 
 /* the OpenAPI documents (built from server/openapi.json and openapi_jobs.json) */
 extern const char openapi_json[];
 extern const char openapi_jobs_json[];
+/* the dashboard (built from server/ui/: index.html, jobs.html, ui.js, ui.css; route_ui.c) */
+extern const char ui_index_html[], ui_jobs_html[], ui_ui_js[], ui_ui_css[];
 
 /* ------------------------------------------------------------ jobs (jobs.c) */
 
@@ -349,6 +351,9 @@ struct request {
     task_t *task;
     enum MHD_Result (*on_resume)(request_t *r);   /* answers a request suspended for other work */
     void *resume_ctx;
+    /* frees resume_ctx where the connection ends (its client gone) after the
+     * work set on_resume, before on_resume could answer */
+    void (*resume_free)(void *ctx);
     int responded;
     int status;
     double t0;
@@ -407,6 +412,10 @@ enum MHD_Result route_healthz(request_t *r);
 enum MHD_Result route_readyz(request_t *r);
 enum MHD_Result route_metrics(request_t *r);
 enum MHD_Result route_openapi(request_t *r);
+enum MHD_Result route_ui_page(request_t *r);   /* route_ui.c: GET /, /ui.js, /ui.css */
+enum MHD_Result route_ui_jobs_page(request_t *r);   /* GET / of the jobs listener */
+enum MHD_Result route_ui_js(request_t *r);
+enum MHD_Result route_ui_css(request_t *r);
 enum MHD_Result route_models_list(request_t *r);
 enum MHD_Result route_models_get(request_t *r);
 enum MHD_Result route_models_post(request_t *r);

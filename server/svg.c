@@ -44,6 +44,7 @@ char *svg_spans(const model_t *m)
         const int nl = (int)json_array_size(layers), nh = (int)json_array_size(json_object_get(json_array_get(layers, 0), "heads"));
         const int S = (int)json_integer_value(json_object_get(r, "attn_span")), R = (int)json_integer_value(json_object_get(r, "ramp"));
         int cw = 64, chh = 28, x0 = 70, y0 = 50, W = x0 + cw * nh + 20, H = y0 + chh * nl + 50;
+        if (W < 640) W = 640;   /* the title and the memory line fit */
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
         fprintf(f, "<title>Adaptive spans: %d layers x %d heads, maximum span %d</title>\n", nl, nh, S);
         fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Learned span z per head (tokens; maximum %d, ramp %d)</text>\n", x0, S, R);
@@ -77,6 +78,7 @@ char *svg_spans(const model_t *m)
         static const char *kinds[3] = {"attn", "ffn", "skip"}, *kind_col[3] = {"#d9534f", "#5b9bd5", "#bbbbbb"};
         const int nb = (int)json_array_size(blocks);
         int bw = 56, x0 = 20, y0 = 50, bh = 90, W = x0 * 2 + bw * nb, H = y0 + bh + 80;
+        if (W < 560) W = 560;   /* the title and the memory line fit */
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
         fprintf(f, "<title>%s: %d blocks</title>\n", json_string_value(json_object_get(r, "family")), nb);
         fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Blocks and their architecture weights (attn / ffn / skip)</text>\n", x0);
