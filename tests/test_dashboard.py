@@ -21,11 +21,25 @@ packages; selenium: PyPI, .ci/requirements.txt), against the real server
 - "jobs" (--jobs-listen, --admin-key): the jobs listener's page (GET / there)
   asks for the admin key, uploads a text, submits a tiny job on the CPU and
   follows its event stream until it succeeds (progress lines, the progress
-  bar, the training picture).
+  bar, the training picture), submitted with deploy (the deployed model is
+  named, and served on the main listener); its history drawn by the page as
+  inline SVG: the loss and validation bpc curves (a point per train line,
+  per evaluation), the spans per layer at a step chosen by a slider (max:
+  the train lines - 1; Home, arrows; the bars are that line's spans; the
+  step announced as text) and Play/Pause stepping through it; then a tiny
+  PAR job followed from its row (a bar per block and choice: its
+  arch_weights), and the jobs page on a phone-sized screen;
+- "models" (on "main"): a copy of the fixture in --model-dir loaded from the
+  page under a new name, listed and offered, the API's refusals (409 name
+  taken, 400 outside the directory or no such file) shown with the API's
+  messages, then unloaded from its row (gone from the server and the table).
 
 Screenshots go to build/dashboard/ (models.png, playground.png,
-attention.png, sessions.png, auth.png, phone.png, jobs.png); docs/dashboard-models.png
-and docs/dashboard-playground.png are copied from them.
+attention.png, sessions.png, models-load.png, auth.png, phone.png, jobs.png,
+jobs-phone.png); with DASHBOARD_DOCS=1 (by hand, not in make test: a test
+writes nothing into the checkout) models.png and playground.png are also
+copied to docs/dashboard-models.png and docs/dashboard-playground.png, the
+README's pictures.
 
 Without Chromium, chromedriver or selenium it prints a SKIP line naming what
 to install and passes nothing. Ends with `test_dashboard.py: N passed, N
@@ -143,8 +157,10 @@ def http_checks(S):
         r = call(S.port, "GET", path)
         check(f"GET {path}", r.status == 200 and r.headers.get("content-type") == ctype
               and needle in r.body.decode() and r.headers.get("x-content-type-options") == "nosniff", f"{r.status} {r.headers}")
-        check(f"{path}: nothing from elsewhere", b"http://" not in r.body and b"https://" not in r.body
-              and b"@import" not in r.body)
+        # the SVG namespace (document.createElementNS) names no resource: nothing is fetched from it
+        rest = r.body.replace(b'"http://www.w3.org/2000/svg"', b"")
+        check(f"{path}: nothing from elsewhere", b"http://" not in rest and b"https://" not in rest
+              and b"@import" not in rest)
     r = call(S.port, "HEAD", "/")
     check("HEAD /", r.status == 200 and r.body == b"" and r.headers.get("content-type", "").startswith("text/html"), f"{r}")
     for m in ("POST", "PUT", "DELETE"):
@@ -182,7 +198,7 @@ def page_checks(S, drv):
     check("model selects filled", {o.get_attribute("value") for o in Select(drv.find_element(By.ID, "g-model")).options}
           == set(api), "")
     full_shot(drv, "models.png")
-    if os.path.isdir(DOCS):
+    if os.environ.get("DASHBOARD_DOCS"):
         shutil.copy(os.path.join(SHOTS, "models.png"), os.path.join(DOCS, "dashboard-models.png"))
 
     # ---- a streamed generation, seen growing
@@ -241,7 +257,7 @@ def page_checks(S, drv):
         info = wait(lambda: drv.find_element(By.ID, "tok-info").text)
         check("focus shows the token's info", info and "log p" in info, f"{info!r}")
     full_shot(drv, "playground.png", "gen-h")
-    if os.path.isdir(DOCS):
+    if os.environ.get("DASHBOARD_DOCS"):
         shutil.copy(os.path.join(SHOTS, "playground.png"), os.path.join(DOCS, "dashboard-playground.png"))
 
     # ---- attention: click a scored token, the keys of its row are shaded
@@ -316,6 +332,9 @@ def page_checks(S, drv):
         check("delete deletes it", gone)
         check("and it leaves the table", wait(lambda: "dash-s1" not in drv.find_element(By.ID, "sess-table").text))
 
+    # ---- models: load one from --model-dir under a new name, see it, unload it
+    model_checks(S, drv)
+
     # ---- a phone-sized screen: nothing wider than it
     T.CURRENT = "phone"
     idle(drv)
@@ -333,6 +352,60 @@ def page_checks(S, drv):
     check("every control is labelled", not unlabelled, f"{unlabelled}")
     errs = severe(drv)
     check("no console errors", not errs, f"{errs}")
+
+
+def model_checks(S, drv):
+    """POST /v1/models from the page (a copy of the fixture in --model-dir, a
+    new name), listed; the API's errors shown; DELETE from the row's button."""
+    from selenium.webdriver.common.by import By
+    T.CURRENT = "models"
+    os.makedirs(os.path.join(S.model_dir, "copies"), exist_ok=True)
+    shutil.copy(T.A_PATH, os.path.join(S.model_dir, "copies", "a.safetensors"))
+    drv.execute_script("window.confirm = () => true")
+    status = lambda: drv.find_element(By.ID, "load-status").text  # noqa: E731
+
+    def load(name, path):
+        for fid, v in (("l-name", name), ("l-path", path), ("l-url", "")):
+            e = drv.find_element(By.ID, fid)
+            e.clear()
+            if v:
+                e.send_keys(v)
+        drv.execute_script("document.getElementById('load-status').textContent = ''")
+        drv.find_element(By.ID, "l-go").click()
+        return wait(lambda: (lambda t: t if t and not t.startswith("loading") else None)(status()), 30)
+
+    msg = load("dash-loaded", "copies/a.safetensors")
+    check("load: the status names the model", msg and msg.startswith("loaded dash-loaded"), f"{msg!r}")
+    row = wait(lambda: [r for r in drv.find_elements(By.CSS_SELECTOR, "#model-table tbody tr") if "dash-loaded" in r.text])
+    check("load: the model is listed", row, drv.find_element(By.ID, "model-table").text)
+    r = S.call("GET", "/v1/models/dash-loaded")
+    check("load: the server has it", r.status == 200 and (r.json or {}).get("family") == "adaptive-span", f"{r}")
+    check("load: the selects offer it", "dash-loaded" in [o.get_attribute("value") for o in
+                                                        drv.find_elements(By.CSS_SELECTOR, "#g-model option")])
+    # the API's refusals, with its messages
+    for label, name, path, code in (("a name taken", "aspan", "copies/a.safetensors", 409),
+                                    ("a path outside the model directory", "dash-x", "../x.safetensors", 400),
+                                    ("no such file", "dash-y", "copies/none.safetensors", None)):
+        ref = S.call("POST", "/v1/models", {"name": name + "-ref" if code != 409 else name, "path": path})
+        want = f"HTTP {ref.status}: " + ((ref.json or {}).get("error") or {}).get("message", "")
+        msg = load(name, path)
+        check(f"load {label}: the API's error shown", (code is None or ref.status == code) and ref.status >= 400
+              and msg == want.replace(name + "-ref", name), f"{msg!r} vs {want!r}")
+    errs = severe(drv, allow=("status of 409", "status of 400"))   # the refused loads' own answers
+    check("no console errors but the refused loads'", not errs, f"{errs}")
+    check("a refused load leaves the table", len(drv.find_elements(By.CSS_SELECTOR, "#model-table tbody tr")) == 3)
+    row = [r for r in drv.find_elements(By.CSS_SELECTOR, "#model-table tbody tr") if "dash-loaded" in r.text]
+    btn = row[0].find_element(By.XPATH, ".//button[text()='Unload']") if row else None
+    check("the row's Unload button is labelled", btn is not None and btn.get_attribute("aria-label") == "unload model dash-loaded")
+    if btn is not None:
+        btn.click()
+        check("unload: the status says so", wait(lambda: status() == "unloaded dash-loaded"), status())
+        check("unload: the server no longer has it", wait(lambda: S.call("GET", "/v1/models/dash-loaded").status == 404))
+        check("unload: it leaves the table", wait(lambda: "dash-loaded" not in drv.find_element(By.ID, "model-table").text
+                                                  and len(drv.find_elements(By.CSS_SELECTOR, "#model-table tbody tr")) == 2))
+    full_shot(drv, "models-load.png", "models")
+    r = S.call("DELETE", "/v1/models/dash-loaded")
+    check("unloading twice: 404 from the API", r.status == 404, f"{r}")
 
 
 def auth_checks(S, drv):
@@ -402,6 +475,7 @@ def jobs_checks(S, drv):
     check("the file is the server's", [f["characters"] for f in files.get("files", [])] == [20000], f"{files}")
     Select(drv.find_element(By.ID, "j-device")).select_by_value("cpu")
     drv.find_element(By.ID, "j-name").send_keys("dash-model")
+    drv.find_element(By.ID, "j-deploy").click()
     drv.find_element(By.CSS_SELECTOR, "#j-form button[type=submit]").click()
     check("submitted", wait(lambda: "submitted" in drv.find_element(By.ID, "j-status").text), drv.find_element(By.ID, "j-status").text)
     ended = wait(lambda: drv.execute_script("return document.getElementById('follow-log').dataset.ended === '1'"), 180, 0.2)
@@ -418,9 +492,184 @@ def jobs_checks(S, drv):
     img = wait(lambda: drv.execute_script(
         "const i = document.getElementById('follow-img'); return i.complete && i.naturalWidth > 0"), 20)
     check("the training picture loads", img)
-    full_shot(drv, "jobs.png", "jobs")
+    history_checks(S, drv, jobs[0] if jobs else None)
+    full_shot(drv, "jobs.png", "follow-h")
+    par_checks(S, drv)
+    live_checks(S, drv)
     errs = severe(drv, allow=("status of 401",))
     check("no console errors but the 401s", not errs, f"{errs}")
+
+
+def history_checks(S, drv, job):
+    """The followed job's history drawn client-side: the loss and validation
+    bpc curves (inline SVG), the spans of each recorded step behind a slider
+    and a Play button; the deployed model named."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    T.CURRENT = "jobs-history"
+    if not job:
+        check("a job to look at", False)
+        return
+    fm = drv.find_element(By.ID, "follow-model")
+    check("the deployed model is named", fm.is_displayed() and "dash-model" in fm.text and "deployed" in fm.text, fm.text)
+    check("and the main listener serves it", S.call("GET", "/v1/models/dash-model").status == 200)
+    lines = (call(S.jport, "GET", f"/v1/jobs/{job['id']}/events?limit=10000", key=ADMIN).json or {}).get("events", [])
+    lines = [json.loads(x) if isinstance(x, str) else x for x in lines]
+    train = [x for x in lines if x.get("event") == "train"]
+    evals = {x["step"] for x in lines if x.get("event") in ("train", "done") and isinstance(x.get("val_bpc"), (int, float))}
+    pts = drv.execute_script("""return ['loss-chart', 'bpc-chart'].map(id => {
+        const s = document.querySelector('#' + id + ' svg');
+        return s ? [s.namespaceURI, Number(s.getAttribute('data-points')), s.querySelectorAll('circle').length,
+                    (s.querySelector('polyline') || {getAttribute: () => ''}).getAttribute('points').split(' ').length] : null; })""")
+    check("the curves are inline SVG", pts[0] and pts[1] and pts[0][0] == pts[1][0] == "http://www.w3.org/2000/svg", f"{pts}")
+    if pts[0] and pts[1]:
+        check("the loss curve: a point per train line, at least 2", pts[0][1] == pts[0][2] == pts[0][3] == len(train) >= 2,
+              f"{pts[0]} vs {len(train)} train lines")
+        check("the val bpc curve: a point per evaluation, at least 2", pts[1][1] == pts[1][2] == len(evals) >= 2,
+              f"{pts[1]} vs {sorted(evals)}")
+    last = train[-1] if train else {}
+    title = drv.execute_script("const c = document.querySelectorAll('#loss-chart circle'); return c.length ? c[c.length - 1].textContent : ''")
+    check("the last loss point is the last train line's", last and title == f"step {last['step']}: {last['loss']:.4f}",
+          f"{title!r} vs {last.get('step')} {last.get('loss')}")
+    # the slider over the recorded history
+    sl = drv.find_element(By.ID, "anim-step")
+    check("the slider is labelled", drv.execute_script("return arguments[0].labels.length", sl) == 1)
+    check("the slider's max: the history's entries - 1", int(sl.get_attribute("max")) == len(train) - 1,
+          f"{sl.get_attribute('max')} vs {len(train)} entries")
+    check("after the end the slider shows the last step", int(sl.get_attribute("value")) == len(train) - 1,
+          sl.get_attribute("value"))
+    bars = lambda: drv.execute_script(  # noqa: E731
+        "return [...document.querySelectorAll('#anim-chart rect.bar')].map(r => r.getAttribute('width'))")
+    text = lambda: drv.find_element(By.ID, "anim-text").text  # noqa: E731
+    n_layers = len(last.get("spans") or [])
+    end_bars = bars()
+    check("a bar per layer and statistic (mean, max)", len(end_bars) == 2 * n_layers and n_layers > 0, f"{end_bars}")
+    check("the step announced as text", text().startswith(f"step {last.get('step')} ({len(train)} of {len(train)})")
+          and sl.get_attribute("aria-valuetext") == f"step {last.get('step')}", text())
+    drv.execute_script("arguments[0].focus()", sl)
+    sl.send_keys(Keys.HOME)
+    check("Home: the first entry", wait(lambda: sl.get_attribute("value") == "0"), sl.get_attribute("value"))
+    first = train[0] if train else {}
+    check("moving the slider redraws the bars", wait(lambda: bars() != end_bars and len(bars()) == len(end_bars)),
+          f"{bars()} vs {end_bars}")
+    want = [v for s_ in first.get("spans", []) for v in (s_["mean"], s_["max"])]
+    got = [float(x) for x in drv.execute_script(
+        "return [...document.querySelectorAll('#anim-chart rect.bar')].map(r => r.textContent.split(' ').pop())")]
+    check("the bars are the first train line's spans", len(got) == len(want) and all(abs(a - b) < 1e-4 for a, b in zip(got, want)),
+          f"{got} vs {want}")
+    check("its text announced", text().startswith(f"step {first.get('step')} (1 of {len(train)})"), text())
+    sl.send_keys(Keys.ARROW_RIGHT)
+    check("an arrow key steps once", wait(lambda: sl.get_attribute("value") == "1") and text().startswith(f"step {train[1]['step']} "),
+          f"{sl.get_attribute('value')} {text()}")
+    sl.send_keys(Keys.HOME)
+    play = drv.find_element(By.ID, "anim-play")
+    play.click()
+    check("Play: the button says Pause", wait(lambda: play.text == "Pause", 5), play.text)
+    check("Play advances the slider", wait(lambda: int(sl.get_attribute("value")) >= 2, 10), sl.get_attribute("value"))
+    play.send_keys(Keys.ENTER)   # the keyboard pauses it
+    paused = wait(lambda: play.text == "Play", 5)
+    v = sl.get_attribute("value")
+    time.sleep(0.8)
+    check("Pause stops it", paused and sl.get_attribute("value") == v and int(v) < len(train) - 1, f"{v} {sl.get_attribute('value')}")
+    play.click()
+    check("Play runs to the last entry and stops", wait(lambda: sl.get_attribute("value") == str(len(train) - 1)
+                                                      and play.text == "Play", 15), f"{sl.get_attribute('value')} {play.text}")
+    check("the last entry's bars again", bars() == end_bars, f"{bars()} vs {end_bars}")
+    drv.execute_script("document.getElementById('follow-h').scrollIntoView()")
+
+
+def par_checks(S, drv):
+    """A tiny PAR job (submitted through the API), followed from its row's
+    Follow button: a bar per block and choice (attn, ffn, skip), its
+    arch_weights; then the page on a phone-sized screen."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    T.CURRENT = "jobs-par"
+    fid = ((call(S.jport, "GET", "/v1/files", key=ADMIN).json or {}).get("files") or [{}])[0].get("id")
+    cfg = {"n_blocks": 4, "n_head": 2, "d_model": 16, "d_head": 8, "d_inner": 32, "mem_len": 16, "tgt_len": 16,
+           "batch_size": 4, "steps": 120, "search_steps": 60, "log_every": 20, "eval_every": 60, "checkpoint_every": 60,
+           "eval_tokens": 500}
+    r = call(S.jport, "POST", "/v1/jobs", json.dumps({"id": "dash-par", "family": "par-transformer-xl", "file": fid, "config": cfg,
+                                                      "device": "cpu"}).encode(), key=ADMIN)
+    check("a PAR job submitted", r.status == 201, f"{r}")
+    if r.status != 201:
+        return
+    drv.find_element(By.ID, "jobs-refresh").click()
+    btn = wait(lambda: drv.find_element(By.CSS_SELECTOR, "button[aria-label='follow job dash-par']"))
+    check("its row has a Follow button", btn)
+    if not btn:
+        return
+    btn.click()
+    check("followed to its end", wait(lambda: drv.execute_script("return document.getElementById('follow-log').dataset.ended === '1'")
+                                      and drv.find_element(By.ID, "follow-h").text == "Job dash-par", 180, 0.2)
+          and drv.find_element(By.ID, "follow-status").text.startswith("succeeded"), drv.find_element(By.ID, "follow-status").text)
+    lines = (call(S.jport, "GET", "/v1/jobs/dash-par/events?limit=10000", key=ADMIN).json or {}).get("events", [])
+    lines = [json.loads(x) if isinstance(x, str) else x for x in lines]
+    train = [x for x in lines if x.get("event") == "train"]
+    sl = drv.find_element(By.ID, "anim-step")
+    check("PAR: the slider's max", int(sl.get_attribute("max")) == len(train) - 1, f"{sl.get_attribute('max')} vs {len(train)}")
+    check("PAR: the heading says block weights", drv.find_element(By.ID, "anim-h").text == "Block weights over training")
+    drv.execute_script("arguments[0].focus()", sl)
+    sl.send_keys(Keys.HOME)
+    wait(lambda: sl.get_attribute("value") == "0")
+    got = [float(x) for x in drv.execute_script(
+        "return [...document.querySelectorAll('#anim-chart rect.bar')].map(r => r.textContent.split(' ').pop())")]
+    want = [v for w in (train[0].get("arch_weights") or []) for v in w] if train else []
+    check("PAR: a bar per block and choice, the first line's arch_weights", len(want) == 3 * cfg["n_blocks"] and len(got) == len(want)
+          and all(abs(a - b) < 1e-4 for a, b in zip(got, want)), f"{got} vs {want}")
+    pts = drv.execute_script("return ['loss-chart', 'bpc-chart'].map(id => Number(document.querySelector('#' + id + ' svg').getAttribute('data-points')))")
+    check("PAR: the curves", pts[0] == len(train) and pts[1] >= 2, f"{pts}")
+    # a phone-sized screen: the charts shrink, nothing wider than it
+    drv.set_window_size(390, 844)
+    time.sleep(0.3)
+    w = drv.execute_script("""return [document.documentElement.scrollWidth, window.innerWidth,
+        [...document.querySelectorAll('body *')].filter(e => e.getBoundingClientRect().right > window.innerWidth + 1
+            && !e.closest('.scroll')).slice(0, 8).map(e => e.tagName + '#' + e.id + ' ' + Math.round(e.getBoundingClientRect().right))]""")
+    check("jobs page: no horizontal scroll on a phone", w[0] <= w[1] + 1, f"{w}")
+    unlabelled = drv.execute_script("""
+        return [...document.querySelectorAll('input, select, textarea')].filter(e =>
+            !(e.labels && e.labels.length) && !e.getAttribute('aria-label')).map(e => e.id || e.outerHTML)""")
+    check("jobs page: every control is labelled", not unlabelled, f"{unlabelled}")
+    full_shot(drv, "jobs-phone.png", "anim")
+    drv.set_window_size(1280, 1000)
+
+
+def live_checks(S, drv):
+    """A long job followed while it runs: the curves and the slider grow
+    with its train lines; cancelled from its row."""
+    from selenium.webdriver.common.by import By
+    T.CURRENT = "jobs-live"
+    fid = ((call(S.jport, "GET", "/v1/files", key=ADMIN).json or {}).get("files") or [{}])[0].get("id")
+    cfg = {"hidden_size": 16, "inner_hidden_size": 32, "nb_heads": 2, "nb_layers": 2, "attn_span": 32, "block_size": 16,
+           "batch_size": 4, "steps": 200000, "log_every": 20, "eval_every": 100000, "checkpoint_every": 100000,
+           "eval_tokens": 500}
+    r = call(S.jport, "POST", "/v1/jobs", json.dumps({"id": "dash-live", "family": "adaptive-span", "file": fid, "config": cfg,
+                                                      "device": "cpu"}).encode(), key=ADMIN)
+    check("a long job submitted", r.status == 201, f"{r}")
+    if r.status != 201:
+        return
+    drv.find_element(By.ID, "jobs-refresh").click()
+    btn = wait(lambda: drv.find_element(By.CSS_SELECTOR, "button[aria-label='follow job dash-live']"))
+    if not btn:
+        check("its row has a Follow button", False)
+        return
+    btn.click()
+    pts = lambda: drv.execute_script(  # noqa: E731
+        "const s = document.querySelector('#loss-chart svg'); return s ? Number(s.getAttribute('data-points')) : 0")
+    n1 = wait(lambda: drv.find_element(By.ID, "follow-h").text == "Job dash-live" and pts() >= 2 and pts(), 60)
+    check("while it runs: the loss curve has points", n1 and drv.find_element(By.ID, "follow-status").text.startswith("running"),
+          f"{n1} {drv.find_element(By.ID, 'follow-status').text}")
+    n2 = wait(lambda: pts() > (n1 or 0) and pts(), 30)
+    check("and it grows", n2, f"{n1} then {pts()}")
+    sl = drv.find_element(By.ID, "anim-step")
+    check("the slider follows the last line", wait(lambda: int(sl.get_attribute("value")) == int(sl.get_attribute("max")) >= 1),
+          f"{sl.get_attribute('value')} / {sl.get_attribute('max')}")
+    drv.find_element(By.CSS_SELECTOR, "button[aria-label='cancel job dash-live']").click()
+    ended = wait(lambda: drv.execute_script("return document.getElementById('follow-log').dataset.ended === '1'"), 60, 0.2)
+    check("cancelled from its row, the stream ends", ended and drv.find_element(By.ID, "follow-status").text.startswith("cancelled"),
+          drv.find_element(By.ID, "follow-status").text)
+    errs = severe(drv, allow=("status of 401",))
+    check("no console errors (PAR, live)", not errs, f"{errs}")
 
 
 def main():

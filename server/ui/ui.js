@@ -152,11 +152,42 @@ async function loadModels() {
     el("td", { text: m.family }), el("td", { text: m.tokenizer || "" }),
     el("td", { class: "num", text: count(m.parameters), title: String(m.parameters) }),
     el("td", { text: m.device }), el("td", { text: m.precision }),
-    el("td", { class: "num", text: bytes((m.cost && m.cost.session_bytes) || (m.memory && m.memory.bytes_per_stream)) }))));
+    el("td", { class: "num", text: bytes((m.cost && m.cost.session_bytes) || (m.memory && m.memory.bytes_per_stream)) }),
+    el("td", {}, el("button", { type: "button", text: "Unload", "aria-label": "unload model " + m.name,
+      onclick: () => guarded(() => unloadModel(m.name), $("load-status")) })))));
   const opts = models.map((m) => [m.name, m.name + " (" + m.family + ")"]);
   for (const id of ["g-model", "a-model", "n-model", "i-model"]) setOptions($(id), opts, true);
   if (models.length && $("model-detail").hidden) await showModel(models[0].name);
   await loadHeads();
+}
+
+/* POST /v1/models: NAME from a path in the server's --model-dir, or from an
+ * https URL; the server's message (400, 403, 404, 409, 413, ...) is shown. */
+async function loadModel() {
+  const status = $("load-status");
+  const name = $("l-name").value.trim(), path = $("l-path").value.trim(), url = $("l-url").value.trim();
+  if (!path === !url) { status.textContent = "give either a path in the model directory or an https URL"; return; }
+  if (url && !/^https:/i.test(url)) { status.textContent = "the server fetches models over https only"; return; }
+  const b = { name };
+  if (path) b.path = path; else { b.url = url; if ($("l-replace").checked) b.replace = true; }
+  status.textContent = "loading " + name + "…";
+  $("l-go").disabled = true;
+  try {
+    const m = await apiJson("/v1/models", { method: "POST", json: b });
+    status.textContent = "loaded " + m.name + " (" + m.family + ", " + count(m.parameters) + " parameters)";
+  } finally { $("l-go").disabled = false; }
+  await loadModels();
+}
+
+/* DELETE /v1/models/NAME (its sessions go with it). */
+async function unloadModel(name) {
+  if (!confirm("Unload model " + name + "? Its sessions are deleted with it.")) return;
+  await api("/v1/models/" + encodeURIComponent(name), { method: "DELETE" });
+  $("load-status").textContent = "unloaded " + name;
+  if ($("model-detail-h").textContent === name) $("model-detail").hidden = true;
+  delete headsOf[name];
+  await loadModels();
+  await loadSessions();
 }
 
 async function showModel(name) {
@@ -531,6 +562,177 @@ async function loadJobs() {
 
 let followAbort = null;
 
+/* ---- the followed job's history, drawn here as inline SVG (no library) */
+
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, ...kids) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  for (const c of kids) e.append(c);
+  return e;
+}
+function svgTitle(text) { const t = svg("title"); t.textContent = text; return t; }
+function svgText(x, y, text, attrs) { const t = svg("text", Object.assign({ x, y, "font-size": 11, fill: "#1a1a1a" }, attrs || {})); t.textContent = text; return t; }
+const short = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(2));
+
+/* hist: the job's `train` lines in order ({step, loss, val_bpc?, spans | arch_weights});
+ * vals: [step, val_bpc] of every evaluation (train lines and `done`). */
+let hist = { family: "", train: [], vals: [], playing: null, steps: 0, timer: null, top: 1 };
+
+/* A line chart of POINTS ([x, y], x ascending) in BOX, labelled LABEL. */
+function lineChart(box, points, label, colour, xmax) {
+  const W = 480, H = 200, L = 46, R = 10, T = 12, B = 30;
+  const root = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": label + ": " +
+    (points.length ? points.length + " points, last " + short(points[points.length - 1][1]) + " at step " + points[points.length - 1][0] : "no points yet"),
+    "data-points": points.length });
+  root.append(svgTitle(label));
+  root.append(svg("rect", { x: L, y: T, width: W - L - R, height: H - T - B, fill: "#fff", stroke: "#c8c8c8" }));
+  if (points.length) {
+    const ys = points.map((p) => p[1]);
+    let y0 = Math.min(...ys), y1 = Math.max(...ys);
+    if (y1 - y0 < 1e-9) { y0 -= 0.5; y1 += 0.5; }
+    const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
+    const x1 = Math.max(xmax || 0, points[points.length - 1][0], 1);
+    const X = (x) => L + (W - L - R) * x / x1, Y = (y) => T + (H - T - B) * (1 - (y - y0) / (y1 - y0));
+    for (const f of [0, 0.5, 1]) {
+      const v = y0 + (y1 - y0) * f;
+      root.append(svg("line", { x1: L - 4, x2: L, y1: Y(v), y2: Y(v), stroke: "#4a4a4a" }));
+      root.append(svgText(L - 6, Y(v) + 4, short(v), { "text-anchor": "end" }));
+    }
+    for (const f of [0, 0.5, 1]) root.append(svgText(X(x1 * f), H - 12, String(Math.round(x1 * f)), { "text-anchor": f === 0 ? "start" : f === 1 ? "end" : "middle" }));
+    root.append(svgText(W - R, H - 1, "step", { "text-anchor": "end", fill: "#4a4a4a" }));
+    root.append(svg("polyline", { points: points.map((p) => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" "),
+      fill: "none", stroke: colour, "stroke-width": 2 }));
+    if (points.length <= 300) for (const p of points) root.append(svg("circle", { cx: X(p[0]).toFixed(1), cy: Y(p[1]).toFixed(1), r: 3, fill: colour },
+      svgTitle("step " + p[0] + ": " + p[1].toFixed(4))));
+  } else root.append(svgText(W / 2, H / 2, "no points yet", { "text-anchor": "middle", fill: "#4a4a4a" }));
+  box.replaceChildren(root);
+}
+
+function drawCurves() {
+  $("curves").hidden = false;
+  lineChart($("loss-chart"), hist.train.filter((t) => typeof t.loss === "number").map((t) => [t.step, t.loss]),
+    "Training loss (nats) against the step", "#0b57d0", hist.steps);
+  lineChart($("bpc-chart"), hist.vals, "Validation bpc against the step", "#b3261e", hist.steps);
+}
+
+/* What a train line tells per layer (adaptive-span) or per block (PAR). */
+function barsOf(t) {
+  if (Array.isArray(t.spans)) return t.spans.map((s) => ({ label: "layer " + s.layer, values: [s.mean, s.max], names: ["mean", "max"] }));
+  if (Array.isArray(t.arch_weights)) return t.arch_weights.map((w, i) => ({ label: "block " + i, values: w, names: ["attn", "ffn", "skip"] }));
+  return [];
+}
+
+const BAR_COLOURS = ["#0b57d0", "#8a5300", "#4a4a4a"];
+
+/* The bar chart of history entry I, and the slider's text. */
+function drawBars(i) {
+  const t = hist.train[i];
+  if (!t) return;
+  const groups = barsOf(t), par = !Array.isArray(t.spans);
+  const top = par ? 1 : hist.top;   /* spans: one scale for every step (the largest seen) */
+  const W = 480, L = 70, R = 60, rowH = par ? 42 : 30, T = 22, H = T + groups.length * rowH + 6;
+  const root = svg("svg", { viewBox: "0 0 " + W + " " + H, role: "img", "data-index": i,
+    "aria-label": (par ? "Block weights" : "Spans") + " at step " + t.step });
+  const names = groups.length ? groups[0].names : [];
+  names.forEach((n, k) => {
+    root.append(svg("rect", { x: L + k * 90, y: 4, width: 10, height: 10, fill: BAR_COLOURS[k] }));
+    root.append(svgText(L + k * 90 + 14, 13, n));
+  });
+  const bh = (rowH - 8) / names.length;
+  groups.forEach((g, r) => {
+    const y = T + r * rowH;
+    root.append(svgText(L - 6, y + rowH / 2, g.label, { "text-anchor": "end" }));
+    g.values.forEach((v, k) => {
+      const w = Math.max(0, (W - L - R) * v / top);
+      root.append(svg("rect", { class: "bar", x: L, y: (y + k * bh).toFixed(1), width: w.toFixed(1), height: (bh - 1).toFixed(1), fill: BAR_COLOURS[k] },
+        svgTitle(g.label + " " + g.names[k] + " " + v.toFixed(4))));
+      root.append(svgText(L + w + 4, y + k * bh + bh - 2, par ? v.toFixed(2) : short(v), { "font-size": 10 }));
+    });
+  });
+  $("anim-chart").replaceChildren(root);
+  const desc = "step " + t.step + " (" + (i + 1) + " of " + hist.train.length + "): " +
+    groups.map((g) => g.label + " " + g.names.map((n, k) => n + " " + (par ? g.values[k].toFixed(2) : short(g.values[k]))).join(" ")).join("; ");
+  $("anim-step").setAttribute("aria-valuetext", "step " + t.step);
+  $("anim-text").textContent = desc;
+}
+
+function updateAnim(follow) {
+  const n = hist.train.length;
+  if (!n || !barsOf(hist.train[n - 1]).length) return;
+  const s = $("anim-step"), wasEnd = Number(s.value) >= Number(s.max);
+  $("anim").hidden = false;
+  const par = hist.family === "par-transformer-xl";
+  $("anim-h").textContent = par ? "Block weights over training" : "Spans over training";
+  $("anim-cap").textContent = par ? "Each block's softmax over attn, ffn and skip at the selected step."
+    : "Each layer's mean and largest span (positions) at the selected step.";
+  s.max = String(n - 1);
+  if (follow && wasEnd && !hist.playing) s.value = String(n - 1);
+  drawBars(Number(s.value));
+}
+
+function stopPlay() {
+  if (hist.playing) clearInterval(hist.playing);
+  hist.playing = null;
+  $("anim-play").textContent = "Play";
+  $("anim-text").setAttribute("aria-live", "polite");
+}
+
+function togglePlay() {
+  if (hist.playing) { stopPlay(); return; }
+  const s = $("anim-step");
+  if (Number(s.value) >= Number(s.max)) s.value = "0";
+  drawBars(Number(s.value));
+  $("anim-play").textContent = "Pause";
+  $("anim-text").setAttribute("aria-live", "off");   /* no announcement per frame */
+  hist.playing = setInterval(() => {
+    if (Number(s.value) >= Number(s.max)) { stopPlay(); drawBars(Number(s.value)); return; }
+    s.value = String(Number(s.value) + 1);
+    drawBars(Number(s.value));
+  }, 350);
+}
+
+/* Redraws at most every 100 ms: a long job's replayed history is drawn
+ * once, not once per line. */
+function scheduleDraw() {
+  if (hist.timer) return;
+  hist.timer = setTimeout(drawNow, 100);
+}
+function drawNow() {
+  if (hist.timer) clearTimeout(hist.timer);
+  hist.timer = null;
+  if (!hist.train.length && !hist.vals.length) return;
+  drawCurves();
+  updateAnim(true);
+}
+
+function resetHistory(family) {
+  stopPlay();
+  if (hist.timer) clearTimeout(hist.timer);
+  hist = { family: family || "", train: [], vals: [], playing: null, steps: 0, timer: null, top: 1 };
+  $("curves").hidden = true;
+  $("anim").hidden = true;
+  $("anim-step").max = "0";
+  $("anim-step").value = "0";
+}
+
+/* One progress line D of the followed job into the history. */
+function record(d) {
+  if (d.event === "train" && typeof d.step === "number") {
+    const n = hist.train.length;
+    if (n && hist.train[n - 1].step >= d.step) {   /* a resume repeats steps since its checkpoint */
+      hist.train = hist.train.filter((t) => t.step < d.step);
+      hist.vals = hist.vals.filter((v) => v[0] < d.step);
+    }
+    hist.train.push(d);
+    if (Array.isArray(d.spans)) for (const x of d.spans) hist.top = Math.max(hist.top, x.mean, x.max);
+    if (typeof d.val_bpc === "number") hist.vals.push([d.step, d.val_bpc]);
+  } else if (d.event === "done" && typeof d.val_bpc === "number" && typeof d.step === "number") {
+    if (!hist.vals.some((v) => v[0] === d.step)) hist.vals.push([d.step, d.val_bpc]);
+  } else return false;
+  return true;
+}
+
 /* Follows job ID through its event stream (GET /v1/jobs/ID/events?stream=true). */
 async function follow(id) {
   if (followAbort) followAbort.abort();
@@ -540,9 +742,22 @@ async function follow(id) {
   const log = $("follow-log"), status = $("follow-status"), prog = $("follow-progress");
   log.textContent = "";
   delete log.dataset.ended;
+  resetHistory("");
+  $("follow-model").hidden = true;
   let last = null;
   const show = (job) => {
     last = job;
+    hist.family = job.family || hist.family;
+    hist.steps = job.steps || hist.steps;
+    const fm = $("follow-model");
+    if (job.model && job.model.name) {
+      fm.textContent = "Model " + job.model.name + (job.model.deployed ? ": deployed, served on the main listener as " + job.model.name
+        : job.deploy ? ": not deployed" + (job.model.error ? " (" + job.model.error + ")" : "") : ": saved (" + job.model.path + ")");
+      fm.hidden = false;
+    } else if (job.deploy) {
+      fm.textContent = "Model " + job.name + ": deployed on the main listener when the job succeeds";
+      fm.hidden = false;
+    }
     prog.max = job.steps || 1;
     prog.value = job.step || 0;
     status.textContent = job.status + ", step " + (job.step || 0) + " of " + job.steps +
@@ -555,9 +770,11 @@ async function follow(id) {
     if (ev === "job") { show(d); return; }
     log.textContent += data + "\n";
     log.scrollTop = log.scrollHeight;
+    if (record(d)) scheduleDraw();
     if (last && typeof d.step === "number") show(Object.assign({}, last, { step: d.step }));
   });
   if (ctl.signal.aborted) return;
+  drawNow();
   log.dataset.ended = "1";
   await loadJobs();
   try {
@@ -596,6 +813,8 @@ function initJobs() {
     }, $("j-status"));
   });
   $("jobs-refresh").addEventListener("click", () => guarded(loadJobs, $("j-status")));
+  $("anim-step").addEventListener("input", () => { stopPlay(); drawBars(Number($("anim-step").value)); });
+  $("anim-play").addEventListener("click", togglePlay);
 }
 
 /* ------------------------------------------------------------ start */
@@ -632,6 +851,7 @@ function init() {
     loadAll();
     return;
   }
+  $("load-form").addEventListener("submit", (e) => { e.preventDefault(); guarded(loadModel, $("load-status")); });
   $("gen-form").addEventListener("submit", (e) => { e.preventDefault(); generate(); });
   $("g-cancel").addEventListener("click", () => { if (genAbort) genAbort.abort(); });
   $("s-go").addEventListener("click", () => scoreText());
