@@ -16,6 +16,7 @@
 # otherwise it prints the command to run).
 
 CC       ?= gcc
+CXX      ?= g++
 BUILD    ?= build
 SAN      ?=
 OPT      ?= -O3
@@ -26,13 +27,17 @@ PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 # (messages are cut to their buffers on purpose: no format-truncation warning)
 CFLAGS   += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation -Icore -Iserver $(SAN) $(PKG_CFLAGS)
-LDLIBS   += $(PKG_LIBS) -lm -lpthread
+# SentencePiece (core/spm.cc, the one C++ file: a shim over the library)
+SPM_LIBS := -lsentencepiece -lstdc++
+CXXFLAGS += -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Icore $(SAN) $(shell pkg-config --cflags sentencepiece 2>/dev/null)
+LDLIBS   += $(PKG_LIBS) $(SPM_LIBS) -lm -lpthread
 LDFLAGS  += $(SAN)
 
 CORE_SRC := $(wildcard core/*.c)
 SRV_SRC  := $(wildcard server/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
-CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o)
+CORE_CXX := $(wildcard core/*.cc)
+CORE_OBJ := $(CORE_SRC:%.c=$(BUILD)/%.o) $(CORE_CXX:%.cc=$(BUILD)/%.o)
 OPENAPI_C := $(BUILD)/server/openapi.c $(BUILD)/server/openapi_jobs.c
 UI_SRC   := server/ui/index.html server/ui/jobs.html server/ui/ui.js server/ui/ui.css
 UI_C     := $(BUILD)/server/ui.c
@@ -66,6 +71,10 @@ deps:
 $(BUILD)/%.o: %.c $(wildcard core/*.h server/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cc $(wildcard core/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 # The OpenAPI documents (the API listener's, the jobs listener's), embedded
 # as C strings named after their files.
@@ -149,11 +158,14 @@ soak: deps
 FUZZ_SECONDS ?= 60
 FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_FLAGS  = -std=c11 -g -O1 $(FUZZ_SAN) -Icore $(PKG_CFLAGS)
-FUZZ_OBJ   := $(CORE_SRC:core/%.c=$(BUILD)/fuzz/obj/%.o)
-FUZZ_LIBS   = $(PKG_LIBS) -lm -lpthread
-$(FUZZ_OBJ): $(BUILD)/fuzz/obj/%.o: core/%.c $(wildcard core/*.h)
+FUZZ_OBJ   := $(CORE_SRC:core/%.c=$(BUILD)/fuzz/obj/%.o) $(CORE_CXX:core/%.cc=$(BUILD)/fuzz/obj/%.o)
+FUZZ_LIBS   = $(PKG_LIBS) $(SPM_LIBS) -lm -lpthread
+$(BUILD)/fuzz/obj/%.o: core/%.c $(wildcard core/*.h)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+$(BUILD)/fuzz/obj/%.o: core/%.cc $(wildcard core/*.h)
+	@mkdir -p $(dir $@)
+	clang++ -std=c++17 -g -O1 $(FUZZ_SAN) -Icore -fsanitize=fuzzer-no-link -c $< -o $@
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)
 	clang $(FUZZ_FLAGS) -fsanitize=fuzzer $< $(FUZZ_OBJ) $(FUZZ_LIBS) -o $@
 $(BUILD)/fuzz/state_seeds: tests/fuzz/fuzz_state_seeds.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)

@@ -73,11 +73,11 @@ void adaptive_embed(const model_t *m, const int32_t *tokens, size_t N, float *x)
     }
 }
 
-/* HP = H Q_i (N x d_i): H itself where the cluster has no projection. */
+/* HP = H Q_i (+ q_i) (N x d_i): H itself where the cluster has no projection. */
 static const float *project(const adaptive *a, int i, const float *h, int B, int M, int D, float *hp)
 {
     if (!a->out_proj_t[i]) return h;
-    ops_linear(hp, h, a->out_proj_t[i], NULL, B, M, D, a->dim[i]);
+    ops_linear(hp, h, a->out_proj_t[i], a->out_proj_b[i], B, M, D, a->dim[i]);
     return hp;
 }
 

@@ -12,7 +12,9 @@
  *           head[c_1 + n - k] + log_softmax((h Q_k) W_k^T + b_k)[t - c_k]
  *           for t in tail cluster k = 1..n (cluster k reads the k-th head
  *           column from the end, as the reference does).
- * Q_k (d_model x d_k) is absent where the reference has none.
+ * Q_k (d_model x d_k) is absent where the reference has none; seed 004's
+ * TensorFlow AdaptiveSoftmax (par_tf.c) projects with a bias, h Q_k + q_k,
+ * and takes no adaptive input (model_t.emb set).
  */
 #ifndef SPANSERVE_ADAPTIVE_H
 #define SPANSERVE_ADAPTIVE_H
@@ -30,6 +32,7 @@ typedef struct adaptive {
     const float *out_w[ADA_MAX_CLUSTERS];    /* (c_{i+1} - c_i) x d_i */
     const float *out_b[ADA_MAX_CLUSTERS];    /* c_{i+1} - c_i */
     const float *out_proj[ADA_MAX_CLUSTERS]; /* d_model x d_i, or NULL */
+    const float *out_proj_b[ADA_MAX_CLUSTERS]; /* d_i: the projection's bias (seed 004's), or NULL */
     float *out_proj_t[ADA_MAX_CLUSTERS];     /* its transpose, d_i x d_model (made at load) */
     const float *cluster_w, *cluster_b;      /* (n - 1) x d_0, n - 1 */
     float *head_w, *head_b;                  /* [W_0; cluster_w], [b_0; cluster_b] (made at load) */

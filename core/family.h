@@ -9,6 +9,8 @@
  *                                 Transformer-XLs converted to its layout)
  *   transformer-xl      txl.c     kimiyoung/transformer-xl's MemTransformerLM:
  *                                 adaptive input and softmax, word vocabularies
+ *   par-transformer-xl-tf par_tf.c seed 004's TensorFlow PAR Transformer-XL
+ *                                 (Jmkernes): SentencePiece, its attention
  *   gpt-adaptive-span   gpt.c     GPT-style window models (gpt.h): the GPT with
  *   nanogpt                       adaptive spans of uuzall/adaptive_attention_span,
  *                                 karpathy/nanoGPT
@@ -96,7 +98,7 @@ typedef struct family_ops {
  * (z * m->span), reach, key_rows (KEY_ROWS, or each head's own when -1). */
 json_t *span_heads_report(const model_t *m, const layer_t *y, int key_rows);
 
-extern const family_ops family_aspan, family_par, family_txl, family_gpt_aspan, family_nanogpt;
+extern const family_ops family_aspan, family_par, family_txl, family_par_tf, family_gpt_aspan, family_nanogpt;
 
 /* What the Transformer-XL families share (par.c): the forward (forward.h),
  * the r_net tables, memory of mem_len rows per attention block, reports. */

@@ -23,8 +23,8 @@
 #include <string.h>
 
 /* The families, in the order a config is offered to them. */
-static const family_ops *const families[] = {&family_aspan, &family_par, &family_txl, &family_gpt_aspan,
-                                             &family_nanogpt, NULL};
+static const family_ops *const families[] = {&family_aspan, &family_par, &family_txl, &family_par_tf,
+                                             &family_gpt_aspan, &family_nanogpt, NULL};
 
 const char *model_family_name(const model_t *m) { return m->family->name; }
 
@@ -303,6 +303,7 @@ model_t *model_load_set(const char *path, const char *name, mem_mode mode, const
         goto fail;
     }
     m->mem_mode = mode;
+    m->ln_eps = 1e-5;   /* PyTorch's LayerNorm; a family may say otherwise */
     const char *cj = st_meta(f, "config"), *vj = st_meta(f, "vocab");
     if (!cj) { err_set(err, "%s: no __metadata__.config: not a spanserve checkpoint", name); goto fail; }
     if (!vj) { err_set(err, "%s: no __metadata__.vocab: the checkpoint does not say its vocabulary", name); goto fail; }

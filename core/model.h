@@ -11,6 +11,12 @@
  *   transformer-xl kimiyoung/transformer-xl's MemTransformerLM: layers of
  *                  attention then feed-forward (held as blocks attn, ffn, ...),
  *                  adaptive input and softmax, pre-LN, clamp_len, same_length.
+ *   par-transformer-xl-tf
+ *                  seed 004's TensorFlow PAR Transformer-XL (Jmkernes/
+ *                  PAR-Transformer-XL, par_tf.c): its own relative attention
+ *                  (biased projections, scores over d_head, positions by the
+ *                  key's row, a ReLU output), Keras LayerNorm, its adaptive
+ *                  softmax, SentencePiece pieces; each block the argmax of pi.
  *   gpt            GPT-style models of a fixed context window and no memory
  *                  between windows: nanoGPT, and the GPT with adaptive spans
  *                  of uuzall/adaptive_attention_span (family names "nanogpt",
@@ -61,7 +67,9 @@ typedef struct {
     const float *fc1_w, *fc1_b, *fc2_w, *fc2_b;
     const float *ln2_w, *ln2_b;              /* aspan norm2; par ff layer_norm */
     const float *alpha;                      /* par: 3 architecture logits, or NULL */
-    const float *qkv_b, *wo_b;               /* gpt: the attention's biases (NULL: none) */
+    const float *qkv_b, *wo_b;               /* gpt, par-tf: the attention's biases (NULL: none) */
+    const float *rnet_b;                     /* par-tf: W_pos's bias (in the table rk) */
+    const float *pi;                         /* par-tf: the block's 3 probabilities (attn, ffn, skip) */
     const float **bound;                     /* gpt: where each head's tensors were loaded (5 x K) */
     const float *r_w_bias, *r_r_bias;        /* attention blocks: Transformer-XL's u and v (nh x dh) */
     /* adaptive-span spans, as the reference computes them */
@@ -77,7 +85,8 @@ typedef struct {
     int *krows;                              /* K: distances whose keys are kept (window or reach) */
     float **mask;                            /* K: mask[h][d-1], d = 1..reach[h] */
     int max_span, avg_span, cache_size, trim_len;
-    /* par: r_net of the sinusoid at distance t, rows t = 0..rk_len-1 */
+    /* par: r_net of the sinusoid at distance t, rows t = 0..rk_len-1
+     * (par-tf: R = W_pos(P) + b at position p, rows p = 0..max_position-1) */
     float *rk;
     int rk_len;
 } layer_t;
@@ -135,7 +144,14 @@ typedef struct model {
     int pre_lnorm;         /* sublayer(LN(x)) + x, not LN(x + sublayer(x)) */
     int clamp_len;         /* distances past it are embedded as it (0: none) */
     int same_length;       /* every query of a block sees as many keys */
-    struct adaptive *ada;  /* adaptive input and softmax (NULL: emb / out_w / out_b) */
+    struct adaptive *ada;  /* adaptive input and softmax (NULL: emb / out_w / out_b); input only where emb is NULL */
+    /* par-transformer-xl-tf (par_tf.c): the attention's projections have
+     * biases, scores are divided by d_head (not its root), key j of query i
+     * (klen keys) reads row klen-1-(i-j) of the position table rk (rows by
+     * position, max_position of them), the output is ReLU(a Wo + bo) */
+    int tf_attn;
+    int max_position;
+    double ln_eps;         /* every LayerNorm's epsilon: 1e-5 (PyTorch), Keras' 1e-3 for par-transformer-xl-tf */
     /* both */
     const float *emb;      /* V x d_model */
     const float *out_w;    /* V x d_model (== emb when tied) */

@@ -48,6 +48,11 @@ void ops_linear(float *y, const float *x, const float *W, const float *b, int B,
 
 void ops_add_layernorm(float *x, const float *r, const float *w, const float *b, int n, int d)
 {
+    ops_add_layernorm_eps(x, r, w, b, n, d, 1e-5);
+}
+
+void ops_add_layernorm_eps(float *x, const float *r, const float *w, const float *b, int n, int d, double eps)
+{
     for (int i = 0; i < n; i++) {
         float *row = x + (size_t)i * d;
         if (r)
@@ -57,7 +62,7 @@ void ops_add_layernorm(float *x, const float *r, const float *w, const float *b,
         mean /= d;
         for (int j = 0; j < d; j++) var += (row[j] - mean) * (row[j] - mean);
         var /= d;
-        double inv = 1.0 / sqrt(var + 1e-5);
+        double inv = 1.0 / sqrt(var + eps);
         for (int j = 0; j < d; j++) row[j] = (float)((row[j] - mean) * inv) * w[j] + (b ? b[j] : 0.0f);
     }
 }

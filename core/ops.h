@@ -17,6 +17,8 @@ void ops_gemm_nt(float *C, int ldc, const float *A, int lda, const float *B, int
 void ops_gemm_nn(float *C, int ldc, const float *A, int lda, const float *B, int ldb, int m, int n, int k);
 /* x[n x d] = LayerNorm(x + r) * w + b (eps 1e-5, biased variance); r and b may be NULL. */
 void ops_add_layernorm(float *x, const float *r, const float *w, const float *b, int n, int d);
+/* The same with epsilon EPS (Keras' LayerNormalization: 1e-3). */
+void ops_add_layernorm_eps(float *x, const float *r, const float *w, const float *b, int n, int d, double eps);
 void ops_relu(float *x, size_t n);
 /* x * Phi(x), the exact (erf) GELU */
 void ops_gelu(float *x, size_t n);

@@ -52,9 +52,11 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
     float *out = logprobs ? logprobs : ws_get(ws, WS_LOGITS, N * V);
     if (!x || !qkv || !att || !tmp || !ff || !acm || !acb || !bd || !qu || !qv || !p || !out)
         return err_set(err, "out of memory for a block of %d x %d tokens", B, M);
-    const float emb_scale = (float)sqrt((double)D), scale = (float)(1.0 / sqrt((double)dh));
+    const float emb_scale = (float)sqrt((double)D), scale = (float)(1.0 / (m->tf_attn ? dh : sqrt((double)dh)));
+    const int tf = m->tf_attn;
+    const double eps = m->ln_eps;
 
-    if (m->ada) adaptive_embed(m, tokens, N, x);
+    if (!m->emb) adaptive_embed(m, tokens, N, x);
     else
         for (size_t n = 0; n < N; n++)
             for (int c = 0; c < D; c++) x[n * D + c] = m->emb[(size_t)tokens[n] * D + c] * emb_scale;
@@ -66,7 +68,7 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
             const float *in = x;
             if (m->pre_lnorm) {
                 memcpy(tmp, x, N * D * sizeof *tmp);
-                ops_add_layernorm(tmp, NULL, y->ln2_w, y->ln2_b, (int)N, D);
+                ops_add_layernorm_eps(tmp, NULL, y->ln2_w, y->ln2_b, (int)N, D, eps);
                 in = tmp;
             }
             ops_linear(ff, in, y->fc1_w, y->fc1_b, B, M, D, I);
@@ -75,19 +77,22 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
             if (m->pre_lnorm)
                 for (size_t i = 0; i < N * D; i++) x[i] += tmp[i];
             else
-                ops_add_layernorm(x, tmp, y->ln2_w, y->ln2_b, (int)N, D);
+                ops_add_layernorm_eps(x, tmp, y->ln2_w, y->ln2_b, (int)N, D, eps);
             continue;
         }
         if (m->pre_lnorm) {
             memcpy(tmp, x, N * D * sizeof *tmp);
-            ops_add_layernorm(tmp, NULL, y->ln1_w, y->ln1_b, (int)N, D);
-            ops_linear(qkv, tmp, y->qkv, NULL, B, M, D, 3 * A);
+            ops_add_layernorm_eps(tmp, NULL, y->ln1_w, y->ln1_b, (int)N, D, eps);
+            ops_linear(qkv, tmp, y->qkv, y->qkv_b, B, M, D, 3 * A);
         } else {
-            ops_linear(qkv, x, y->qkv, NULL, B, M, D, 3 * A);
+            ops_linear(qkv, x, y->qkv, y->qkv_b, B, M, D, 3 * A);
         }
         /* r_t for t = 0..klen-1: the table from load, or computed here for
          * blocks longer than it covers */
         const float *rk = y->rk;
+        if (kmax > y->rk_len && tf)   /* the seed's table ends there */
+            return err_set(err, "a block of %d tokens after %d rows of memory is over the model's max_position %d",
+                           M, ML, m->max_position);
         if (kmax > y->rk_len) {
             float *pos = ws_get(ws, WS_POS, (size_t)kmax * D), *r = ws_get(ws, WS_RK, (size_t)kmax * A);
             if (!pos || !r) return err_set(err, "out of memory for a block of %d tokens", M);
@@ -128,11 +133,11 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
                      * with j) or block row j-mlen */
                     const int sl0 = mlen ? (int)((p0 - mlen + (j0 < mlen ? j0 : 0)) % ML) : 0;
                     for (int j = j0, sl = sl0; j < mlen; j++, sl = sl + 1 == ML ? 0 : sl + 1) {
-                        p[j] = (ami[sl] + bi[qi - j]) * scale;
+                        p[j] = (ami[sl] + bi[tf ? klen - 1 - qi + j : qi - j]) * scale;
                         mx = p[j] > mx ? p[j] : mx;
                     }
                     for (int j = j0 > mlen ? j0 : mlen; j <= qi; j++) {
-                        p[j] = (abi[j - mlen] + bi[qi - j]) * scale;
+                        p[j] = (abi[j - mlen] + bi[tf ? klen - 1 - qi + j : qi - j]) * scale;
                         mx = p[j] > mx ? p[j] : mx;
                     }
                     double z = 0;
@@ -164,11 +169,12 @@ int par_forward(const model_t *m, mem_t **mems, int B, const int32_t *tokens, in
                 s->len[l] = klen < ML ? klen : ML;
             }
         }
-        ops_linear(tmp, att, y->onet, NULL, B, M, A, D);
+        ops_linear(tmp, att, y->onet, y->wo_b, B, M, A, D);
+        if (tf) ops_relu(tmp, N * D);
         if (m->pre_lnorm)
             for (size_t i = 0; i < N * D; i++) x[i] += tmp[i];
         else
-            ops_add_layernorm(x, tmp, y->ln1_w, y->ln1_b, (int)N, D);
+            ops_add_layernorm_eps(x, tmp, y->ln1_w, y->ln1_b, (int)N, D, eps);
     }
     if (m->ada) return adaptive_logprobs(m, x, B, M, targets, out, ws, err);
     ops_linear(out, x, m->out_w, m->out_b, B, M, D, V);

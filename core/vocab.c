@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-extern const tokenizer tok_chars, tok_words;
+extern const tokenizer tok_chars, tok_words, tok_spm;
 
-const tokenizer *const vocab_kinds[] = {&tok_chars, &tok_words, NULL};
+const tokenizer *const vocab_kinds[] = {&tok_chars, &tok_words, &tok_spm, NULL};
 
 const tokenizer *vocab_kind(const char *name)
 {
@@ -42,6 +42,7 @@ int utf8_decode(const unsigned char *s, size_t len, uint32_t *cp)
 
 void vocab_free(vocab_t *v)
 {
+    if (v->release) v->release(v);
     free(v->tok);
     free(v->pool);
     free(v->cp);

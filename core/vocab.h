@@ -9,6 +9,9 @@
  *   words  (tok_words.c)  whitespace-split words, <eos> at each line's end,
  *                         <unk> for a word the vocabulary lacks
  *                         (kimiyoung/transformer-xl's Vocab)
+ *   sentencepiece (tok_spm.c) the SentencePiece library's pieces (spm.h), each
+ *                         line encoded alone, newlines dropped (seed 004's
+ *                         TensorFlow PAR Transformer-XL)
  * Nothing outside core/vocab*.c and core/tok_*.c knows which kind it has.
  */
 #ifndef SPANSERVE_VOCAB_H
@@ -33,14 +36,18 @@ typedef struct vocab {
     int32_t *table;        /* open addressing: word -> id, -1 empty */
     size_t table_mask;
     int32_t eos, unk;      /* ids of <eos> and <unk> (-1: none) */
+    /* sentencepiece: the library's processor (spm.h) */
+    struct spm *spm;
+    void (*release)(struct vocab *v);   /* frees what a kind holds beside the arrays above (NULL: nothing) */
 } vocab_t;
 
 /* One vocabulary kind. */
 typedef struct tokenizer {
     const char *name;
     int per_character;     /* a token is one character: nats per token are per character (bpc means something) */
-    /* Fills V from the JSON array text of __metadata__.vocab (V zeroed;
-     * v->kind set). On error V holds nothing to free. */
+    /* Fills V from the JSON text of __metadata__.vocab (V zeroed): an
+     * array of tokens (chars, words) or the kind's own object
+     * (sentencepiece). On error vocab_free frees what V holds. */
     int (*parse)(vocab_t *v, const char *json_text, char *err);
     /* LEN bytes of TEXT -> at most CAP ids into IDS, with the byte offset of
      * each token's start into OFFS (a token that stands for no text of its

@@ -8,12 +8,13 @@ set -e
 need=""
 for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"; done
 have_pc() { pkg-config --exists "$1" 2>/dev/null; }
-command -v cc >/dev/null 2>&1 || need="$need build-essential"
+{ command -v cc && command -v g++; } >/dev/null 2>&1 || need="$need build-essential"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
 have_pc jansson || need="$need libjansson-dev"
 have_pc openblas || need="$need libopenblas-dev"
 have_pc libmicrohttpd || need="$need libmicrohttpd-dev"
 have_pc libcurl || need="$need libcurl4-openssl-dev"
+have_pc sentencepiece || need="$need libsentencepiece-dev"   # SentencePiece models' tokenizer
 command -v curl >/dev/null 2>&1 || need="$need curl"
 command -v python3 >/dev/null 2>&1 || need="$need python3"
 command -v openssl >/dev/null 2>&1 || need="$need openssl"   # the tests' https server's certificate

@@ -367,6 +367,106 @@ static void check_txl_word(void)
     model_free(m);
 }
 
+/* par-tf: seed 004's TensorFlow PAR Transformer-XL, as clients/convert
+ * writes it from the checkpoint folder (tests/convert_fixtures.sh, in make
+ * test where tensorflow is installed: $SPANSERVE_CONVERTED/par-tf.safetensors)
+ * against the seed's outputs (fixtures/README.md "par-tf"): three segments of
+ * 32 with memory, the whole rows of the last, a single step, and the
+ * validation text in segments of seq_len with the memory carried. */
+static void check_par_tf(void)
+{
+    char err[ERR_LEN], path[1024];
+    const char *dir = getenv("SPANSERVE_CONVERTED");
+    snprintf(path, sizeof path, "%s/par-tf.safetensors", dir ? dir : "build/fixtures");
+    const char *vp = shared_path("fixtures/par-tf/vectors.safetensors");
+    if (!vp) {
+        printf("SKIP test_fixtures par-tf: ../shared/fixtures/par-tf is not here (CI has it)\n");
+        return;
+    }
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        printf("SKIP test_fixtures par-tf: no %s (tests/convert_fixtures.sh converts the seed's TensorFlow "
+               "checkpoint in make test where tensorflow is installed: pip install tensorflow-cpu==2.15.1)\n", path);
+        return;
+    }
+    fclose(probe);
+    model_t *m = model_load(path, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    CHECK(strcmp(model_family_name(m), "par-transformer-xl-tf") == 0 && strcmp(model_tokenizer_name(m), "sentencepiece") == 0,
+          "family %s, tokenizer %s", model_family_name(m), model_tokenizer_name(m));
+    st_file *vf = st_open(vp, err);
+    CHECK(vf != NULL, "%s", err);
+    if (!vf) { model_free(m); return; }
+    const st_tensor *tt = st_find(vf, "tokens"), *lt = st_find(vf, "logprobs"), *ft = st_find(vf, "last_full_logprobs"),
+                    *sp = st_find(vf, "step_logprobs");
+    const int S = (int)tt->shape[0], T = (int)tt->shape[1], G = (int)lt->shape[1], Q = (int)lt->shape[2], V = m->V;
+    CHECK(Q == m->block_len && ft->shape[2] == V, "segment %d vs %d, V %lld vs %d", Q, m->block_len,
+          (long long)ft->shape[2], V);
+    /* copies: a tensor's data may be unaligned */
+    int32_t *tok = malloc(sizeof(int32_t) * S * T);
+    float *ref = malloc(sizeof(float) * S * G * Q), *full = malloc(sizeof(float) * S * Q * V),
+          *step = malloc(sizeof(float) * S * V);
+    memcpy(tok, tt->data, sizeof(int32_t) * S * T);
+    memcpy(ref, lt->data, sizeof(float) * S * G * Q);
+    memcpy(full, ft->data, sizeof(float) * S * Q * V);
+    memcpy(step, sp->data, sizeof(float) * S * V);
+    int32_t *in = malloc(sizeof(int32_t) * S * Q);
+    float *lp = malloc(sizeof(float) * S * Q * V);
+    fwd_ws *ws = ws_new();
+    mem_t *mems[2] = {mem_new(m), mem_new(m)};
+    double worst = 0, worst_full = 0, worst_step = 0;
+    for (int g = 0; g < G; g++) {
+        for (int s = 0; s < S; s++) memcpy(in + s * Q, tok + s * T + g * Q, sizeof(int32_t) * Q);
+        CHECK(model_forward(m, mems, S, in, Q, lp, ws, err) == 0, "%s", err);
+        for (int s = 0; s < S; s++)
+            for (int i = 0; i < Q; i++) {
+                double d = fabs(lp[((size_t)s * Q + i) * V + tok[s * T + g * Q + i + 1]] - ref[(s * G + g) * Q + i]);
+                worst = d > worst ? d : worst;
+                for (int c = 0; g == G - 1 && c < V; c++) {
+                    d = fabs(lp[((size_t)s * Q + i) * V + c] - full[((size_t)s * Q + i) * V + c]);
+                    worst_full = d > worst_full ? d : worst_full;
+                }
+            }
+    }
+    for (int s = 0; s < S; s++) in[s] = tok[s * T + G * Q];
+    CHECK(model_forward(m, mems, S, in, 1, lp, ws, err) == 0, "%s", err);
+    for (int s = 0; s < S; s++)
+        for (int c = 0; c < V; c++) {
+            double d = fabs(lp[(size_t)s * V + c] - step[(size_t)s * V + c]);
+            worst_step = d > worst_step ? d : worst_step;
+        }
+    printf("par-tf: max |logprob - reference| segments %.2e, last segment's rows %.2e, step %.2e\n", worst,
+           worst_full, worst_step);
+    CHECK(worst <= 1e-4, "par-tf segments: %.3g", worst);
+    CHECK(worst_full <= 1e-4, "par-tf last_full_logprobs: %.3g", worst_full);
+    CHECK(worst_step <= 1e-4, "par-tf step_logprobs: %.3g", worst_step);
+
+    json_t *e = json_load_file(shared_path("fixtures/par-tf/expected.json"), 0, NULL);
+    size_t n = 0;
+    int32_t *t = e ? val_tokens(m, &n) : NULL;
+    CHECK(e && t, "expected.json and the validation text");
+    if (e && t) {
+        const long want = (long)json_integer_value(json_object_get(e, "val_tokens_scored"));
+        const double refnll = json_real_value(json_object_get(e, "val_nll_full_eval"));
+        mem_t *s = mem_new(m);
+        score_t sc = {0, 0};
+        CHECK(s && infer_score(m, s, ws, t, n, &sc, NULL, err) == 0, "%s", err);
+        const double nll = sc.nll_sum / (double)sc.tokens;
+        printf("par-tf: validation nll %.8f over %ld predictions, reference %.8f over %ld\n", nll, sc.tokens, refnll, want);
+        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
+        CHECK(fabs(nll - refnll) <= 1e-4 * refnll, "val_nll_full_eval %.8f vs %.8f", nll, refnll);
+        mem_free(s);
+    }
+    free(t);
+    json_decref(e);
+    free(in); free(lp); free(tok); free(ref); free(full); free(step);
+    mem_free(mems[0]); mem_free(mems[1]);
+    ws_free(ws);
+    st_close(vf);
+    model_free(m);
+}
+
 /* Row I of LP (V wide) against REF's row: the largest difference so far in *WORST. */
 static void row_diff(const float *lp, const float *ref, int V, double *worst)
 {
@@ -477,6 +577,7 @@ int main(void)
     /* span-only memory: the 1e-8 renormalisation term is all it drops */
     check_bpc("aspan-small", MEM_SPAN, 2e-3);
     check_txl_word();
+    check_par_tf();
     /* adaptive span with persistent memory (all-attention layers): ../shared only */
     if (!shared_path("fixtures/allattn-small/model.safetensors"))
         printf("SKIP test_fixtures allattn-small: ../shared/fixtures/allattn-small is not here\n");
