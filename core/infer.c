@@ -115,10 +115,17 @@ size_t gen_prefill_left(const gen_state *g)
     return prefill_total(g) - g->fed;
 }
 
+size_t gen_prefill_block(const gen_state *g)
+{
+    const size_t left = gen_prefill_left(g), L = (size_t)mem_block(g->s), k = left < L ? left : L;
+    /* the block holds the prompt's last input: feed it alone after the rest */
+    if (g->m->tf_attn && g->p.max_tokens > 0 && k == left && left > 1) return left - 1;
+    return k;
+}
+
 long gen_prefill(gen_state *g, fwd_ws *ws, char *err)
 {
-    size_t left = gen_prefill_left(g), L = (size_t)mem_block(g->s);
-    if (infer_feed_many(g->m, NULL, 0, &g, 1, left < L ? left : L, ws, err)) return -1;
+    if (infer_feed_many(g->m, NULL, 0, &g, 1, gen_prefill_block(g), ws, err)) return -1;
     return (long)gen_prefill_left(g);
 }
 

@@ -125,6 +125,13 @@ int gen_begin(gen_state *g, const model_t *m, mem_t *s, const int32_t *prompt, s
 long gen_prefill(gen_state *g, fwd_ws *ws, char *err);
 /* The prompt inputs gen_prefill has still to feed. */
 size_t gen_prefill_left(const gen_state *g);
+/* The inputs the prefill's next forward feeds: the stream's block from the
+ * prompt's start (mem_block), the last one shorter. Where a block's length
+ * moves its rows' positions (par-transformer-xl-tf: model_t.tf_attn), the
+ * prompt's last input is fed alone after blocks cut as a score of the same
+ * text cuts them: echo's logprobs are the score's, and the first token is
+ * drawn from a step of one token after the prompt. */
+size_t gen_prefill_block(const gen_state *g);
 /* Takes the picked token. Returns 1 when it must be fed (g->next) before
  * the next sample, 0 when the generation finished (length or stop), -1 when
  * the logprobs were not all finite (nothing drawn). */

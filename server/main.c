@@ -360,9 +360,11 @@ static int cmd_spans(int argc, char **argv)
             printf("%s: %zu blocks, mem_len %d, %s tokens\n\n", json_string_value(json_object_get(r, "family")),
                    json_array_size(blocks), (int)json_integer_value(json_object_get(r, "mem_len")),
                    json_string_value(json_object_get(r, "tokenizer")));
-            printf("block  kind   p(attn)  p(ffn)  p(skip)\n");
+            /* the softmax of PAR's architecture logits, or the TensorFlow seed's pi */
+            const int pis = json_object_get(json_array_get(blocks, 0), "pi") != NULL;
+            printf("block  kind   %s\n", pis ? "pi(attn) pi(ffn) pi(skip)" : "p(attn)  p(ffn)  p(skip)");
             json_array_foreach(blocks, i, y) {
-                json_t *p = json_object_get(y, "alpha_softmax");
+                json_t *p = json_object_get(y, pis ? "pi" : "alpha_softmax");
                 printf("%5zu  %-5s", i, json_string_value(json_object_get(y, "kind")));
                 if (p)
                     printf("  %7.3f %7.3f %7.3f", json_number_value(json_object_get(p, "attn")),

@@ -211,10 +211,11 @@ static size_t inputs_left(const task_t *t)
 }
 
 /* The inputs T feeds a forward at most: its stream's block (a window model
- * scored in windows feeds one window, or a stride, at a time). */
+ * scored in windows feeds one window, or a stride, at a time); a
+ * generation's next prefill block (gen_prefill_block). */
 static size_t task_block(const task_t *t)
 {
-    return (size_t)mem_block(t->kind == TASK_GENERATE ? t->g.s : t->mem);
+    return t->kind == TASK_GENERATE ? gen_prefill_block(&t->g) : (size_t)mem_block(t->mem);
 }
 
 static int is_decoding(const task_t *t)

@@ -81,9 +81,13 @@ char *svg_spans(const model_t *m)
         if (W < 560) W = 560;   /* the title and the memory line fit */
         fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
         fprintf(f, "<title>%s: %d blocks</title>\n", json_string_value(json_object_get(r, "family")), nb);
-        fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Blocks and their architecture weights (attn / ffn / skip)</text>\n", x0);
+        /* PAR's softmax of its architecture logits, or the TensorFlow seed's pi (its argmax the kind) */
+        const int pis = json_object_get(json_array_get(blocks, 0), "pi") != NULL;
+        const char *wname = pis ? "pi" : "p";
+        fprintf(f, "<text x=\"%d\" y=\"20\" font-size=\"14\">Blocks and their architecture weights%s (attn / ffn / skip)</text>\n", x0,
+                pis ? ", pi" : "");
         for (int b = 0; b < nb; b++) {
-            json_t *y = json_array_get(blocks, (size_t)b), *p = json_object_get(y, "alpha_softmax");
+            json_t *y = json_array_get(blocks, (size_t)b), *p = json_object_get(y, pis ? "pi" : "alpha_softmax");
             const char *kind = json_string_value(json_object_get(y, "kind"));
             int k0 = 0;
             while (k0 < 2 && (!kind || strcmp(kind, kinds[k0]) != 0)) k0++;
@@ -93,9 +97,9 @@ char *svg_spans(const model_t *m)
             fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#fff\">%s</text>\n", x + bw / 2, y0 + 16, kinds[k0]);
             for (int k = 0; p && k < 3; k++) {
                 double pk = json_number_value(json_object_get(p, kinds[k]));
-                int h = (int)(pk * (bh - 30));
-                fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"%d\" fill=\"%s\"><title>block %d p(%s) = %.3f</title></rect>\n",
-                        x + 6 + k * 15, y0 + bh + 10 - h, h, kind_col[k], b, kinds[k], pk);
+                int h = (int)((pk < 0 ? 0 : pk > 1 ? 1 : pk) * (bh - 30));
+                fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"14\" height=\"%d\" fill=\"%s\"><title>block %d %s(%s) = %.3f</title></rect>\n",
+                        x + 6 + k * 15, y0 + bh + 10 - h, h, kind_col[k], b, wname, kinds[k], pk);
             }
             fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%d</text>\n", x + bw / 2, y0 + bh + 26, b);
         }

@@ -8,6 +8,9 @@ export SPANSERVE_SHARED=${SPANSERVE_SHARED:-../shared}
 if [ ! -d "$SPANSERVE_SHARED/fixtures" ]; then
     echo "note: no $SPANSERVE_SHARED (set SPANSERVE_SHARED): the small fixtures come from tests/fixtures; tests that need the larger ones say SKIP"
 fi
+# The fixtures that come as a trainer's checkpoint, converted for the tests
+export SPANSERVE_CONVERTED=${SPANSERVE_CONVERTED:-$build/fixtures}
+sh tests/convert_fixtures.sh "$build"
 # The Python packages of tests/requirements.txt: python3's own, or a virtual
 # environment in build/venv
 pybin=$(sh tests/venv.sh)

@@ -23,6 +23,9 @@ block):
   shared          needs ../shared beside the checkout (the larger reference
                   fixtures): run where it is (linked beside the copy), else a
                   SKIP line naming it
+  tensorflow      needs ../shared and python3's tensorflow (clients/convert
+                  reading a TensorFlow checkpoint): run where both are, else
+                  a SKIP line naming what is missing
   not run: WHY    left out, with a note saying why (make test itself, ...)
 Any other mark is a failure. Ports: the README's 127.0.0.1:8080 and
 127.0.0.1:8081 become free ports here (`make run PORT=`, and
@@ -219,13 +222,17 @@ def main():
             if mark is not None and mark.startswith("not run:"):
                 print(f"note: {where} not run: {mark[len('not run:'):].strip()}")
                 continue
-            if mark == "shared":
+            if mark == "tensorflow" and subprocess.run([sys.executable, "-c", "import tensorflow"],
+                                                       capture_output=True).returncode != 0:
+                print(f"SKIP test_readme.py: {where}: needs tensorflow (pip install tensorflow-cpu==2.15.1)")
+                continue
+            if mark in ("shared", "tensorflow"):
                 if not os.path.isdir(os.path.join(SHARED, "fixtures")):
                     print(f"SKIP test_readme.py: {where}: needs ../shared (the larger reference fixtures)")
                     continue
                 if not os.path.exists(os.path.join(tmp, "shared")):
                     os.symlink(SHARED, os.path.join(tmp, "shared"))
-            if mark not in (None, "with make run", "gpu", "shared"):
+            if mark not in (None, "with make run", "gpu", "shared", "tensorflow"):
                 check(where, False, f"unknown mark <!-- readme-test: {mark} -->")
                 continue
             if mark == "gpu":

@@ -12,11 +12,97 @@
  * text): every valid UTF-8 text encodes (unknown words are <unk>), as a
  * whole text and as a prompt; offsets rise and point at each word as the
  * vocabulary spells it; the ids' text encodes back to the same ids.
+ * With the first byte 0xF0 or above, SentencePiece (tests/fixtures/tiny-spm.model
+ * through the library): the rest is a text (even byte) that encodes or is
+ * refused with a message, ids in range, offsets rising inside the text, and
+ * decodes piece by piece to valid UTF-8; or (odd byte) the bytes of a
+ * tokenizer model, refused with a message or encoding a fixed text so.
  */
 #include "fuzz_models.h"
 #include "vocab.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* vocab JSON {"sentencepiece": base64 of the N bytes at B} (malloc'd) */
+static char *spm_vocab_json(const unsigned char *b, size_t n)
+{
+    static const char a[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *j = malloc(n / 3 * 4 + 40), *o = j;
+    REQUIRE(j);
+    o += sprintf(o, "{\"sentencepiece\": \"");
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)b[i] << 16 | (i + 1 < n ? (unsigned)b[i + 1] << 8 : 0) | (i + 2 < n ? b[i + 2] : 0);
+        *o++ = a[v >> 18 & 63];
+        *o++ = a[v >> 12 & 63];
+        *o++ = i + 1 < n ? a[v >> 6 & 63] : '=';
+        *o++ = i + 2 < n ? a[v & 63] : '=';
+    }
+    strcpy(o, "\"}");
+    return j;
+}
+
+/* TEXT through a SentencePiece vocabulary: encodes (or a message), ids and
+ * offsets in range and rising, every piece valid UTF-8 within max_piece. */
+static void check_spm(const vocab_t *v, const char *text, size_t len)
+{
+    char err[ERR_LEN];
+    int32_t *ids = NULL;
+    size_t *offs = NULL, n = 0;
+    err[0] = 0;
+    if (vocab_encode_offsets(v, text, len, 0, &ids, &offs, &n, err)) {
+        REQUIRE(err[0] != 0);
+        return;
+    }
+    char *piece = malloc(vocab_max_piece(v) + 1);
+    REQUIRE(piece);
+    for (size_t i = 0; i < n; i++) {
+        REQUIRE(ids[i] >= 0 && ids[i] < v->n && offs[i] <= len && (i == 0 || offs[i] >= offs[i - 1]));
+        size_t l = vocab_piece(v, i ? ids[i - 1] : -1, ids[i], piece);
+        REQUIRE(l <= vocab_max_piece(v) && piece[l] == 0);
+        for (size_t at = 0; at < l;) {
+            uint32_t cp;
+            int k = utf8_decode((const unsigned char *)piece + at, l - at, &cp);
+            REQUIRE(k > 0);
+            at += (size_t)k;
+        }
+    }
+    free(piece);
+    free(ids);
+    free(offs);
+}
+
+static void fuzz_spm(const uint8_t *data, size_t size)
+{
+    static vocab_t tiny;
+    static int loaded;
+    char err[ERR_LEN];
+    if (!loaded) {
+        FILE *f = fopen("tests/fixtures/tiny-spm.model", "rb");
+        unsigned char buf[1 << 16];
+        size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+        REQUIRE(f && n > 0 && n < sizeof buf);
+        fclose(f);
+        char *j = spm_vocab_json(buf, n);
+        REQUIRE(vocab_parse_kind(&tiny, vocab_kind("sentencepiece"), j, err) == 0);
+        free(j);
+        loaded = 1;
+    }
+    if (!(data[0] & 1)) {
+        check_spm(&tiny, (const char *)data + 1, size - 1);
+        return;
+    }
+    char *j = spm_vocab_json(data + 1, size - 1);
+    vocab_t v;
+    err[0] = 0;
+    if (vocab_parse_kind(&v, vocab_kind("sentencepiece"), j, err) == 0) {
+        static const char fixed[] = "the cat sat\non a mat \xc3\xa9t\xc3\xa9\n";
+        check_spm(&v, fixed, sizeof fixed - 1);
+        vocab_free(&v);
+    } else {
+        REQUIRE(err[0] != 0);
+    }
+    free(j);
+}
 
 static void check_words(const vocab_t *v, const char *text, size_t len)
 {
@@ -60,6 +146,10 @@ static void check_words(const vocab_t *v, const char *text, size_t len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
+    if (data[0] >= 0xF0) {
+        fuzz_spm(data, size);
+        return 0;
+    }
     if ((data[0] & 3) >= 2) {   /* words */
         char err[ERR_LEN];
         vocab_t w;
@@ -114,6 +204,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else {
         fuzz_models_load();
         v = &fuzz_model(data[0] >> 1)->vocab;
+        if (v->kind != vocab_kind("chars")) {   /* the SentencePiece model's */
+            check_spm(v, text, len);
+            return 0;
+        }
     }
     for (size_t at = 0; at < len;) {
         uint32_t cp;
