@@ -38,12 +38,12 @@ RUN make clean && make && bin/spanserve version
 FROM debian:${DEBIAN_VERSION} AS cpu
 ENV DEBIAN_FRONTEND=noninteractive
 # The runtime libraries of bin/spanserve and bin/spanctl (jansson, OpenBLAS,
-# libmicrohttpd, libcurl), CA certificates for model downloads by URL, curl
+# libmicrohttpd, libcurl, SentencePiece), CA certificates for model downloads by URL, curl
 # for the health check.
 # hadolint ignore=DL3008
 RUN apt-get update -qq \
     && apt-get install -y -qq --no-install-recommends \
-        libjansson4 libopenblas0 libmicrohttpd12 libcurl4 ca-certificates curl \
+        libjansson4 libopenblas0 libmicrohttpd12 libcurl4 libsentencepiece0 ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 spanserve \
     && useradd --system --no-log-init --uid 10001 --gid spanserve --home-dir /var/lib/spanserve --shell /usr/sbin/nologin spanserve \
@@ -87,7 +87,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
 RUN apt-get update -qq \
     && apt-get install -y -qq --no-install-recommends \
-        libjansson4 libopenblas0 libmicrohttpd12t64 libcurl4t64 ca-certificates curl \
+        libjansson4 libopenblas0 libmicrohttpd12t64 libcurl4t64 libsentencepiece0 ca-certificates curl \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 spanserve \
     && useradd --system --no-log-init --uid 10001 --gid spanserve --home-dir /var/lib/spanserve --shell /usr/sbin/nologin spanserve \
