@@ -339,6 +339,21 @@ def run_fixture(S):
           r.status == 200 and j.get("tokens") == expected["val_tokens_scored"]
           and abs(j.get("nll", 0) - ref) <= tol * ref and math.isclose(j.get("ppl", 0), math.exp(j.get("nll", 0)),
                                                                         rel_tol=1e-5), f"{j} vs {ref}")
+    # the command line: spanserve score --json over the same text prints the tokens and ppl
+    import subprocess
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(text)
+    try:
+        p = subprocess.run([T.BIN, "score", "--json", "--device", "cpu", "--model", CONVERTED, f.name],
+                           capture_output=True, text=True, timeout=300)
+        c = json.loads(p.stdout or "{}")
+        check("spanserve score --json: the seed's predictions and perplexity (1e-4 relative)", p.returncode == 0
+              and c.get("tokens") == expected["val_tokens_scored"] and "bpc" not in c
+              and abs(c.get("ppl", 0) - expected["val_ppl_full_eval"]) <= 1e-4 * expected["val_ppl_full_eval"]
+              and abs(c.get("nll", 0) - ref) <= 1e-4 * ref, f"{p.returncode} {p.stdout} {p.stderr[-300:]}")
+    finally:
+        os.unlink(f.name)
     # chunks at line ends, each feeding whole segments of 32: per-line piece counts from the server
     lines = text.split("\n")[:120]
     counts = []
