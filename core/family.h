@@ -103,6 +103,8 @@ extern const family_ops family_aspan, family_par, family_txl, family_par_tf, fam
 /* What the Transformer-XL families share (par.c): the forward (forward.h),
  * the r_net tables, memory of mem_len rows per attention block, reports. */
 int par_distance(const model_t *m, int t);
+/* m->layers from config 'arch' (n_blocks kinds: attn, ffn, skip); NOTE adds to its message. */
+int par_config_arch(model_t *m, json_t *cfg, const char *note, char *err);
 int par_derive_tables(model_t *m, char *err);
 void par_free_derived(model_t *m);
 int par_mem_slots(const model_t *m);

@@ -201,10 +201,16 @@ static int par_config(model_t *m, json_t *cfg, char *err)
         return err_set(err, "%s: config n_head * d_head = %lld is over %d", p, (long long)m->n_head * m->d_head,
                        MODEL_MAX_DIM);
     if (cfg_bool(p, cfg, "tie_weight", 1, &m->tie_weight, err)) return -1;
+    return par_config_arch(m, cfg, "", err);
+}
+
+int par_config_arch(model_t *m, json_t *cfg, const char *note, char *err)
+{
+    const char *p = m->path;
     json_t *arch = json_object_get(cfg, "arch");
     if (!json_is_array(arch) || json_array_size(arch) != (size_t)m->n_layers)
-        return err_set(err, "%s: config 'arch' must be an array of n_blocks = %d kinds (attn, ffn, skip)", p,
-                       m->n_layers);
+        return err_set(err, "%s: config 'arch' must be an array of n_blocks = %d kinds (attn, ffn, skip%s)", p,
+                       m->n_layers, note);
     m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
     if (!m->layers) return err_set(err, "out of memory");
     for (int b = 0; b < m->n_layers; b++) {

@@ -99,20 +99,7 @@ static int tf_config(model_t *m, json_t *cfg, char *err)
         a->dim[0] = m->d_model;
         for (size_t i = 0; i < nc; i++) a->dim[i + 1] = dims[i];
     }
-    json_t *arch = json_object_get(cfg, "arch");
-    if (!json_is_array(arch) || json_array_size(arch) != (size_t)m->n_layers)
-        return err_set(err, "%s: config 'arch' must be an array of n_blocks = %d kinds (attn, ffn, skip: each "
-                       "block's argmax of pi)", p, m->n_layers);
-    m->layers = calloc((size_t)m->n_layers, sizeof *m->layers);
-    if (!m->layers) return err_set(err, "out of memory");
-    for (int b = 0; b < m->n_layers; b++) {
-        const char *k = json_string_value(json_array_get(arch, (size_t)b));
-        if (k && strcmp(k, "attn") == 0) m->layers[b].kind = BLK_ATTN;
-        else if (k && strcmp(k, "ffn") == 0) m->layers[b].kind = BLK_FFN;
-        else if (k && strcmp(k, "skip") == 0) m->layers[b].kind = BLK_SKIP;
-        else return err_set(err, "%s: config arch[%d] must be \"attn\", \"ffn\" or \"skip\"", p, b);
-    }
-    return 0;
+    return par_config_arch(m, cfg, ": each block's argmax of pi", err);
 }
 
 static int tf_tensors(model_t *m, wantlist *L)
