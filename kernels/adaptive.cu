@@ -1,7 +1,8 @@
 /*
  * adaptive.cu - the word-level Transformer-XL's adaptive input and adaptive
  * softmax on the device, as core/adaptive.c computes them (its header has
- * the math).
+ * the math); par-tf's adaptive softmax too (its tail projections' biases,
+ * gpu_ada.proj_b: added to the projection's float sum).
  *
  *   input: a thread per (token, output dim): the token's row of its
  *     cluster's table dotted with that dim's row of the projection, in
@@ -174,9 +175,16 @@ int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const 
         /* h Q_k: into hp (hpb), or h itself where the cluster has no projection */
         const float *p = x;
         const bf16 *pb = xb;
-        if (a->proj_t[k]) {
+        if (a->proj_t[k] && !a->proj_b[k]) {
             if (bf ? gpu_linear_bf16_out(g, a->hpb, xb, a->proj_t_h[k], n, D, a->dim[k], err)
                    : gpu_linear(g, a->hp, x, a->proj_t[k], n, D, a->dim[k], err))
+                return -1;
+            p = a->hp;
+            pb = a->hpb;
+        } else if (a->proj_t[k]) {   /* par-tf: h Q_k + q_k, the sum in float, then (bf16) rounded once */
+            if ((bf ? gpu_linear_bf16(g, a->hp, xb, a->proj_t_h[k], n, D, a->dim[k], err)
+                    : gpu_linear(g, a->hp, x, a->proj_t[k], n, D, a->dim[k], err)) ||
+                gpu_gpt_bias(g, a->hp, bf ? a->hpb : NULL, a->hp, a->proj_b[k], n, a->dim[k], err))
                 return -1;
             p = a->hp;
             pb = a->hpb;

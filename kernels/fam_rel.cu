@@ -1,12 +1,20 @@
 /*
  * fam_rel.cu - Transformer-XL's relative attention on the device, for the
  * families whose blocks are attention, feed-forward or skip: PAR
- * (core/par.c) and kimiyoung's word-level Transformer-XL (core/txl.c, its
- * layers as attention and feed-forward blocks). The attention (rel_attn.cu,
+ * (core/par.c), kimiyoung's word-level Transformer-XL (core/txl.c, its
+ * layers as attention and feed-forward blocks) and seed 004's TensorFlow PAR
+ * (core/par_tf.c, model_t.tf_attn). The attention (rel_attn.cu,
  * rel_tile.cu) reads rings of mem_len rows a block. What it derives at
  * load: each attention block's r_net(sinusoid(t)) rows for every distance a
  * query of the plan can see (core's table, then the rest computed here as
  * core computes them on the fly, distances past clamp_len embedded as it).
+ *
+ * par-tf: core's table R holds the seed's rows by position p = 0..T-1
+ * (T = max_position), and key j of query qi (klen keys) reads row
+ * klen-1-(qi-j). The device keeps R reversed, row t = R[T-1-t], so that
+ * the kernels read it by distance d = qi - j as PAR's, from row
+ * roff + d with roff = T - klen (a stream's own: klen = its mlen + M);
+ * PAR's roff is 0. A step with mem_len + M > T is refused, as core does.
  */
 #include "gpu_internal.cuh"
 
@@ -16,6 +24,7 @@ extern "C" {
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static size_t rel_arena_extra(const model_t *m)
 {
@@ -23,9 +32,11 @@ static size_t rel_arena_extra(const model_t *m)
     return 0;
 }
 
-/* Rows of a block's rk table: core's, or every distance of the plan. */
+/* Rows of a block's rk table: core's, or every distance of the plan
+ * (par-tf: the seed's max_position rows, never more). */
 static int rk_rows(const gpu_model *g, const layer_t *y)
 {
+    if (g->m->tf_attn) return y->rk_len;
     const int want = g->m->mem_len + g->max_block;
     return y->rk_len > want ? y->rk_len : want;
 }
@@ -61,11 +72,23 @@ static int upload_attn(gpu_model *g, gpu_layer *d, const layer_t *y, float **at,
     const float *rnet = gpu_on_device(g, y->rnet, (size_t)A * Dm);
     d->rwb = gpu_on_device(g, y->r_w_bias, A);
     d->rrb = gpu_on_device(g, y->r_r_bias, A);
-    if (!d->wqkv || !d->wo || !d->ln1_w || !d->ln1_b || !rnet || !d->rwb || !d->rrb)
+    d->qkv_b = gpu_on_device(g, y->qkv_b, (size_t)3 * A);   /* par-tf's biases (NULL elsewhere) */
+    d->wo_b = gpu_on_device(g, y->wo_b, Dm);
+    if (!d->wqkv || !d->wo || !d->ln1_w || !d->ln1_b || !rnet || !d->rwb || !d->rrb || (y->qkv_b && !d->qkv_b) ||
+        (y->wo_b && !d->wo_b))
         return err_set(err, "%s: block %d: a weight lies outside the arena", m->path, l);
     const int rows = rk_rows(g, y), extra = rows - y->rk_len;
-    CU_TRY(cudaMemcpy(*at, y->rk, (size_t)y->rk_len * A * sizeof(float), cudaMemcpyHostToDevice), err,
-           "cudaMemcpy (rk table)");
+    if (m->tf_attn) {   /* the seed's rows by position, reversed: rows by distance from roff (above) */
+        float *rev = (float *)malloc((size_t)rows * A * sizeof *rev);
+        if (!rev) return err_set(err, "out of memory for the position table");
+        for (int t = 0; t < rows; t++)
+            memcpy(rev + (size_t)t * A, y->rk + (size_t)(rows - 1 - t) * A, (size_t)A * sizeof *rev);
+        cudaError_t e = cudaMemcpy(*at, rev, (size_t)rows * A * sizeof *rev, cudaMemcpyHostToDevice);
+        free(rev);
+        if (e != cudaSuccess) return err_set(err, "cudaMemcpy (rk table)");
+    } else
+        CU_TRY(cudaMemcpy(*at, y->rk, (size_t)y->rk_len * A * sizeof(float), cudaMemcpyHostToDevice), err,
+               "cudaMemcpy (rk table)");
     /* every block's table is as long as core's (rk_len is the model's): one set of sinusoids serves all */
     if (extra > 0 && !*dpos && sinusoids(m, y->rk_len, extra, dpos, err)) return -1;
     if (extra > 0 && gpu_linear(g, *at + (size_t)y->rk_len * A, *dpos, rnet, extra, Dm, A, err)) return -1;
@@ -113,6 +136,10 @@ static int rel_sublayers(const model_t *m, int l)
 
 static int rel_attend(gpu_model *g, int l, int B, int M, char *err)
 {
+    const model_t *m = g->m;
+    if (m->tf_attn && m->mem_len + M > g->L[l].rk_rows)   /* the seed's table ends there (core/par.c) */
+        return err_set(err, "a block of %d tokens after %d rows of memory is over the model's max_position %d", M,
+                       m->mem_len, m->max_position);
     if (gpu_rel_attn(g, l, B, M, err)) return -1;
     gpu_mark(g, OP_ATTN);
     if (gpu_par_ring_write(g, l, B, M, err)) return -1;

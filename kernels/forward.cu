@@ -11,7 +11,8 @@
  *     x = LN2(x + fc2(relu(fc1 x)))
  *   PAR block: attention: qkv = x Wqkv^T; relative attention; ring writes;
  *     x = LN(x + att Wo^T). feed-forward: x = LN(x + fc2(relu(fc1 x))).
- *     skip: nothing.
+ *     skip: nothing. par-tf's attention: qkv = x Wqkv^T + bqkv, x = LN(x +
+ *     relu(att Wo^T + bo)) (LayerNorm's eps is the model's).
  *   then logprobs = log_softmax(x Wout^T + b).
  *
  * The inputs of a step (tokens, each stream's position, ring base and
@@ -100,6 +101,20 @@ static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
     return 0;
 }
 
+/* qkv = in Wqkv^T (+ qkv_b: par-tf's bias). GPU_BF16: queries, keys and
+ * values in bf16, the rings' type, rounded once (with a bias: the float sum
+ * in g->qkv, then the bias, then the rounding, as fam_gpt.cu's). */
+static int qkv_proj(gpu_model *g, const gpu_layer *d, const float *in, int N, char *err)
+{
+    const int Dm = g->m->d_model, A = g->m->n_head * g->m->d_head;
+    const bool bf = g->prec == GPU_BF16;
+    if (!d->qkv_b)
+        return OP(OP_QKV, bf ? gpu_linear_bf16_out(g, g->qkvb, g->xb, d->wqkv_h, N, Dm, 3 * A, err)
+                             : gpu_linear(g, g->qkv, in, d->wqkv, N, Dm, 3 * A, err)) ? -1 : 0;
+    return OP(OP_QKV, linear(g, g->qkv, in, g->xb, d->wqkv, d->wqkv_h, N, Dm, 3 * A, err) ||
+                          gpu_gpt_bias(g, g->qkv, bf ? g->qkvb : NULL, g->qkv, d->qkv_b, N, 3 * A, err)) ? -1 : 0;
+}
+
 static int run_layers(gpu_model *g, int B, int M, char *err)
 {
     const model_t *m = g->m;
@@ -110,13 +125,11 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
         if (sub & GPU_SUB_ATTN) {
             const float *in;
             if (sublayer_in(g, d->ln1_w, d->ln1_b, N, &in, err)) return -1;
-            /* GPU_BF16: queries, keys and values in bf16, the rings' type */
-            if (OP(OP_QKV, g->prec == GPU_BF16 ? gpu_linear_bf16_out(g, g->qkvb, g->xb, d->wqkv_h, N, Dm, 3 * A, err)
-                                                : gpu_linear(g, g->qkv, in, d->wqkv, N, Dm, 3 * A, err)) ||
-                g->fam->attend(g, l, B, M, err))
-                return -1;
+            if (qkv_proj(g, d, in, N, err) || g->fam->attend(g, l, B, M, err)) return -1;
+            /* par-tf: a = ReLU(att Wo^T + bo), then the residual and LayerNorm as PAR's */
             if (OP(OP_WO, linear(g, g->tmp, g->att, g->attb, d->wo, d->wo_h, N, A, Dm, err)) ||
-                sublayer_out(g, g->tmp, NULL, d->ln1_w, d->ln1_b, N, err))
+                (m->tf_attn && OP(OP_RELU, gpu_bias_relu(g, g->tmp, NULL, d->wo_b, N, Dm, err))) ||
+                sublayer_out(g, g->tmp, m->tf_attn ? NULL : d->wo_b, d->ln1_w, d->ln1_b, N, err))
                 return -1;
         }
         if ((sub & GPU_SUB_FFN) && ffn(g, d, N, err)) return -1;
@@ -133,8 +146,9 @@ static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
     const float scale = g->fam->embed_scale(m);
     /* with pre_lnorm xb holds the sublayers' LN(x): the output layer's bf16 input is made at the end */
     bf16 *xb = m->pre_lnorm ? NULL : g->xb;
-    if (g->ada ? OP(OP_EMBED, gpu_ada_embed(g, g->x, xb, stage_tok(g, g->d_stage), N, err))
-               : OP(OP_EMBED, gpu_embed(g, g->x, xb, g->emb, stage_tok(g, g->d_stage), N, m->d_model, scale, err)))
+    /* the adaptive input where there is no table (par-tf's adaptive softmax follows a plain embedding) */
+    if (!g->emb ? OP(OP_EMBED, gpu_ada_embed(g, g->x, xb, stage_tok(g, g->d_stage), N, err))
+                : OP(OP_EMBED, gpu_embed(g, g->x, xb, g->emb, stage_tok(g, g->d_stage), N, m->d_model, scale, err)))
         return -1;
     if (run_layers(g, B, M, err)) return -1;
     if (m->pre_lnorm && g->prec == GPU_BF16 && gpu_to_bf16(g, g->xb, g->x, (size_t)N * m->d_model, err)) return -1;

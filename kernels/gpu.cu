@@ -181,11 +181,14 @@ static int upload_ada(gpu_model *g, char *err)
         d->cut[k] = a->cut[k];
         d->dim[k] = a->dim[k];
         d->dmax = a->dim[k] > d->dmax ? a->dim[k] : d->dmax;
-        d->emb[k] = gpu_on_device(g, a->emb[k], rows * dim);
-        d->emb_proj[k] = a->emb_proj[k] ? gpu_on_device(g, a->emb_proj[k], D * dim) : NULL;
+        /* the adaptive input's tables, unless a plain embedding comes first (par-tf: m->emb) */
+        d->emb[k] = m->emb ? NULL : gpu_on_device(g, a->emb[k], rows * dim);
+        d->emb_proj[k] = !m->emb && a->emb_proj[k] ? gpu_on_device(g, a->emb_proj[k], D * dim) : NULL;
         d->out_w[k] = gpu_on_device(g, a->out_w[k], rows * dim);
         d->out_b[k] = gpu_on_device(g, a->out_b[k], rows);
-        if (!d->emb[k] || !d->out_w[k] || !d->out_b[k] || (a->emb_proj[k] && !d->emb_proj[k]))
+        d->proj_b[k] = gpu_on_device(g, a->out_proj_b[k], dim);
+        if ((!m->emb && (!d->emb[k] || (a->emb_proj[k] && !d->emb_proj[k]))) || !d->out_w[k] || !d->out_b[k] ||
+            (a->out_proj_b[k] && !d->proj_b[k]))
             return err_set(err, "%s: cluster %d: a weight lies outside the model's arena", m->path, k);
         if (a->out_proj_t[k]) nf += align16(dim * D);
     }
@@ -289,6 +292,7 @@ static const struct {
     {"adaptive-span", &gpu_family_aspan},
     {"par-transformer-xl", &gpu_family_rel},
     {"transformer-xl", &gpu_family_rel},
+    {"par-transformer-xl-tf", &gpu_family_rel},
     {"gpt-adaptive-span", &gpu_family_gpt},
     {"nanogpt", &gpu_family_gpt},
 };
@@ -374,14 +378,15 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     }
     if (rc == 0) {
         const int Dm = m->d_model, A = m->n_head * m->d_head, V = m->V;
+        /* the embedding table (NULL: the adaptive input; par-tf has both a table and the adaptive softmax) */
+        g->emb = gpu_on_device(g, m->emb, (size_t)V * Dm);
         if (m->ada) rc = upload_ada(g, err);
         else {
-            g->emb = gpu_on_device(g, m->emb, (size_t)V * Dm);
             g->out_w = gpu_on_device(g, m->out_w, (size_t)V * Dm);
             g->out_b = gpu_on_device(g, m->out_b, V);
         }
         (void)A;   /* the r biases are each attention block's (the family's upload) */
-        if (rc == 0 && !m->ada && (!g->emb || !g->out_w || (m->out_b && !g->out_b)))
+        if (rc == 0 && ((m->emb && !g->emb) || (!m->ada && (!g->emb || !g->out_w || (m->out_b && !g->out_b)))))
             rc = err_set(err, "%s: a weight lies outside the model's arena", m->path);
     }
     if (rc == 0) rc = g->fam->upload(g, err);

@@ -111,11 +111,13 @@ typedef struct {
     const float *wqkv;            /* aspan: [Wq; Wk; Wv], 3H x H (packed at load); par: qkv_net */
     const float *wo;              /* aspan proj_out, par o_net */
     const float *ln1_w, *ln1_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b, *ln2_w, *ln2_b;
-    const float *rk;              /* par: r_net(sinusoid(t)), t = 0..rk_rows-1, A wide */
+    const float *rk;              /* par: r_net(sinusoid(t)), t = 0..rk_rows-1, A wide; par-tf: the seed's
+                                   * table by position reversed (row t is position rk_rows-1-t: fam_rel.cu) */
     int rk_rows;
     const float *rwb, *rrb;       /* attention: Transformer-XL's u and v (shared, or the layer's own) */
     const float *pk, *pv;         /* aspan with persistent memory: key' and val' (K x N x D each, in `derived`) */
-    const float *qkv_b, *wo_b;    /* gpt: the attention's biases (NULL: none; so may ln1_b, ln2_b, fc1_b, fc2_b be) */
+    const float *qkv_b, *wo_b;    /* gpt, par-tf: the attention's biases (NULL: none; so may ln1_b, ln2_b, fc1_b,
+                                   * fc2_b be for gpt) */
     const float *wmask;           /* gpt-adaptive-span: K x window soft masks by distance from the window's end
                                    * (in `derived`), NULL without spans */
     /* GPU_BF16: the linear layers' weights in bfloat16 (NULL in GPU_FP32) */
@@ -123,13 +125,15 @@ typedef struct {
 } gpu_layer;
 
 /* The word-level Transformer-XL's adaptive input and softmax on the device
- * (adaptive.cu; core/adaptive.h has the math). */
+ * (adaptive.cu; core/adaptive.h has the math); par-tf's adaptive softmax
+ * (biased projections) after a plain embedding (gpu_model.emb set). */
 typedef struct {
     int n, H, dmax;               /* clusters (the shortlist one of them); head columns; widest d_i */
     int cut[ADA_MAX_CLUSTERS + 1], dim[ADA_MAX_CLUSTERS];
     const float *emb[ADA_MAX_CLUSTERS], *emb_proj[ADA_MAX_CLUSTERS];   /* in the arena */
     const float *out_w[ADA_MAX_CLUSTERS], *out_b[ADA_MAX_CLUSTERS];    /* in the arena */
     const float *proj_t[ADA_MAX_CLUSTERS];   /* Q_i^T (d_i x d_model) in `derived`, or NULL */
+    const float *proj_b[ADA_MAX_CLUSTERS];   /* q_i, its bias (par-tf's; in the arena), or NULL */
     const float *head_w, *head_b;            /* [W_0; cluster_w], [b_0; cluster_b] in `derived` */
     const bf16 *proj_t_h[ADA_MAX_CLUSTERS], *out_w_h[ADA_MAX_CLUSTERS], *head_w_h;   /* GPU_BF16 */
     float *head, *hp, *tail;      /* step buffers: N x ldh, N x dmax, N x ldt */
@@ -182,7 +186,7 @@ void gpu_gpt_free(gpu_gpt *t);
 struct gpu_model {
     const model_t *m;
     const gpu_family *fam;
-    gpu_ada *ada;                 /* NULL: the embedding table and one softmax */
+    gpu_ada *ada;                 /* NULL: one softmax; with emb NULL also the adaptive input */
     float *ada_mem;               /* the adaptive softmax's derived weights and step buffers */
     int max_batch, max_block;
     int prec;                     /* GPU_FP32 or GPU_BF16 */
@@ -260,6 +264,13 @@ static inline int64_t *stage_pos(const gpu_model *g, void *base) { return (int64
 static inline float **stage_ring(const gpu_model *g, void *base) { return (float **)((char *)base + g->o_ring); }
 static inline int *stage_len(const gpu_model *g, void *base) { return (int *)((char *)base + g->o_len); }
 static inline int32_t *stage_tgt(const gpu_model *g, void *base) { return (int32_t *)((char *)base + g->o_tgt); }
+
+/* Relative attention's score factor (core/par.c): 1/sqrt(d_head), or the
+ * seed's 1/d_head for par-transformer-xl-tf (model_t.tf_attn). */
+static inline float gpu_rel_scale(const model_t *m)
+{
+    return (float)(1.0 / (m->tf_attn ? m->d_head : sqrt((double)m->d_head)));
+}
 
 /* Ring row of absolute position P (negative: the zeros before the start) in
  * a ring of R rows, as core/aspan.c. */

@@ -1,9 +1,11 @@
 /*
  * layernorm.cu - fused residual + LayerNorm, post-LN as both references:
  *
- *   x = LN(x + (r + rb)) * w + b,   LN(u) = (u - mean) / sqrt(var + 1e-5)
+ *   x = LN(x + (r + rb)) * w + b,   LN(u) = (u - mean) / sqrt(var + eps)
  *
- * with the biased variance; rb (the second linear layer's bias) may be NULL.
+ * with the biased variance, eps the model's (model_t.ln_eps: PyTorch's 1e-5,
+ * Keras' 1e-3 for par-transformer-xl-tf); rb (the second linear layer's
+ * bias) may be NULL.
  * One block per row; the row is updated in place, then the mean and the
  * variance are summed in double as core's ops_add_layernorm does. In
  * GPU_BF16 the result is also written, rounded, to xb: the next linear
@@ -13,7 +15,7 @@
 #include "reduce.cuh"
 
 __global__ static void add_layernorm_kernel(float *x, bf16 *xb, const float *r, const float *rb, const float *w,
-                                            const float *b, int d)
+                                            const float *b, int d, double eps)
 {
     __shared__ double scratch[32];
     float *row = x + (size_t)blockIdx.x * d;
@@ -31,7 +33,7 @@ __global__ static void add_layernorm_kernel(float *x, bf16 *xb, const float *r, 
         double c = row[j] - mean;
         v += c * c;
     }
-    const double inv = 1.0 / sqrt(block_sum(v, scratch) / d + 1e-5);
+    const double inv = 1.0 / sqrt(block_sum(v, scratch) / d + eps);
     bf16 *rowb = xb ? xb + (size_t)blockIdx.x * d : NULL;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         const float y = (float)((row[j] - mean) * inv) * w[j] + b[j];
@@ -44,7 +46,7 @@ int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const fl
                       const float *b, int n, int d, char *err)
 {
     int threads = d >= 512 ? 256 : d >= 128 ? 128 : 64;
-    add_layernorm_kernel<<<n, threads, 0, g->stream>>>(x, xb, r, rb, w, b, d);
+    add_layernorm_kernel<<<n, threads, 0, g->stream>>>(x, xb, r, rb, w, b, d, g->m->ln_eps);
     LAUNCH_TRY(err, "add_layernorm");
     return 0;
 }
@@ -54,7 +56,8 @@ int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const fl
  * (core/par.c: a copy, then ops_add_layernorm with no residual). b may be
  * NULL (a LayerNorm without bias: nanoGPT's bias=False), and y may be x (in
  * place: each thread rewrites only the values it read last). */
-__global__ static void layernorm_to_kernel(float *y, bf16 *yb, const float *x, const float *w, const float *b, int d)
+__global__ static void layernorm_to_kernel(float *y, bf16 *yb, const float *x, const float *w, const float *b, int d,
+                                           double eps)
 {
     __shared__ double scratch[32];
     const float *row = x + (size_t)blockIdx.x * d;
@@ -66,7 +69,7 @@ __global__ static void layernorm_to_kernel(float *y, bf16 *yb, const float *x, c
         double c = row[j] - mean;
         v += c * c;
     }
-    const double inv = 1.0 / sqrt(block_sum(v, scratch) / d + 1e-5);
+    const double inv = 1.0 / sqrt(block_sum(v, scratch) / d + eps);
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         const float o = (float)((row[j] - mean) * inv) * w[j] + (b ? b[j] : 0.0f);
         if (yb) yb[(size_t)blockIdx.x * d + j] = __float2bfloat16(o);
@@ -78,7 +81,7 @@ int gpu_layernorm_to(gpu_model *g, float *y, bf16 *yb, const float *x, const flo
                      char *err)
 {
     int threads = d >= 512 ? 256 : d >= 128 ? 128 : 64;
-    layernorm_to_kernel<<<n, threads, 0, g->stream>>>(y, yb, x, w, b, d);
+    layernorm_to_kernel<<<n, threads, 0, g->stream>>>(y, yb, x, w, b, d, g->m->ln_eps);
     LAUNCH_TRY(err, "layernorm_to");
     return 0;
 }

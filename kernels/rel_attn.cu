@@ -6,11 +6,13 @@
  * Stream b holds mlen rows of memory (positions p0-mlen .. p0-1, ring slot
  * p % mem_len); a query i of the block (key index qi = mlen + i) sees keys
  * j = 0..qi, the memory then the block up to itself:
- *   s(j) = ((q_i + u) . k_j + (q_i + v) . r_{qi-j}) / sqrt(d_head)
+ *   s(j) = ((q_i + u) . k_j + (q_i + v) . r_{roff+qi-j}) * scale
  *   out  = sum_j softmax(s)(j) v_j
  * u, v are r_w_bias, r_r_bias of the head; r_t = r_net(sinusoid(t)) is a
- * table planned at load (gpu.cu) for every distance a step can ask for. The
- * ring writes of this block come in a later launch (ring.cu).
+ * table planned at load (fam_rel.cu) for every distance a step can ask for,
+ * scale 1/sqrt(d_head); par-tf: the seed's table reversed, roff = its rows
+ * less the stream's klen, scale 1/d_head (roff is 0 otherwise). The ring
+ * writes of this block come in a later launch (ring.cu).
  *
  * One thread block per (query, head), its warps on tiles of 32 keys, as
  * aspan_attn.cu: a warp reads each key row and r row with lanes over the
@@ -39,6 +41,7 @@ template <typename RT> struct rel_keys {
     size_t stride;
     int mslot;              /* ring slot of memory row 0 (position p0 - mlen): row j is slot mslot + j (mod ML) */
     int dh, A, ML, mlen, qi;
+    int roff;               /* r row of distance 0 (par-tf: rk_rows - klen; else 0) */
     float scale;
 };
 
@@ -67,7 +70,7 @@ __device__ __forceinline__ static float rel_tile_scores(const rel_keys<RT> *a, i
                 const bool ok = j <= a->qi;
                 const int sl = a->mslot + j >= a->ML ? a->mslot + j - a->ML : a->mslot + j;
                 const RT *k = j < a->mlen ? a->kr + (size_t)sl * a->A : a->kb + (size_t)(j - a->mlen) * a->stride;
-                const float *r = a->rk + (size_t)(ok ? a->qi - j : 0) * a->A;
+                const float *r = a->rk + (size_t)(ok ? a->roff + a->qi - j : 0) * a->A;
                 lanes<RT>::ld2(k, c0, c1, ok && c0 < dh, ok && c1 < dh, k0[jj], k1[jj]);
                 r0[jj] = ok && c0 < dh ? __ldg(r + c0) : 0.0f;
                 r1[jj] = ok && c1 < dh ? __ldg(r + c1) : 0.0f;
@@ -96,8 +99,8 @@ __device__ __noinline__ static float rel_tile_scores_again(const rel_keys<RT> *a
 template <typename RT>
 __global__ static void __launch_bounds__(512)
     rel_attn_kernel(float *att, bf16 *attb, const RT *qkv, int M, int nh, int dh, int ML, int nl, int layer,
-                    float scale, const float *rwb, const float *rrb, const float *rk, int64_t off, RT *const *ring,
-                    const int64_t *pos, const int *len, int cap, int same_length)
+                    float scale, const float *rwb, const float *rrb, const float *rk, int rk_rows, int tf, int64_t off,
+                    RT *const *ring, const int64_t *pos, const int *len, int cap, int same_length)
 {
     extern __shared__ float sm[];
     __shared__ float fred[32];
@@ -122,6 +125,7 @@ __global__ static void __launch_bounds__(512)
     a.ML = ML;
     a.mlen = mlen;
     a.qi = qi;
+    a.roff = tf ? rk_rows - (mlen + M) : 0;
     a.scale = scale;
     const RT *vb = a.kb + A, *vr = a.kr + (size_t)ML * A;
     const bool store = L <= cap;
@@ -216,17 +220,18 @@ int gpu_rel_attn(gpu_model *g, int l, int B, int M, char *err)
                   : cudaFuncSetAttribute(rel_attn_kernel<float>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                err, "rel_attn: shared memory");
     dim3 grid((unsigned)(B * M), (unsigned)nh);
-    const float scale = (float)(1.0 / sqrt((double)dh));
+    const float scale = gpu_rel_scale(m);
     const int64_t off = (int64_t)g->h_off[l], *pos = stage_pos(g, g->d_stage);
     const int *len = stage_len(g, g->d_stage);
+    const gpu_layer *d = &g->L[l];
     if (bf)
         rel_attn_kernel<bf16><<<grid, T, smem, g->stream>>>(NULL, g->attb, g->qkvb, M, nh, dh, m->mem_len, m->n_layers, l,
-                                                             scale, g->L[l].rwb, g->L[l].rrb, g->L[l].rk, off,
+                                                             scale, d->rwb, d->rrb, d->rk, d->rk_rows, m->tf_attn, off,
                                                              (bf16 *const *)stage_ring(g, g->d_stage), pos, len, cap,
                                                              m->same_length);
     else
         rel_attn_kernel<float><<<grid, T, smem, g->stream>>>(g->att, NULL, g->qkv, M, nh, dh, m->mem_len, m->n_layers, l,
-                                                              scale, g->L[l].rwb, g->L[l].rrb, g->L[l].rk, off,
+                                                              scale, d->rwb, d->rrb, d->rk, d->rk_rows, m->tf_attn, off,
                                                               stage_ring(g, g->d_stage), pos, len, cap, m->same_length);
     LAUNCH_TRY(err, "rel_attn");
     return 0;

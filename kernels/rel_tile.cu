@@ -15,10 +15,13 @@
  *     form (REL_TQ + 31 of them, dims-major), and for each the head's
  *     (v - u) . r_d, so that a lane's score needs one query vector:
  *       (q + u) . k + (q + v) . r_d = (q + u) . (k + r_d) + (v - u) . r_d.
- * Each lane folds its 32 scores (times 1/sqrt(d_head)) into a running
- * softmax (max m, Z = sum exp(s - m), O = sum exp(s - m) v) and writes
- * O / Z. Windows are at most mem_len + the block, so no split. q + u and O
- * live in registers: heads of 32 or 64 dims.
+ *   (par-tf: the r row of distance d is roff + d, fam_rel.cu's reversed
+ *   table, roff = rk_rows - klen; 0 otherwise).
+ * Each lane folds its 32 scores (times 1/sqrt(d_head), or par-tf's
+ * 1/d_head) into a running softmax (max m, Z = sum exp(s - m),
+ * O = sum exp(s - m) v) and writes O / Z. Windows are at most mem_len +
+ * the block, so no split. q + u and O live in registers: heads of 32 or 64
+ * dims.
  */
 #include "gpu_internal.cuh"
 
@@ -34,8 +37,8 @@ template <int D> static size_t rel_tile_smem(void)
 template <typename RT, int D>
 __global__ static void __launch_bounds__(REL_TQ)
     rel_tile_kernel(float *att, bf16 *attb, const RT *qkv, int M, int ML, int nl, int layer, float scale,
-                    const float *rwb, const float *rrb, const float *rk, int rk_rows, int64_t off, RT *const *ring,
-                    const int64_t *pos, const int *len, int same_length)
+                    const float *rwb, const float *rrb, const float *rk, int rk_rows, int tf, int64_t off,
+                    RT *const *ring, const int64_t *pos, const int *len, int same_length)
 {
     extern __shared__ float sm[];
     float *ks = sm, *vs = ks + REL_TK * D, *rs = vs + REL_TK * D, *bd = rs + D * REL_TE,
@@ -45,6 +48,7 @@ __global__ static void __launch_bounds__(REL_TQ)
     const int i0 = blockIdx.x * REL_TQ, i = i0 + tid, nq = min(REL_TQ, M - i0);
     const bool active = i < M;
     const int mlen = len[(size_t)b * nl + layer];
+    const int roff = tf ? rk_rows - (mlen + M) : 0;   /* the r row of distance 0 */
     /* same_length: query i also loses the keys of index j <= i - shift (core/par.c) */
     const int mask_len = mlen + M - ML, shift = mask_len > 0 ? M - mask_len : M;
 
@@ -89,7 +93,7 @@ __global__ static void __launch_bounds__(REL_TQ)
         for (int x = warp; x < REL_TE; x += NW)   /* a warp per distance, lanes over dims */
             for (int c = lane; c < D; c += 32) {
                 const int64_t d = dmin + x;
-                rs[c * REL_TE + x] = d >= 0 && d < rk_rows ? __ldg(rkh + (size_t)d * A + c) : 0.0f;
+                rs[c * REL_TE + x] = d >= 0 && roff + d < rk_rows ? __ldg(rkh + (size_t)(roff + d) * A + c) : 0.0f;
             }
         __syncthreads();
         for (int x = tid; x < REL_TE; x += blockDim.x) {
@@ -154,8 +158,8 @@ static int rel_launch(gpu_model *g, int l, int B, int M, float *att, bf16 *attb,
                "rel_tile: shared memory");
     dim3 grid((unsigned)((M + REL_TQ - 1) / REL_TQ), (unsigned)m->n_head, (unsigned)B);
     rel_tile_kernel<RT, D><<<grid, REL_TQ, smem, g->stream>>>(
-        att, attb, qkv, M, m->mem_len, m->n_layers, l, (float)(1.0 / sqrt((double)D)), g->L[l].rwb, g->L[l].rrb,
-        g->L[l].rk, g->L[l].rk_rows, (int64_t)g->h_off[l], ring, stage_pos(g, g->d_stage), stage_len(g, g->d_stage),
+        att, attb, qkv, M, m->mem_len, m->n_layers, l, gpu_rel_scale(m), g->L[l].rwb, g->L[l].rrb, g->L[l].rk,
+        g->L[l].rk_rows, m->tf_attn, (int64_t)g->h_off[l], ring, stage_pos(g, g->d_stage), stage_len(g, g->d_stage),
         m->same_length);
     LAUNCH_TRY(err, "rel_tile");
     return 1;

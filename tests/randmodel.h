@@ -240,6 +240,109 @@ static int rm_write_par(const char *path, const rm_par *c, uint64_t seed, char *
     return rm_save(f, path, config, V, err);
 }
 
+/* Seed 004's TensorFlow PAR Transformer-XL (core/par_tf.c, family
+ * "par-transformer-xl-tf") as clients/convert writes it: ARCH one letter a
+ * block (a, f, s; each block's pi puts its kind first), heads of D / NH
+ * dims, the attention's projections with biases, the position table's
+ * MAX_POSITION rows; NCUT cutoffs with tail projections of PROJ[k] dims
+ * (with biases), else one output layer. A character vocabulary ("tokenizer":
+ * "chars": the family does not care which). */
+typedef struct {
+    int V, D, nh, I, mem_len, tgt_len, max_position, ncut, cut[3], proj[3];
+    const char *arch;
+} rm_par_tf;
+
+static inline int rm_write_par_tf(const char *path, const rm_par_tf *c, uint64_t seed, char *err)
+{
+    rm_file *f = rm_open(seed);
+    if (!f) return err_set(err, "out of memory");
+    const int V = c->V, D = c->D, nh = c->nh, dh = D / nh, A = nh * dh, I = c->I, nb = (int)strlen(c->arch);
+    const int n = c->ncut + 1;
+    const float sd = 1.0f / sqrtf((float)D), sa = 1.0f / sqrtf((float)A), si = 1.0f / sqrtf((float)I);
+    int cut[5] = {0};
+    for (int k = 0; k < c->ncut; k++) cut[k + 1] = c->cut[k];
+    cut[n] = V;
+    char name[96];
+    int bad = rm_add(f, "emb.weight", 2, V, D, 0, 1.0f / sqrtf((float)D), 0, NULL);
+    if (!c->ncut)
+        bad = bad || rm_add(f, "out.weight", 2, V, D, 0, sd, 0, NULL) || rm_add(f, "out.bias", 1, V, 0, 0, 0.1f, 0, NULL);
+    else
+        bad = bad || rm_add(f, "crit.out_layers.0.weight", 2, cut[1], D, 0, sd, 0, NULL) ||
+              rm_add(f, "crit.out_layers.0.bias", 1, cut[1], 0, 0, 0.1f, 0, NULL) ||
+              rm_add(f, "crit.cluster_weight", 2, n - 1, D, 0, sd, 0, NULL) ||
+              rm_add(f, "crit.cluster_bias", 1, n - 1, 0, 0, 0.1f, 0, NULL);
+    for (int k = 1; k < n && !bad; k++) {
+        const int d = c->proj[k - 1];
+        snprintf(name, sizeof name, "crit.out_projs.%d", k);
+        bad = rm_add(f, name, 2, D, d, 0, sd, 0, NULL);
+        snprintf(name, sizeof name, "crit.out_projs_bias.%d", k);
+        bad = bad || rm_add(f, name, 1, d, 0, 0, 0.1f, 0, NULL);
+        snprintf(name, sizeof name, "crit.out_layers.%d.weight", k);
+        bad = bad || rm_add(f, name, 2, cut[k + 1] - cut[k], d, 0, 1.0f / sqrtf((float)d), 0, NULL);
+        snprintf(name, sizeof name, "crit.out_layers.%d.bias", k);
+        bad = bad || rm_add(f, name, 1, cut[k + 1] - cut[k], 0, 0, 0.1f, 0, NULL);
+    }
+    for (int b = 0; !bad && b < nb; b++) {
+        const int kind = c->arch[b] == 'a' ? 0 : c->arch[b] == 'f' ? 1 : 2;
+        float pi[3] = {0.2f, 0.2f, 0.2f};
+        pi[kind] = 0.6f;
+        snprintf(name, sizeof name, "blocks.%d.pi", b);
+        bad = rm_add(f, name, 1, 3, 0, 0, 0, 0, pi);
+        if (kind == 0) {
+            static const char *const part[3] = {"qkv_net", "r_net", "o_net"};
+            const int rows[3] = {3 * A, A, D}, cols[3] = {D, D, A};
+            const float sc[3] = {sd, sd, sa};
+            for (int k = 0; k < 3 && !bad; k++) {
+                snprintf(name, sizeof name, "blocks.%d.attn.%s.weight", b, part[k]);
+                bad = rm_add(f, name, 2, rows[k], cols[k], 0, sc[k], 0, NULL);
+                snprintf(name, sizeof name, "blocks.%d.attn.%s.bias", b, part[k]);
+                bad = bad || rm_add(f, name, 1, rows[k], 0, 0, 0.1f, 0, NULL);
+            }
+            snprintf(name, sizeof name, "blocks.%d.attn.r_w_bias", b);
+            bad = bad || rm_add(f, name, 2, nh, dh, 0, 0.1f, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.attn.r_r_bias", b);
+            bad = bad || rm_add(f, name, 2, nh, dh, 0, 0.1f, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.attn.layer_norm.weight", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 1.0f, NULL);
+            snprintf(name, sizeof name, "blocks.%d.attn.layer_norm.bias", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 0, NULL);
+        } else if (kind == 1) {
+            snprintf(name, sizeof name, "blocks.%d.ff.CoreNet.0.weight", b);
+            bad = rm_add(f, name, 2, I, D, 0, sd, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.CoreNet.0.bias", b);
+            bad = bad || rm_add(f, name, 1, I, 0, 0, sd, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.CoreNet.3.weight", b);
+            bad = bad || rm_add(f, name, 2, D, I, 0, si, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.CoreNet.3.bias", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, si, 0, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.layer_norm.weight", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 1.0f, NULL);
+            snprintf(name, sizeof name, "blocks.%d.ff.layer_norm.bias", b);
+            bad = bad || rm_add(f, name, 1, D, 0, 0, 0.1f, 0, NULL);
+        }
+    }
+    char config[4096], cuts[64] = "", projs[64] = "";
+    for (int k = 0, at = 0, bt = 0; k < c->ncut; k++) {
+        at += snprintf(cuts + at, sizeof cuts - at, "%s%d", k ? ", " : "", c->cut[k]);
+        bt += snprintf(projs + bt, sizeof projs - bt, "%s%d", k ? ", " : "", c->proj[k]);
+    }
+    int at = snprintf(config, sizeof config,
+                      "{\"family\": \"par-transformer-xl-tf\", \"tokenizer\": \"chars\", \"vocab_size\": %d, "
+                      "\"d_model\": %d, \"n_head\": %d, \"d_head\": %d, \"d_inner\": %d, \"n_blocks\": %d, "
+                      "\"mem_len\": %d, \"tgt_len\": %d, \"max_position\": %d, \"cutoffs\": [%s], "
+                      "\"proj_dims\": [%s], \"arch\": [",
+                      V, D, nh, dh, I, nb, c->mem_len, c->tgt_len, c->max_position, cuts, projs);
+    for (int b = 0; b < nb && at < (int)sizeof config - 16; b++)
+        at += snprintf(config + at, sizeof config - at, "%s\"%s\"", b ? ", " : "",
+                       c->arch[b] == 'a' ? "attn" : c->arch[b] == 'f' ? "ffn" : "skip");
+    snprintf(config + at, sizeof config - at, "]}");
+    if (bad) {
+        rm_free(f);
+        return err_set(err, "out of memory");
+    }
+    return rm_save(f, path, config, V, err);
+}
+
 /* Word-level Transformer-XL (kimiyoung's MemTransformerLM, core/txl.c):
  * NCUT cutoffs, adaptive input and softmax with DIV_VAL, tied weights, every
  * projection tied or not, pre-LN or post-LN, the r biases shared or each

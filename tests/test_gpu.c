@@ -14,6 +14,11 @@
  *   - decode steps run as CUDA graphs give the same bits as launched one by
  *     one;
  *   - the errors gpu_forward returns;
+ *   - par-transformer-xl-tf (core/par_tf.c): random models against the CPU
+ *     in both precisions, the refusal past max_position, and the converted
+ *     seed checkpoint ($SPANSERVE_CONVERTED) against its reference: the
+ *     segments, the step, greedy picks on the device equal to the host's,
+ *     the validation nll;
  *   - the window models (core/gpt.c: gpt-adaptive-span, nanogpt): the
  *     fixtures' windows, short windows, stream mode (at once, a token at a
  *     time, past the slide), greedy generation (host and device picks) and
@@ -332,12 +337,9 @@ static void check_bf16_greedy(const char *name)
 /* Decode steps as CUDA graphs against the same steps launched one by one:
  * the same bits, for 3 streams at different positions, in both
  * precisions. */
-static void check_graphs(const char *name, int prec)
+static void graphs_vs_launches(const model_t *m, const char *name, int prec)
 {
     char err[ERR_LEN];
-    model_t *m = model_load(fx(name, "model.safetensors"), err);
-    CHECK(m != NULL, "%s", err);
-    if (!m) return;
     const int NS = 3, V = m->V;
     gpu_model *g = gpu_model_new(m, NS, m->block_len, prec, err);
     CHECK(g != NULL, "%s", err);
@@ -379,6 +381,14 @@ static void check_graphs(const char *name, int prec)
     free(la);
     free(lb);
     gpu_model_free(g);
+}
+
+static void check_graphs(const char *name, int prec)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load(fx(name, "model.safetensors"), err);
+    CHECK(m != NULL, "%s", err);
+    if (m) graphs_vs_launches(m, name, prec);
     model_free(m);
 }
 
@@ -1180,6 +1190,288 @@ static void check_gpt_models(void)
     unlink(p);
 }
 
+/* ------------------------------------------------------------ par-tf
+ * Seed 004's TensorFlow PAR Transformer-XL (core/par_tf.c) on the device:
+ * PAR's kernels with the seed's attention (fam_rel.cu, model_t.tf_attn). */
+
+/* Random par-tf models against the CPU in both precisions: the adaptive
+ * softmax's biased tail projections or one output layer, heads of 32 and
+ * 64 (the tiled attention for blocks of 16 or more, forced) and of 40 and
+ * 48 (the per-query kernel), memories of 0, 20, 24 and 100 rows filling up
+ * and wrapping, skip blocks, single-token steps and blocks up to the whole
+ * position table (mem_len + M = max_position); then the step past it,
+ * refused by both as core refuses it. */
+static void check_par_tf_random(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-tf-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    static const struct {
+        rm_par_tf c;
+        int steps[8], nsteps;
+        const char *label;
+    } cases[] = {
+        {{300, 64, 2, 128, 24, 32, 200, 2, {100, 200}, {32, 16}, "afsa"}, {32, 1, 1, 45, 100, 1, 17, 176}, 8,
+         "random par-tf (2 tail clusters, heads of 32, mem_len 24, a skip block)"},
+        {{120, 96, 2, 192, 0, 24, 64, 0, {0}, {0}, "fasa"}, {24, 1, 1, 40, 3, 1, 64}, 7,
+         "random par-tf (one output layer, heads of 48, mem_len 0)"},
+        {{200, 128, 2, 256, 100, 64, 300, 1, {60}, {16}, "asfa"}, {64, 1, 17, 129, 1, 64, 200}, 7,
+         "random par-tf (1 tail cluster, heads of 64, mem_len 100)"},
+        {{90, 80, 2, 160, 20, 16, 60, 1, {30}, {8}, "sfaa"}, {16, 1, 1, 40, 1, 7}, 6,
+         "random par-tf (heads of 40, mem_len 20, two attention blocks)"},
+    };
+    const int pre[4] = {0, 5, 90, 333};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        CHECK(rm_write_par_tf(p, &cases[k].c, 41 + k, err) == 0, "%s", err);
+        model_t *m = model_load(p, err);
+        CHECK(m != NULL, "%s: %s", cases[k].label, err);
+        if (!m) continue;
+        CHECK(m->tf_attn && m->ln_eps == 1e-3 && (m->ada != NULL) == (cases[k].c.ncut > 0), "%s: not par-tf's model",
+              cases[k].label);
+        check_random(m, cases[k].label, pre, 4, cases[k].steps, cases[k].nsteps, 51 + k);
+        check_random_prec(m, cases[k].label, pre, 4, cases[k].steps, cases[k].nsteps, 51 + k, GPU_BF16, 0.5);
+        if (k == 0) {   /* decode steps as graphs, bit for bit the launches */
+            graphs_vs_launches(m, cases[k].label, GPU_FP32);
+            graphs_vs_launches(m, cases[k].label, GPU_BF16);
+        }
+        if (k == 0) {   /* past the position table: mem_len 24 + 177 > 200, refused with memory or without */
+            gpu_model *g = gpu_model_new(m, 1, 180, GPU_FP32, err);
+            gpu_mem *s = g ? gpu_mem_new(g, err) : NULL;
+            mem_t *c = mem_new(m);
+            fwd_ws *ws = ws_new();
+            int32_t tok[180] = {0};
+            float *lp = malloc(sizeof(float) * 180 * m->V), *clp = malloc(sizeof(float) * 180 * m->V);
+            CHECK(s && c && lp && clp, "%s", err);
+            if (s && c && lp && clp) {
+                for (int i = 0; i < 180; i++) tok[i] = (int32_t)((i * 7) % m->V);
+                char cerr[ERR_LEN] = "";
+                CHECK(gpu_forward(g, &s, 1, tok, 177, lp, err) == -1 && strstr(err, "max_position"),
+                      "a block of 177 after mem_len 24 (max_position 200) on the GPU: %s", err);
+                CHECK(model_forward(m, &c, 1, tok, 177, clp, ws, cerr) == -1 && strcmp(err, cerr) == 0,
+                      "the CPU's refusal '%s', the GPU's '%s'", cerr, err);
+                CHECK(s->pos == 0 && s->len[0] == 0, "a refused step moved the memory");
+                /* the largest block there is, then the memory full and the whole table read */
+                CHECK(gpu_forward(g, &s, 1, tok, 176, lp, err) == 0, "%s", err);
+                CHECK(model_forward(m, &c, 1, tok, 176, clp, ws, err) == 0, "%s", err);
+                double d = max_diff(lp, clp, (size_t)176 * m->V);
+                CHECK(gpu_forward(g, &s, 1, tok + 3, 176, lp, err) == 0, "%s", err);
+                CHECK(model_forward(m, &c, 1, tok + 3, 176, clp, ws, err) == 0, "%s", err);
+                double d2 = max_diff(lp, clp, (size_t)176 * m->V);
+                d = d2 > d || isnan(d2) ? d2 : d;
+                CHECK(gpu_forward(g, &s, 1, tok, 177, lp, err) == -1 && s->pos == 352,
+                      "a block past the table with the memory full: %s", err);
+                printf("%s: blocks of 176 (the whole table) vs CPU %.2e; a block of 177 refused: %s\n",
+                       cases[k].label, d, err);
+                CHECK(d <= 1e-4, "blocks of 176: %.3g", d);
+                note_worst(d);
+            }
+            free(lp);
+            free(clp);
+            ws_free(ws);
+            mem_free(c);
+            gpu_mem_free(s);
+            gpu_model_free(g);
+        }
+        model_free(m);
+    }
+    unlink(p);
+}
+
+/* Greedy decoding of N tokens after PROMPT (P tokens) on the device's
+ * picks (gpu_forward_pick) into DEV, and on the host's picks of the same
+ * rows (sample_pick of gpu_forward's) into HOST; *SAME: the picks
+ * (token, logprob) agree everywhere. */
+static int greedy_both(gpu_model *g, const int32_t *prompt, int P, int32_t *host, int32_t *dev, int N, int *same,
+                       char *err)
+{
+    const model_t *m = gpu_model_host(g);
+    const int V = m->V;
+    gpu_mem *a = gpu_mem_new(g, err), *b = gpu_mem_new(g, err);
+    float *lp = malloc(sizeof(float) * (size_t)P * V), *sc = malloc(sizeof(float) * SAMPLE_SCRATCH(V));
+    int rc = a && b && lp && sc ? 0 : -1;
+    pick_req q = greedy_pick(P - 1);
+    pick_out o, h;
+    *same = 1;
+    if (rc == 0) rc = gpu_forward(g, &a, 1, prompt, P, lp, err);
+    if (rc == 0) rc = gpu_forward_pick(g, &b, 1, prompt, P, NULL, NULL, 1, &q, &o, err);
+    for (int i = 0; rc == 0 && i < N; i++) {
+        sample_pick(lp + (size_t)q.row * V, V, &q, &h, sc);
+        host[i] = h.token;
+        dev[i] = o.token;
+        *same &= same_pick(&o, &h, 0);
+        q = greedy_pick(0);
+        if (rc == 0) rc = gpu_forward(g, &a, 1, &host[i], 1, lp, err);
+        if (rc == 0) rc = gpu_forward_pick(g, &b, 1, &dev[i], 1, NULL, NULL, 1, &q, &o, err);
+    }
+    gpu_mem_free(a);
+    gpu_mem_free(b);
+    free(lp);
+    free(sc);
+    return rc;
+}
+
+/* The converted seed checkpoint ($SPANSERVE_CONVERTED/par-tf.safetensors,
+ * tests/convert_fixtures.sh) against fixtures/par-tf's reference, as
+ * tests/test_fixtures.c's check_par_tf checks the CPU: the three segments
+ * of 2 streams with memory carried (each row's next token; every row of the
+ * last segment), the single-token step, in fp32 to 1e-4 of the reference
+ * and of the CPU, with the attention per query and tiled; a step of targets
+ * only (the adaptive softmax writes no logits) against whole rows; the
+ * memories after; greedy decoding, device picks equal to host picks; the
+ * validation nll over the val text, fp32 to 1e-4 relative, bf16 near it. */
+static void check_par_tf_fixture(void)
+{
+    char err[ERR_LEN] = "", path[1024], vpath[1024];
+    const char *dir = getenv("SPANSERVE_CONVERTED");
+    snprintf(path, sizeof path, "%s/par-tf.safetensors", dir && *dir ? dir : "build/fixtures");
+    const char *vp = shared_path("fixtures/par-tf/vectors.safetensors");
+    if (!vp) {
+        printf("SKIP test_gpu par-tf: ../shared/fixtures/par-tf is not here\n");
+        return;
+    }
+    snprintf(vpath, sizeof vpath, "%s", vp);
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        printf("SKIP test_gpu par-tf: no %s (the converted seed checkpoint: tests/convert_fixtures.sh; "
+               "SPANSERVE_CONVERTED names its directory)\n", path);
+        return;
+    }
+    fclose(probe);
+    model_t *m = model_load(path, err);
+    st_file *vf = m ? st_open(vpath, err) : NULL;
+    json_t *e = json_load_file(shared_path("fixtures/par-tf/expected.json"), 0, NULL);
+    CHECK(m && vf && e, "par-tf: %s", err);
+    const st_tensor *tt = vf ? st_find(vf, "tokens") : NULL, *lt = vf ? st_find(vf, "logprobs") : NULL,
+                    *ft = vf ? st_find(vf, "last_full_logprobs") : NULL, *sp = vf ? st_find(vf, "step_logprobs") : NULL;
+    CHECK(!vf || (tt && lt && ft && sp), "par-tf vectors");
+    if (!m || !vf || !e || !tt || !lt || !ft || !sp) {
+        st_close(vf);
+        json_decref(e);
+        model_free(m);
+        return;
+    }
+    const int S = (int)tt->shape[0], T = (int)tt->shape[1], G = (int)lt->shape[1], Q = (int)lt->shape[2], V = m->V;
+    CHECK(S == 2 && Q == m->block_len && ft->shape[2] == V, "par-tf vectors: %d streams, segments of %d", S, Q);
+    int32_t *tok = malloc(sizeof(int32_t) * S * T), *in = malloc(sizeof(int32_t) * S * Q),
+            *tg = malloc(sizeof(int32_t) * S * Q), *tga = malloc(sizeof(int32_t) * S * Q);
+    float *ref = malloc(sizeof(float) * S * G * Q), *full = malloc(sizeof(float) * S * Q * V),
+          *step = malloc(sizeof(float) * S * V), *lp = malloc(sizeof(float) * S * Q * V),
+          *clp = malloc(sizeof(float) * S * Q * V), *tlp = malloc(sizeof(float) * S * Q * V),
+          *alp = malloc(sizeof(float) * S * Q * V);
+    memcpy(tok, tt->data, sizeof(int32_t) * S * T);
+    memcpy(ref, lt->data, sizeof(float) * S * G * Q);
+    memcpy(full, ft->data, sizeof(float) * S * Q * V);
+    memcpy(step, sp->data, sizeof(float) * S * V);
+    fwd_ws *ws = ws_new();
+    for (int tiles = 1; tiles <= 2 && S == 2; tiles++) {
+        for (int prec = GPU_FP32; prec <= (tiles == 1 ? GPU_BF16 : GPU_FP32); prec++) {
+            gpu_model *g = gpu_model_new(m, S, Q, prec, err);
+            CHECK(g != NULL, "par-tf: %s", err);
+            if (!g) continue;
+            gpu_tiles(g, tiles);   /* 2: blocks of 16 or more through rel_tile.cu, however few */
+            gpu_mem *gm[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)}, *gt[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)},
+                    *ga[2] = {gpu_mem_new(g, err), gpu_mem_new(g, err)};
+            mem_t *cm[2] = {mem_new(m), mem_new(m)}, *back[2] = {mem_new(m), mem_new(m)};
+            double worst = 0, worst_full = 0, worst_step = 0, worst_cpu = 0, worst_tg = 0, worst_mem = 0;
+            int same = 1;
+            for (int seg = 0; seg < G; seg++) {
+                for (int s = 0; s < S; s++) memcpy(in + s * Q, tok + s * T + seg * Q, sizeof(int32_t) * Q);
+                for (int s = 0; s < S; s++)
+                    for (int i = 0; i < Q; i++) tga[s * Q + i] = tok[s * T + seg * Q + i + 1];
+                memcpy(tg, tga, sizeof(int32_t) * Q);   /* stream 0: targets only; stream 1: whole rows */
+                tg[Q] = -1;
+                CHECK(gpu_forward(g, gm, S, in, Q, lp, err) == 0, "%s", err);
+                CHECK(gpu_forward_targets(g, gt, S, in, Q, tg, tlp, err) == 0, "%s", err);
+                CHECK(gpu_forward_targets(g, ga, S, in, Q, tga, alp, err) == 0, "%s", err);
+                CHECK(model_forward(m, cm, S, in, Q, clp, ws, err) == 0, "%s", err);
+                for (int r = 0; r < S * Q; r++) {
+                    const int s = r / Q, i = r % Q;
+                    double d = fabs(lp[(size_t)r * V + tga[r]] - ref[(s * G + seg) * Q + i]);
+                    worst = d > worst || isnan(d) ? d : worst;
+                    d = fabs((double)alp[(size_t)r * V + tga[r]] - lp[(size_t)r * V + tga[r]]);
+                    worst_tg = d > worst_tg || isnan(d) ? d : worst_tg;
+                }
+                for (int i = 0; i < Q; i++) same &= tlp[(size_t)i * V + tg[i]] == lp[(size_t)i * V + tg[i]];
+                same &= memcmp(tlp + (size_t)Q * V, lp + (size_t)Q * V, sizeof(float) * Q * V) == 0;
+                if (seg == G - 1) rows_diff(lp, full, 0, S * Q, V, &worst_full);
+                rows_diff(lp, clp, 0, S * Q, V, &worst_cpu);
+            }
+            for (int s = 0; s < S; s++) in[s] = tok[s * T + G * Q];
+            CHECK(gpu_forward(g, gm, S, in, 1, lp, err) == 0, "%s", err);
+            CHECK(model_forward(m, cm, S, in, 1, clp, ws, err) == 0, "%s", err);
+            rows_diff(lp, step, 0, S, V, &worst_step);
+            rows_diff(lp, clp, 0, S, V, &worst_cpu);
+            for (int s = 0; s < S; s++) {
+                CHECK(gpu_mem_download(gm[s], back[s], err) == 0, "%s", err);
+                double d = max_diff(back[s]->buf, cm[s]->buf, cm[s]->n_floats);
+                worst_mem = d > worst_mem || isnan(d) ? d : worst_mem;
+                same &= back[s]->pos == cm[s]->pos && memcmp(back[s]->len, cm[s]->len, sizeof(int) * m->n_layers) == 0;
+            }
+            const char *how = tiles == 2 ? ", tiled attention" : "";
+            printf("par-tf (%s%s) on the GPU: max |logprob - reference| segments %.2e, last segment's rows %.2e, step "
+                   "%.2e; GPU vs CPU %.2e, memories %.2e; targets only vs rows %.2e, %s\n",
+                   gpu_precision_name(prec), how, worst, worst_full, worst_step, worst_cpu, worst_mem, worst_tg,
+                   same ? "the same bits beside rows" : "DIFFER");
+            const double tol = prec == GPU_FP32 ? 1e-4 : 0.3;   /* bf16: 8 bits of mantissa in the linear layers */
+            CHECK(worst <= tol && worst_full <= tol && worst_step <= tol, "par-tf (%s%s): %.3g %.3g %.3g",
+                  gpu_precision_name(prec), how, worst, worst_full, worst_step);
+            CHECK(worst_cpu <= tol && worst_mem <= (prec == GPU_FP32 ? 1e-4 : 0.5), "par-tf (%s%s) vs CPU: %.3g, "
+                  "memories %.3g", gpu_precision_name(prec), how, worst_cpu, worst_mem);
+            CHECK(same, "par-tf: targets beside rows, positions or lengths differ");
+            CHECK(worst_tg <= (prec == GPU_FP32 ? 1e-6 : 1e-3), "par-tf targets-only step: %.3g", worst_tg);
+            if (prec == GPU_FP32) note_worst(worst_cpu);
+            /* greedy, 40 tokens after stream 0's first segment: device picks and host picks of the same rows */
+            if (tiles == 1) {
+                int32_t host[40], dev[40];
+                int same_picks = 0, agree = 0;
+                CHECK(greedy_both(g, tok, Q, host, dev, 40, &same_picks, err) == 0, "%s", err);
+                while (agree < 40 && host[agree] == dev[agree]) agree++;
+                printf("par-tf (%s): greedy 40 tokens, device picks equal the host's for %d, picks %s\n",
+                       gpu_precision_name(prec), agree, same_picks ? "the same (token, logprob)" : "DIFFER");
+                CHECK(agree == 40 && same_picks, "par-tf greedy: device and host picks part after %d", agree);
+            }
+            for (int s = 0; s < S; s++) {
+                gpu_mem_free(gm[s]);
+                gpu_mem_free(gt[s]);
+                gpu_mem_free(ga[s]);
+                mem_free(cm[s]);
+                mem_free(back[s]);
+            }
+            gpu_model_free(g);
+        }
+    }
+    graphs_vs_launches(m, "par-tf", GPU_FP32);
+    graphs_vs_launches(m, "par-tf", GPU_BF16);
+    /* the validation nll: segments of tgt_len, memory carried, every token after the first */
+    size_t n = 0;
+    int32_t *t = val_tokens(m, &n);
+    const long want = (long)json_integer_value(json_object_get(e, "val_tokens_scored"));
+    const double refnll = json_real_value(json_object_get(e, "val_nll_full_eval"));
+    CHECK(t && n > 1, "par-tf: the validation text");
+    for (int prec = GPU_FP32; t && n > 1 && prec <= GPU_BF16; prec++) {
+        gpu_model *gv = gpu_model_new(m, 1, m->block_len, prec, err);
+        gpu_mem *s = gv ? gpu_mem_new(gv, err) : NULL;
+        score_t sc = {0, 0};
+        CHECK(s && gpu_score(gv, s, t, n, &sc, err) == 0, "%s", err);
+        const double nll = sc.nll_sum / (double)sc.tokens;
+        printf("par-tf (%s) on the GPU: validation nll %.8f over %ld predictions, reference %.8f over %ld, |diff| %.2e\n",
+               gpu_precision_name(prec), nll, sc.tokens, refnll, want, fabs(nll - refnll));
+        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
+        if (prec == GPU_FP32) CHECK(fabs(nll - refnll) <= 1e-4 * refnll, "fp32 val nll %.8f vs %.8f", nll, refnll);
+        else CHECK(fabs(nll - refnll) <= 0.02, "bf16 val nll %.6f vs %.6f", nll, refnll);
+        gpu_mem_free(s);
+        gpu_model_free(gv);
+    }
+    free(t);
+    ws_free(ws);
+    free(tok); free(in); free(tg); free(tga); free(ref); free(full); free(step); free(lp); free(clp); free(tlp); free(alp);
+    st_close(vf);
+    json_decref(e);
+    model_free(m);
+}
+
 static void check_errors(void)
 {
     char err[ERR_LEN] = "";
@@ -1227,10 +1519,10 @@ int main(void)
     }
     CHECK(gpu_device_name(name, sizeof name, err) == 0, "%s", err);
     printf("test_gpu on %s\n", name);
-    /* SPANSERVE_GPU_TESTS=gpt: the window models' checks alone */
+    /* SPANSERVE_GPU_TESTS=gpt: the window models' checks alone; =partf: par-transformer-xl-tf's */
     const char *only = getenv("SPANSERVE_GPU_TESTS");
-    const int gpt_only = only && strcmp(only, "gpt") == 0;
-    if (!gpt_only) {   /* the families with a memory */
+    const int gpt_only = only && strcmp(only, "gpt") == 0, tf_only = only && strcmp(only, "partf") == 0;
+    if (!gpt_only && !tf_only) {   /* the families with a memory */
         check_vectors("aspan-small");
         check_vectors("par-small");
         check_bpc("aspan-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
@@ -1264,16 +1556,20 @@ int main(void)
             printf("SKIP test_gpu allattn-small: ../shared/fixtures/allattn-small is not here\n");
         check_picks_all();
     }
+    if (!gpt_only) {   /* par-transformer-xl-tf: random models, the converted seed checkpoint */
+        check_par_tf_random();
+        check_par_tf_fixture();
+    }
     /* window models (core/gpt.c): the fixtures (../shared only), random models of both families */
     const char *gpts[] = {"gpt-aspan", "nanogpt-char"};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; !tf_only && i < 2; i++) {
         char rel[128];
         snprintf(rel, sizeof rel, "fixtures/%s/model.safetensors", gpts[i]);
         if (!shared_path(rel)) printf("SKIP test_gpu %s: ../shared/fixtures/%s is not here\n", gpts[i], gpts[i]);
         else check_gpt_fixture(gpts[i]);
     }
-    check_gpt_models();
-    if (!gpt_only) check_errors();
+    if (!tf_only) check_gpt_models();
+    if (!gpt_only && !tf_only) check_errors();
     printf("test_gpu: largest GPU vs CPU logprob difference %.2e\n", worst_all);
     return test_summary("test_gpu");
 }
