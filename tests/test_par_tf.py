@@ -170,6 +170,8 @@ def run_tiny(S):
           and j.get("tokenizer") == "sentencepiece" and j.get("vocab_size") == 400 and j.get("block_len") == 16, f"{r}")
     # keys and values of 8 rows in each of the 2 attention blocks, 32 floats a row
     check("bytes per session", (j.get("memory") or {}).get("bytes_per_stream") == 2 * 2 * 8 * 32 * 4, f"{j.get('memory')}")
+    if "cuda" in os.environ.get("SPANSERVE_SERVE_ARGS", ""):
+        check("served by the GPU", j.get("device") not in (None, "cpu"), f"{j.get('device')}")
     r = S.call("GET", "/v1/models/t/spans")
     j = r.json or {}
     blocks = j.get("blocks") or []
