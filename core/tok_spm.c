@@ -18,8 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Past this a file is not a tokenizer model (the large ones are a few MB). */
+/* Past these a file is not a tokenizer model of any trained model (the large
+ * ones are a few MB, their pieces at most a few dozen bytes): they bound
+ * what a piece's text costs each token of every answer. */
 #define SPM_MAX_BYTES (64u << 20)
+#define SPM_MAX_PIECE 1024
 
 static int b64_value(unsigned char c)
 {
@@ -88,6 +91,8 @@ static int spm_parse(vocab_t *v, const char *text, char *err)
     for (int i = 0; i < v->n; i++) {
         char b[8];
         size_t l = spm_id_to_piece(v->spm, i, b, sizeof b);
+        if (l > SPM_MAX_PIECE)
+            return err_set(err, "the SentencePiece model's piece %d is %zu bytes long: at most %d", i, l, SPM_MAX_PIECE);
         longest = l > longest ? l : longest;
     }
     /* a piece's text is at most its own bytes, the unknown surface, or

@@ -301,7 +301,19 @@ def run_tiny(S):
 def load_errors(S):
     T.CURRENT = "load errors"
     spm = open(SPM, "rb").read()
+    def varint(n):
+        out = b""
+        while True:
+            out += bytes([n & 0x7F | (0x80 if n > 0x7F else 0)])
+            n >>= 7
+            if not n:
+                return out
+    # the tokenizer with one more piece (a user-defined symbol of 2,000 bytes) appended to ModelProto.pieces
+    piece = b"\x0a" + varint(2000) + b"x" * 2000 + b"\x15" + struct.pack("<f", 0.0) + b"\x18\x04"
+    long_piece = spm + b"\x0a" + varint(len(piece)) + piece
     cases = [
+        ("a piece of 2,000 bytes", {"V": 401, "cutoffs": (100, 251), "spm_bytes": long_piece},
+         "piece 400 is 2000 bytes long: at most 1024"),
         ("not base64", {"spm_bytes": json.dumps({"sentencepiece": "not base64!"})}, "not standard base64"),
         ("not a model", {"spm_bytes": b"\x0a\x03abc" * 40}, "SentencePiece"),
         ("an array", {"spm_bytes": json.dumps(["a", "b"])}, "a SentencePiece vocab must be the JSON object"),
