@@ -24,6 +24,12 @@
  * whole memory (keys and values are row by row functions of the input, so
  * this is the reference's memory of hidden states, projected once). r_t
  * depends on t alone: computed once at load (par_derive_tables).
+ *
+ * With model_t.tf_attn (seed 004's TensorFlow PAR, par_tf.c, its header has
+ * the math) the same forward adds the projections' biases, scales by
+ * 1/d_head, reads the position table by the key's row (klen - 1 - (i - j),
+ * not the distance), applies ReLU after o_net, and LayerNorm takes the
+ * model's epsilon.
  */
 #include "adaptive.h"
 #include "attention.h"
