@@ -23,6 +23,8 @@
  * what a piece's text costs each token of every answer. */
 #define SPM_MAX_BYTES (64u << 20)
 #define SPM_MAX_PIECE 1024
+/* The most text a piece of N bytes adds to a stream (vocab_t.max_piece). */
+#define SPM_PIECE_TEXT(n) (3 * ((size_t)(n) + 8))
 
 static int b64_value(unsigned char c)
 {
@@ -97,7 +99,7 @@ static int spm_parse(vocab_t *v, const char *text, char *err)
     }
     /* a piece's text is at most its own bytes, the unknown surface, or
      * replacement characters for bytes that are not UTF-8 alone */
-    v->max_piece = 3 * (longest + 8);
+    v->max_piece = SPM_PIECE_TEXT(longest);
     return 0;
 }
 
@@ -126,9 +128,9 @@ static size_t utf8_clean(const char *s, size_t len, char *buf, size_t cap)
 
 static size_t spm_piece(const vocab_t *v, int32_t prev, int32_t id, char *buf)
 {
+    /* on the stack: the decode step asks for a piece a token */
+    char both[SPM_PIECE_TEXT(SPM_MAX_PIECE) + 1], one[SPM_PIECE_TEXT(SPM_MAX_PIECE) + 1];
     const size_t cap = v->max_piece + 1, room = v->max_piece / 3;
-    char *both = malloc(2 * cap), *one = both + cap;
-    if (!both) { buf[0] = 0; return 0; }
     /* the library's text of (prev, id) past its text of prev alone */
     const int32_t ids[2] = {prev, id};
     long l2 = prev >= 0 ? spm_decode(v->spm, ids, 2, both, cap) : spm_decode(v->spm, ids + 1, 1, both, cap);
@@ -142,7 +144,6 @@ static size_t spm_piece(const vocab_t *v, int32_t prev, int32_t id, char *buf)
         n = l > 0 && (size_t)l <= room ? utf8_clean(one, (size_t)l, buf, cap) : 0;
         buf[n] = 0;
     }
-    free(both);
     return n;
 }
 
