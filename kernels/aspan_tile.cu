@@ -219,12 +219,18 @@ static int launch(gpu_model *g, int l, int B, int M, int nsplit, int chunk, floa
         g->mask_off + (size_t)l * K, g->derived, g->d_off + (size_t)l * K, ring, stage_pos(g, g->d_stage), nsplit, chunk,
         part);
     LAUNCH_TRY(err, "aspan_tile");
-    if (part) {
-        aspan_tile_combine_kernel<<<dim3((unsigned)(B * M), (unsigned)K), 64, 0, g->stream>>>(att, attb, part, D, nsplit,
-                                                                                             g->reach + (size_t)l * K);
-        LAUNCH_TRY(err, "aspan_tile: combine");
-    }
+    if (part && gpu_aspan_tile_combine(g, l, B, M, nsplit, err)) return -1;
     return 1;
+}
+
+int gpu_aspan_tile_combine(gpu_model *g, int l, int B, int M, int nsplit, char *err)
+{
+    const int K = g->m->n_head;
+    const bool bf = g->prec == GPU_BF16;
+    aspan_tile_combine_kernel<<<dim3((unsigned)(B * M), (unsigned)K), 64, 0, g->stream>>>(
+        bf ? NULL : g->att, bf ? g->attb : NULL, g->tpart, g->m->d_head, nsplit, g->reach + (size_t)l * K);
+    LAUNCH_TRY(err, "aspan_tile: combine");
+    return 0;
 }
 
 size_t gpu_aspan_tile_part_floats(const gpu_model *g)
@@ -239,6 +245,8 @@ int gpu_aspan_tile(gpu_model *g, int l, int B, int M, char *err)
 {
     const model_t *m = g->m;
     const int D = m->d_head, K = m->n_head;
+    const int tc = gpu_aspan_mma(g, l, B, M, err);   /* bf16: on tensor cores (attn_mma.cu) */
+    if (tc) return tc;
     if (M < ASPAN_TILE_MIN_M || (D != 32 && D != 64) || !g->tile_on) return 0;
     /* the layer's widest window, split into chunks of at least
      * ASPAN_TILE_CHUNK positions (multiples of the tile), as many as the

@@ -89,6 +89,12 @@ void gpu_tiles(gpu_model *g, int on)
     g->tile_on = on;
 }
 
+void gpu_tensor_cores(gpu_model *g, int on)
+{
+    if (on != g->tc_on) drop_graphs(g);
+    g->tc_on = on;
+}
+
 void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why)
 {
     if (launches) *launches = g->graph_launches;
@@ -119,6 +125,8 @@ void gpu_model_free(gpu_model *g)
     cudaFree(g->arena);
     cudaFree(g->wbf);
     cudaFree(g->derived);
+    cudaFree(g->mma_tab);
+    cudaFree(g->mma_vr);
     cudaFree(g->krows);
     cudaFree(g->reach);
     cudaFree(g->mask_off);
@@ -345,6 +353,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     const char *gv = getenv("SPANSERVE_GPU_GEMV");
     g->gemv_on = !(gv && strcmp(gv, "0") == 0);
     g->tile_on = 1;
+    g->tc_on = 1;
     g->graph = (cudaGraphExec_t *)calloc((size_t)max_batch, sizeof *g->graph);
     g->L = (gpu_layer *)calloc((size_t)m->n_layers, sizeof *g->L);
     const int slots = m->family->mem_slots(m);
@@ -391,6 +400,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     }
     if (rc == 0) rc = g->fam->upload(g, err);
     if (rc == 0 && precision == GPU_BF16) rc = upload_bf16(g, err);
+    if (rc == 0) rc = gpu_mma_upload(g, err);
     if (rc == 0) {   /* heads too wide for the attention kernels' shared memory are refused here, not mid-step */
         int dev = 0, optin = 0;
         size_t need = g->fam->attn_smem(g);

@@ -94,6 +94,12 @@ void gpu_graphs(gpu_model *g, int on);
  * kernels aspan_attn.cu and rel_attn.cu, to compare); 2 the tiled kernels
  * whenever the shapes allow (for tests). */
 void gpu_tiles(gpu_model *g, int on);
+/* In GPU_BF16, the tiled attention of blocks of queries runs its products
+ * (q.k, q.position, p.v) on tensor cores (kernels/aspan_mma.cu,
+ * rel_mma.cu: mma.sync, bf16 inputs, fp32 sums, an online softmax over
+ * tiles of keys): ON 1 (the default), 0 the CUDA-core tiles (to compare).
+ * GPU_FP32 always keeps its exact kernels. */
+void gpu_tensor_cores(gpu_model *g, int on);
 /* Steps run as a graph so far, and graphs captured; *WHY (may be NULL) is
  * the reason graphs went off, or "". */
 void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why);

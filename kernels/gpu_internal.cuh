@@ -122,6 +122,9 @@ typedef struct {
                                    * (in `derived`), NULL without spans */
     /* GPU_BF16: the linear layers' weights in bfloat16 (NULL in GPU_FP32) */
     const bf16 *wqkv_h, *wo_h, *fc1_h, *fc2_h;
+    const bf16 *rk_h;             /* GPU_BF16, relative attention: rk as bfloat16 hi, then lo, for attn_mma.cu
+                                   * (or NULL), */
+    const float *vr;              /* and r_r_bias . rk per row and head (rk_rows x n_head) */
 } gpu_layer;
 
 /* The word-level Transformer-XL's adaptive input and softmax on the device
@@ -192,6 +195,7 @@ struct gpu_model {
     int prec;                     /* GPU_FP32 or GPU_BF16 */
     int gemv_on;                  /* a few rows go through matmul.cu's gemv_kernel (SPANSERVE_GPU_GEMV=0: cuBLAS) */
     int tile_on;                  /* blocks of queries go through aspan_tile.cu (gpu_tiles) */
+    int tc_on;                    /* bf16 tiles on tensor cores (gpu_tensor_cores) */
     int n_sm;                     /* the device's multiprocessors */
     size_t ring_elem;             /* bytes of a memory element: 4 or 2 */
     char device[256];
@@ -231,6 +235,11 @@ struct gpu_model {
     /* aspan decode: the partial results of a query's key splits
      * (ASPAN_SPLIT_BLOCKS records of d_head + 4 floats), NULL for par */
     float *part;
+    /* attn_mma.cu's tables in bfloat16 (GPU_BF16; NULL where it never runs):
+     * adaptive-span's key_pe by distance (pe_h), each attention block's rk */
+    bf16 *mma_tab;
+    float *mma_vr;
+    const bf16 *pe_h;
     /* aspan_tile.cu: the partial states of split windows */
     float *tpart;
     size_t tpart_floats;
@@ -353,6 +362,16 @@ int gpu_rel_attn(gpu_model *g, int layer, int B, int M, char *err);
 #define ASPAN_TILE_SPLITS 8
 #define ASPAN_TILE_PART_FLOATS ((size_t)64 << 20)   /* 256 MB of partial states at most */
 int gpu_aspan_tile(gpu_model *g, int layer, int B, int M, char *err);
+/* aspan_tile.cu: the split windows' partial states in g->tpart met into g->att (attb) */
+int gpu_aspan_tile_combine(gpu_model *g, int layer, int B, int M, int nsplit, char *err);
+/* attn_mma.cu: the same on tensor cores (GPU_BF16, gpu_tensor_cores on,
+ * heads of 32 or 64, M >= the tiles' minimum): 1 if it ran, 0 if the
+ * shapes call for another kernel, -1 on an error; gpu_rel_mma for PAR's
+ * relative attention. gpu_mma_upload builds their bfloat16 tables at load
+ * (after the family's upload and the bf16 weights). */
+int gpu_aspan_mma(gpu_model *g, int layer, int B, int M, char *err);
+int gpu_rel_mma(gpu_model *g, int layer, int B, int M, char *err);
+int gpu_mma_upload(gpu_model *g, char *err);
 /* floats of g->tpart that the plan wants (0: the tile kernel never runs) */
 size_t gpu_aspan_tile_part_floats(const gpu_model *g);
 /* aspan_decode.cu: the same for few queries (decode), heads of 32, 64 or

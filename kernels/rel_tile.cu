@@ -169,6 +169,8 @@ int gpu_rel_tile(gpu_model *g, int l, int B, int M, char *err)
 {
     const model_t *m = g->m;
     const int D = m->d_head;
+    const int tc = gpu_rel_mma(g, l, B, M, err);   /* bf16: on tensor cores (attn_mma.cu) */
+    if (tc) return tc;
     if (M < REL_TILE_MIN_M || (D != 32 && D != 64) || !g->tile_on) return 0;
     /* too few blocks to fill the device: the per-query kernel has more
      * (unless gpu_tiles(g, 2) forces this one, for the tests) */

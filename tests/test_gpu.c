@@ -162,35 +162,65 @@ static int gpu_score(gpu_model *g, gpu_mem *s, const int32_t *toks, size_t n, sc
     return rc;
 }
 
-static void check_bpc(const char *name, mem_mode mode, int prec, int tiles, double tol)
+/* The full-evaluation bpc of fixture NAME on the GPU (tiles: gpu_tiles; tc:
+ * gpu_tensor_cores), or NAN on an error (checked here). */
+static double bpc_of(const char *name, mem_mode mode, int prec, int tiles, int tc, long *tokens, long *want)
 {
     char err[ERR_LEN];
+    double bpc = NAN;
     json_t *e = json_load_file(fx(name, "expected.json"), 0, NULL);
     model_t *m = model_load_mode(fx(name, "model.safetensors"), mode, err);
     CHECK(e && m, "%s", err);
     gpu_model *g = m ? gpu_model_new(m, 1, m->block_len, prec, err) : NULL;
     CHECK(g != NULL, "%s", err);
     if (g) gpu_tiles(g, tiles);
+    if (g) gpu_tensor_cores(g, tc);
     size_t n = 0;
     int32_t *t = m ? val_tokens(m, &n) : NULL;
-    long want = e ? (long)json_integer_value(json_object_get(e, "val_tokens_scored")) : 0;
-    CHECK(t && n > (size_t)want, "validation text of %zu tokens", n);
-    if (g && t && n > (size_t)want) {
+    *want = e ? (long)json_integer_value(json_object_get(e, "val_tokens_scored")) : 0;
+    CHECK(t && n > (size_t)*want, "validation text of %zu tokens", n);
+    if (g && t && n > (size_t)*want) {
         gpu_mem *s = gpu_mem_new(g, err);
         score_t sc = {0, 0};
-        CHECK(s && gpu_score(g, s, t, (size_t)want + 1, &sc, err) == 0, "%s", err);
-        double bpc = sc.nll_sum / sc.tokens / log(2.0), ref = json_real_value(json_object_get(e, "val_bpc_full_eval"));
-        printf("%s (%s memory, %s%s) on the GPU: bpc %.7f, reference %.7f, |diff| %.2e\n", name,
-               mode == MEM_EXACT ? "exact" : "span", gpu_precision_name(prec), tiles == 2 ? ", tiled attention" : "",
-               bpc, ref, fabs(bpc - ref));
-        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
-        CHECK_NEAR(bpc, ref, tol, "val_bpc_full_eval on the GPU");
+        CHECK(s && gpu_score(g, s, t, (size_t)*want + 1, &sc, err) == 0, "%s", err);
+        bpc = sc.nll_sum / sc.tokens / log(2.0);
+        *tokens = sc.tokens;
         gpu_mem_free(s);
     }
     free(t);
     gpu_model_free(g);
     model_free(m);
     json_decref(e);
+    return bpc;
+}
+
+static void check_bpc(const char *name, mem_mode mode, int prec, int tiles, double tol)
+{
+    long tokens = 0, want = 0;
+    double bpc = bpc_of(name, mode, prec, tiles, 1, &tokens, &want), ref = NAN;
+    json_t *e = json_load_file(fx(name, "expected.json"), 0, NULL);
+    if (e) ref = json_real_value(json_object_get(e, "val_bpc_full_eval"));
+    json_decref(e);
+    printf("%s (%s memory, %s%s) on the GPU: bpc %.7f, reference %.7f, |diff| %.2e\n", name,
+           mode == MEM_EXACT ? "exact" : "span", gpu_precision_name(prec), tiles == 2 ? ", tiled attention" : "", bpc,
+           ref, fabs(bpc - ref));
+    CHECK(tokens == want, "%ld predictions, expected %ld", tokens, want);
+    CHECK_NEAR(bpc, ref, tol, "val_bpc_full_eval on the GPU");
+}
+
+/* Issue 18's bar: bf16's bpc within 0.002 of float32's on the fixture, with
+ * the attention on tensor cores (kernels/attn_mma.cu) and on CUDA cores. */
+static void check_bf16_bpc(const char *name, mem_mode mode)
+{
+    long t32 = 0, t16 = 0, tcc = 0, want = 0;
+    const double b32 = bpc_of(name, mode, GPU_FP32, 1, 1, &t32, &want), b16 = bpc_of(name, mode, GPU_BF16, 1, 1, &t16, &want),
+                 bcc = bpc_of(name, mode, GPU_BF16, 1, 0, &tcc, &want);
+    printf("%s (%s memory): bpc float32 %.7f, bf16 on tensor cores %.7f (|diff| %.2e), bf16 on CUDA cores %.7f "
+           "(|diff| %.2e)\n",
+           name, mode == MEM_EXACT ? "exact" : "span", b32, b16, fabs(b16 - b32), bcc, fabs(bcc - b32));
+    CHECK(t32 == want && t16 == want && tcc == want, "%ld / %ld / %ld predictions, expected %ld", t32, t16, tcc, want);
+    CHECK_NEAR(b16, b32, 0.002, "bf16 (tensor cores) bpc against float32");
+    CHECK_NEAR(bcc, b32, 0.002, "bf16 (CUDA cores) bpc against float32");
 }
 
 /* Random inputs: NS streams brought to different positions on the CPU, then
@@ -228,7 +258,20 @@ static void check_random_prec(const model_t *m, const char *label, const int *pr
         }
         CHECK(gm[s] && gpu_mem_upload(gm[s], cm[s], err) == 0, "%s", err);
     }
-    double worst = 0;
+    /* bf16: the same steps on a second device model whose attention stays on
+     * CUDA cores (gpu_tensor_cores 0), to compare attn_mma.cu with */
+    gpu_model *gc = prec == GPU_BF16 ? gpu_model_new(m, NS, maxM, prec, err) : NULL;
+    gpu_mem **gmc = calloc((size_t)NS, sizeof *gmc);
+    float *lpc = gc ? malloc(sizeof(float) * (size_t)NS * maxM * V) : NULL;
+    if (gc) {
+        gpu_tiles(gc, 2);
+        gpu_tensor_cores(gc, 0);
+        for (int s = 0; s < NS; s++) {
+            gmc[s] = gpu_mem_new(gc, err);
+            CHECK(gmc[s] && gpu_mem_upload(gmc[s], cm[s], err) == 0, "%s", err);
+        }
+    }
+    double worst = 0, worst_cc = 0, worst_tc_cc = 0;
     for (int k = 0; k < nsteps; k++) {
         const int M = steps[k];
         for (int i = 0; i < NS * M; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
@@ -236,7 +279,27 @@ static void check_random_prec(const model_t *m, const char *label, const int *pr
         CHECK(gpu_forward(g, gm, NS, tok, M, lp, err) == 0, "%s: %s", label, err);
         double d = max_diff(lp, clp, (size_t)NS * M * V);
         worst = d > worst || isnan(d) ? d : worst;
+        if (gc) {
+            CHECK(gpu_forward(gc, gmc, NS, tok, M, lpc, err) == 0, "%s: %s", label, err);
+            d = max_diff(lpc, clp, (size_t)NS * M * V);
+            worst_cc = d > worst_cc || isnan(d) ? d : worst_cc;
+            d = max_diff(lp, lpc, (size_t)NS * M * V);
+            worst_tc_cc = d > worst_tc_cc || isnan(d) ? d : worst_tc_cc;
+        }
     }
+    if (gc) {
+        printf("%s (bf16): attention on tensor cores vs CUDA cores: logprobs %.2e (CUDA cores vs CPU %.2e)\n", label,
+               worst_tc_cc, worst_cc);
+        /* both are bf16 roundings of the same sums, each about worst_cc from
+         * the exact one; a wrong key, dim or mask is far past twice that */
+        CHECK(worst_tc_cc <= 2 * worst_cc + 1e-3, "%s: tensor cores vs CUDA cores %.3g (CUDA cores vs CPU %.3g)", label,
+              worst_tc_cc, worst_cc);
+        CHECK(worst_cc <= tol, "%s logprobs (CUDA cores): %.3g", label, worst_cc);
+        for (int s = 0; s < NS; s++) gpu_mem_free(gmc[s]);
+        gpu_model_free(gc);
+    }
+    free(gmc);
+    free(lpc);
     double worst_mem = 0;
     int same = 1;
     for (int s = 0; s < NS; s++) {
@@ -1536,6 +1599,9 @@ int main(void)
         check_bpc("aspan-small", MEM_EXACT, GPU_BF16, 2, 0.005 - 1e-4);
         check_bpc("par-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
         check_bpc("par-small", MEM_EXACT, GPU_FP32, 2, 1e-4);
+        check_bf16_bpc("aspan-small", MEM_EXACT);
+        check_bf16_bpc("aspan-small", MEM_SPAN);
+        check_bf16_bpc("par-small", MEM_EXACT);
         check_bf16_greedy("aspan-small");
         check_bf16_greedy("par-small");
         check_bf16_memory();

@@ -1,0 +1,560 @@
+/*
+ * attn_mma.cu - the tiled attention of blocks of queries on tensor cores
+ * (GPU_BF16, heads of 32 or 64 dims): adaptive-span attention (the same
+ * result as aspan_tile.cu's, both memory modes) and PAR / Transformer-XL
+ * relative attention (rel_tile.cu's), with the products q.k, q.position
+ * and p.v as mma.sync.m16n8k16 (bf16 inputs, fp32 sums) and a
+ * FlashAttention-style online softmax over tiles of keys in fp32.
+ *
+ * A thread block takes MMA_BQ = 64 consecutive queries of one stream and
+ * one head, 16 a warp (the rows of the mma's A operand); it walks their
+ * key positions in tiles of MMA_BK = 64. For each tile it copies into
+ * shared memory (16-byte loads)
+ *   - the 64 key and value rows (the block's own, or the memory's rows),
+ *   - the position rows of the 127 distances d = t - s that the tile and
+ *     the block's queries can form (adaptive-span: key_pe's column S - d,
+ *     kept transposed and in bf16 by gpu_mma_upload; relative attention:
+ *     the r row of distance d, fam_rel.cu's table in bf16), and
+ *     adaptive-span's soft mask at those distances.
+ * Each warp then forms
+ *   S = q K^T         (16 x 64: the tile's keys)
+ *   P = q band^T      (16 x 80: its 16 queries' distances to the tile)
+ * with q the projection's bf16 query as it is; P goes through shared
+ * memory so that each score can take its own distance's term:
+ *   adaptive-span  score(i, j) = (S[i][j] + P[i][d]) / sqrt(D)
+ *   relative       score(i, j) = (S[i][j] + u . k_j + P[i][d] + v . r_d) x scale
+ * (Transformer-XL's (q + u) . k + (q + v) . r_d with the biases u =
+ * r_w_bias and v = r_r_bias kept out of the bf16 operands: u . k_j is
+ * summed in float for each key of the tile, v . r_d comes from a float
+ * table made at load, and r_d is two bf16 rows, hi + lo, two products:
+ * a trained model's r rows are large enough that one bf16 rounding of
+ * them moved a logprob by 0.2 on the fixture).
+ * Scores outside a query's window are -inf. The running softmax per query
+ * row keeps m (the largest score so far), Z = sum exp(s - m), and, with
+ * a = exp(s - m) x mask(d) (mask 1 for relative attention), W = sum a and
+ * O = sum a v (the A operand of p.v is a in bf16, straight from the score
+ * fragments' registers). At the end out = (O / Z) / (W / Z + 1e-8)
+ * (adaptive-span, the reference's a / (sum a + 1e-8) after a softmax over
+ * the whole window) or O / Z (relative). A long adaptive-span window is
+ * split over several blocks as in aspan_tile.cu, whose combine kernel
+ * meets the partial states (m, Z, W, O) left in g->tpart.
+ *
+ * Rounding, against the CUDA-core tiles of the same precision: adaptive-
+ * span's position rows are bf16 (those kernels read them in float), and so
+ * are the weights a of p.v (Z and W are summed from the unrounded a).
+ */
+#include "gpu_internal.cuh"
+
+#define MMA_BQ 64                  /* queries a block takes: 4 warps of 16 */
+#define MMA_BK 64                  /* key positions a tile holds */
+#define MMA_NB 128                 /* position rows a tile's band holds (MMA_BQ + MMA_BK - 1, rounded up) */
+#define MMA_PW 80                  /* distances of one warp's band (16 + 64 - 1, rounded up to the n-tile) */
+#define MMA_PST 84                 /* floats a row of a warp's position scores takes (fewer bank conflicts) */
+#define MMA_CHUNK 1024             /* key positions a block takes before an adaptive-span window is split */
+
+/* ---- mma.sync and its fragments ---- */
+
+/* d (16x8 fp32) += a (16x16 bf16, row-major) b (16x8 bf16, column-major) */
+static __device__ __forceinline__ void mma16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four 8x8 bf16 matrices from shared memory, transposed: lane L gives the
+ * address of row L % 8 of matrix L / 8 and receives, of each matrix, rows
+ * 2 (L % 4) and 2 (L % 4) + 1 of column L / 4. */
+static __device__ __forceinline__ void ldsm_x4_trans(unsigned r[4], const bf16 *p)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+static __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
+{
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const unsigned *)&v;
+}
+
+static __device__ __forceinline__ unsigned ld32(const bf16 *p) { return *(const unsigned *)p; }
+
+/* ---- the two attentions' arguments ---- */
+
+typedef struct {
+    bf16 *attb;                    /* out: B*M x A */
+    const bf16 *qkv;               /* B*M x 3A: queries, keys, values */
+    bf16 *const *ring;             /* each stream's memory */
+    const int64_t *pos;            /* each stream's first position */
+    int M, A;
+    float scale;                   /* scores are multiplied by it */
+    /* adaptive-span */
+    const bf16 *pe;                /* (S + 1) x D: row d is key_pe's column S - d (row 0 unused) */
+    const int *krows, *reach;      /* the layer's heads' */
+    const int64_t *mask_off, *off; /* the layer's heads' mask in `derived`, rings in the memory */
+    const float *derived;
+    int nsplit, chunk;
+    float *part;                   /* split: the partial states (NULL: not split) */
+    /* relative */
+    const float *rwb, *rrb;        /* r_w_bias, r_r_bias of the block: A each */
+    const bf16 *rk, *rk_lo;        /* rk_rows x A: the r row of each distance (par-tf: from roff), hi + lo */
+    const float *vr;               /* rk_rows x K: r_r_bias . r row, per head (gpu_mma_upload) */
+    int rk_rows, tf, ML, nl, layer, same_length;
+    int64_t roff_ring;             /* the layer's rings in the memory */
+    const int *len;                /* the memory rows each stream's layers hold */
+} mma_args;
+
+/* The block's shared memory; relative attention keeps its r rows as two
+ * bf16 tables, hi + lo (band_lo), so that q . r_d loses no more than a
+ * float product would. */
+template <int D, bool REL> struct mma_smem {
+    static const int DP = D + 8;   /* bf16 a shared row takes: 16-byte aligned, no bank conflicts */
+    static const size_t k = 0, v = k + (size_t)MMA_BK * DP * 2, band = v + (size_t)MMA_BK * DP * 2,
+                        band_lo = band + (size_t)MMA_NB * DP * 2,
+                        mask = band_lo + (REL ? (size_t)MMA_NB * DP * 2 : 0), uk = mask + MMA_NB * 4, pw = uk + MMA_BK * 4,
+                        bytes = pw + (size_t)(MMA_BQ / 16) * 16 * MMA_PST * 4;
+};
+
+/* Copies ROWS rows of D bf16 into shared memory (row stride DP) in 16-byte
+ * pieces: row j from src(j), or zeros where src(j) is NULL. */
+template <int D, typename F> static __device__ __forceinline__ void copy_rows(bf16 *dst, int rows, F src)
+{
+    const int per = D / 8;   /* 16-byte pieces a row */
+    for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
+        const int j = e / per, c = (e % per) * 8;
+        const bf16 *s = src(j);
+        const uint4 v = s ? __ldg((const uint4 *)(s + c)) : make_uint4(0, 0, 0, 0);
+        *(uint4 *)(dst + j * (D + 8) + c) = v;
+    }
+}
+
+template <int D, bool REL>
+__global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
+{
+    extern __shared__ __align__(16) unsigned char smraw[];
+    typedef mma_smem<D, REL> L;
+    const int DP = L::DP;
+    bf16 *ks = (bf16 *)(smraw + L::k), *vs = (bf16 *)(smraw + L::v), *band = (bf16 *)(smraw + L::band),
+         *band_lo = (bf16 *)(smraw + L::band_lo);
+    float *mk = (float *)(smraw + L::mask), *uk = (float *)(smraw + L::uk);   /* mask (aspan) or v . r (rel); u . k */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+    float *pw = (float *)(smraw + L::pw) + warp * 16 * MMA_PST;
+
+    const int nsplit = REL ? 1 : a.nsplit;
+    const int h = blockIdx.y, b = blockIdx.z / nsplit, sp = blockIdx.z % nsplit, K = gridDim.y, A = a.A, M = a.M;
+    const int i0 = blockIdx.x * MMA_BQ, nq = min(MMA_BQ, M - i0), iw = i0 + warp * 16;   /* warp's first query */
+    const size_t stride = (size_t)3 * A;
+    const int64_t p0 = a.pos[b], t0 = p0 + i0;
+    const bf16 *kb = a.qkv + (size_t)b * M * stride + A + (size_t)h * D, *vb = kb + A;
+
+    /* the window: key positions [slo, shi] of the block; per query, the distances it may see */
+    int kw = 0, r = 0, mlen = 0, mslot = 0, roff = 0, shift = 0;
+    int64_t slo, shi, smin = 0;
+    const bf16 *kr, *vr;
+    if (REL) {
+        mlen = a.len[(size_t)b * a.nl + a.layer];
+        roff = a.tf ? a.rk_rows - (mlen + M) : 0;
+        const int mask_len = mlen + M - a.ML;
+        shift = mask_len > 0 ? M - mask_len : M;
+        smin = p0 - mlen;
+        slo = smin;
+        shi = t0 + nq - 1;
+        kr = a.ring[b] + a.roff_ring + (size_t)h * D;
+        vr = kr + (size_t)a.ML * A;
+        mslot = a.ML > 0 ? (int)((p0 - mlen) % a.ML) : 0;
+    } else {
+        kw = a.krows[h];
+        r = a.reach[h];
+        if (r == 0) {   /* a head whose mask is zero everywhere outputs zeros (the combine writes them when split) */
+            if (!a.part)
+                for (int e = threadIdx.x; e < nq * D; e += blockDim.x)
+                    a.attb[((size_t)b * M + i0 + e / D) * A + (size_t)h * D + e % D] = __float2bfloat16(0.0f);
+            return;
+        }
+        kr = a.ring[b] + a.off[h];
+        vr = kr + (size_t)kw * D;
+        slo = t0 - kw + (int64_t)sp * a.chunk;
+        shi = min(t0 + nq - 2, slo + a.chunk - 1);
+    }
+    const float *mask = REL ? NULL : a.derived + a.mask_off[h];
+
+    /* the queries' A fragments (rows g and g + 8 of the warp, dims 2 c4 + {0, 1, 8, 9} of each 16), the
+     * projection's bf16 as they are: relative attention's biases are added in float, by key and by distance */
+    unsigned qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int row = iw + g + (x & 1) * 8, c = kk * 16 + 2 * c4 + (x >> 1) * 8;
+            qa[kk][x] = row < M ? ld32(a.qkv + ((size_t)b * M + row) * stride + (size_t)h * D + c) : 0u;
+        }
+    /* the first key each of this thread's two rows sees (same_length), and the rows' positions */
+    const int64_t tr0 = p0 + iw + g, tr1 = tr0 + 8;
+    int64_t first0 = slo, first1 = slo;
+    if (REL && a.same_length) {
+        first0 = smin + (iw + g - shift + 1);
+        first1 = first0 + 8;
+    }
+    const bool act0 = iw + g < M, act1 = iw + g + 8 < M;
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float mx0 = -INFINITY, mx1 = -INFINITY, z0 = 0.0f, z1 = 0.0f, w0 = 0.0f, w1 = 0.0f;
+
+    for (int64_t s0 = slo; s0 <= shi; s0 += MMA_BK) {
+        const int64_t dmin = t0 - s0 - (MMA_BK - 1);   /* distance of band row 0 */
+        __syncthreads();   /* the last tile is read */
+        copy_rows<D>(ks, MMA_BK, [&](int j) -> const bf16 * {
+            const int64_t s = s0 + j;
+            if (s > shi) return NULL;
+            if (s >= p0) return kb + (size_t)(s - p0) * stride;
+            if (REL) {
+                int sl = mslot + (int)(s - smin);
+                if (sl >= a.ML) sl -= a.ML;
+                return kr + (size_t)sl * A;
+            }
+            return kr + (size_t)ring_slot(s, kw) * D;
+        });
+        copy_rows<D>(vs, MMA_BK, [&](int j) -> const bf16 * {
+            const int64_t s = s0 + j;
+            if (s > shi) return NULL;
+            if (s >= p0) return vb + (size_t)(s - p0) * stride;
+            if (REL) {
+                int sl = mslot + (int)(s - smin);
+                if (sl >= a.ML) sl -= a.ML;
+                return vr + (size_t)sl * A;
+            }
+            return s >= p0 - r ? vr + (size_t)ring_slot(s, r) * D : NULL;
+        });
+        copy_rows<D>(band, MMA_NB, [&](int x) -> const bf16 * {
+            const int64_t d = dmin + x;
+            if (REL) return d >= 0 && roff + d < a.rk_rows ? a.rk + (size_t)(roff + d) * A + (size_t)h * D : NULL;
+            return d >= 1 && d <= kw ? a.pe + (size_t)d * D : NULL;
+        });
+        if (REL)
+            copy_rows<D>(band_lo, MMA_NB, [&](int x) -> const bf16 * {
+                const int64_t d = dmin + x;
+                return d >= 0 && roff + d < a.rk_rows ? a.rk_lo + (size_t)(roff + d) * A + (size_t)h * D : NULL;
+            });
+        for (int x = threadIdx.x; x < MMA_NB; x += blockDim.x) {
+            const int64_t d = dmin + x;
+            if (REL) mk[x] = d >= 0 && roff + d < a.rk_rows ? __ldg(a.vr + (size_t)(roff + d) * K + h) : 0.0f;
+            else mk[x] = d >= 1 && d <= r ? __ldg(mask + d - 1) : 0.0f;
+        }
+        __syncthreads();
+        if (REL) {   /* u . k of each key of the tile, in float */
+            if (threadIdx.x < MMA_BK) {
+                const bf16 *kj = ks + (size_t)threadIdx.x * DP;
+                const float *u = a.rwb + (size_t)h * D;
+                float acc = 0.0f;
+#pragma unroll 8
+                for (int c = 0; c < D; c += 2) {
+                    const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)(kj + c));
+                    acc = fmaf(f.x, __ldg(u + c), fmaf(f.y, __ldg(u + c + 1), acc));
+                }
+                uk[threadIdx.x] = acc;
+            }
+            __syncthreads();
+        }
+
+        /* P = q' band^T over the warp's 80 distances (band rows 16 warp ..), into pw */
+        {
+            const bf16 *bw = band + (size_t)warp * 16 * DP, *bl = band_lo + (size_t)warp * 16 * DP;
+#pragma unroll
+            for (int n = 0; n < MMA_PW / 8; n++) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int kk = 0; kk < D / 16; kk++) {
+                    const bf16 *row = bw + (size_t)(n * 8 + g) * DP + kk * 16 + 2 * c4;
+                    mma16816(acc, qa[kk], ld32(row), ld32(row + 8));
+                    if (REL) {
+                        const bf16 *lo = bl + (size_t)(n * 8 + g) * DP + kk * 16 + 2 * c4;
+                        mma16816(acc, qa[kk], ld32(lo), ld32(lo + 8));
+                    }
+                }
+                *(float2 *)(pw + g * MMA_PST + n * 8 + 2 * c4) = make_float2(acc[0], acc[1]);
+                *(float2 *)(pw + (g + 8) * MMA_PST + n * 8 + 2 * c4) = make_float2(acc[2], acc[3]);
+            }
+        }
+        /* S = q K^T */
+        float s[MMA_BK / 8][4];
+#pragma unroll
+        for (int n = 0; n < MMA_BK / 8; n++) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const bf16 *row = ks + (size_t)(n * 8 + g) * DP + kk * 16 + 2 * c4;
+                mma16816(s[n], qa[kk], ld32(row), ld32(row + 8));
+            }
+        }
+        __syncwarp();   /* pw is written */
+
+        /* the scores: + the position term of each one's distance, scaled, -inf outside the windows */
+        float tm0 = -INFINITY, tm1 = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < MMA_BK / 8; n++)
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int rr = g + (x >> 1) * 8, j = n * 8 + 2 * c4 + (x & 1);   /* row in the warp, key in the tile */
+                const int64_t sk = s0 + j, t = (x >> 1) ? tr1 : tr0, d = t - sk;
+                const bool ok = ((x >> 1) ? act1 : act0) && sk <= shi && sk >= ((x >> 1) ? first1 : first0) &&
+                                (REL ? d >= 0 : d >= 1 && d <= kw);
+                float v = s[n][x] + pw[rr * MMA_PST + rr - j + MMA_BK - 1];
+                if (REL) v += uk[j] + mk[warp * 16 + rr - j + MMA_BK - 1];
+                v = ok ? v * a.scale : -INFINITY;
+                s[n][x] = v;
+                if (x >> 1) tm1 = fmaxf(tm1, v);
+                else tm0 = fmaxf(tm0, v);
+            }
+        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
+        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+        __syncwarp();   /* pw is read before the next tile's writes */
+        /* none of the warp's queries sees the tile (warp-wide: mma.sync and ldmatrix need every lane) */
+        if (!__any_sync(0xffffffffu, tm0 != -INFINITY || tm1 != -INFINITY)) continue;
+        const float n0 = fmaxf(mx0, tm0), n1 = fmaxf(mx1, tm1);
+        const float f0 = n0 == -INFINITY ? 1.0f : __expf(mx0 - n0), f1 = n1 == -INFINITY ? 1.0f : __expf(mx1 - n1);
+        mx0 = n0;
+        mx1 = n1;
+        z0 *= f0, w0 *= f0, z1 *= f1, w1 *= f1;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) o[n][0] *= f0, o[n][1] *= f0, o[n][2] *= f1, o[n][3] *= f1;
+
+        /* a = exp(s - m) x mask: Z, W, and the A fragments of p.v */
+        unsigned pa[MMA_BK / 16][4];
+#pragma unroll
+        for (int n = 0; n < MMA_BK / 8; n++) {
+            float e[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int rr = g + (x >> 1) * 8, j = n * 8 + 2 * c4 + (x & 1);
+                const float p = s[n][x] == -INFINITY ? 0.0f : __expf(s[n][x] - ((x >> 1) ? mx1 : mx0));
+                const float wt = REL ? p : p * mk[warp * 16 + rr - j + MMA_BK - 1];
+                if (x >> 1) z1 += p, w1 += wt;
+                else z0 += p, w0 += wt;
+                e[x] = wt;
+            }
+            pa[n >> 1][(n & 1) * 2] = pack_bf16(e[0], e[1]);
+            pa[n >> 1][(n & 1) * 2 + 1] = pack_bf16(e[2], e[3]);
+        }
+        /* O += a V: B fragments of V (keys x dims) transposed out of its rows */
+#pragma unroll
+        for (int kk = 0; kk < MMA_BK / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < D / 8; n += 2) {
+                unsigned vf[4];
+                const int mi = lane >> 3, key = kk * 16 + (lane & 7) + (mi & 1) * 8, dim = n * 8 + (mi >> 1) * 8;
+                ldsm_x4_trans(vf, vs + (size_t)key * DP + dim);
+                mma16816(o[n], pa[kk], vf[0], vf[1]);
+                mma16816(o[n + 1], pa[kk], vf[2], vf[3]);
+            }
+    }
+
+    /* the rows' sums over the four lanes that hold them */
+#pragma unroll
+    for (int k = 1; k <= 2; k <<= 1) {
+        z0 += __shfl_xor_sync(0xffffffffu, z0, k);
+        z1 += __shfl_xor_sync(0xffffffffu, z1, k);
+        w0 += __shfl_xor_sync(0xffffffffu, w0, k);
+        w1 += __shfl_xor_sync(0xffffffffu, w1, k);
+    }
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const int row = iw + g + 8 * x;
+        if (row >= M) continue;
+        const size_t nrow = (size_t)b * M + row;
+        const float z = x ? z1 : z0, w = x ? w1 : w0, m = x ? mx1 : mx0;
+        if (!REL && a.part) {   /* split: the partial state, met by aspan_tile.cu's combine */
+            float *rec = a.part + ((nrow * K + h) * nsplit + sp) * (D + 3);
+            if (c4 == 0) rec[0] = m, rec[1] = z, rec[2] = w;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                rec[3 + n * 8 + 2 * c4] = o[n][2 * x];
+                rec[3 + n * 8 + 2 * c4 + 1] = o[n][2 * x + 1];
+            }
+            continue;
+        }
+        const float den = REL ? z : z * (w / z + 1e-8f);
+        bf16 *out = a.attb + nrow * A + (size_t)h * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *(__nv_bfloat162 *)(out + n * 8 + 2 * c4) = __floats2bfloat162_rn(o[n][2 * x] / den, o[n][2 * x + 1] / den);
+    }
+}
+
+template <int D, bool REL> static int mma_launch(gpu_model *g, const mma_args &a, int B, int nsplit, char *err)
+{
+    const size_t smem = mma_smem<D, REL>::bytes;
+    CU_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, REL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+           "attn_mma: shared memory");
+    dim3 grid((unsigned)((a.M + MMA_BQ - 1) / MMA_BQ), (unsigned)(a.A / D), (unsigned)(B * nsplit));
+    attn_mma_kernel<D, REL><<<grid, MMA_BQ * 2, smem, g->stream>>>(a);
+    LAUNCH_TRY(err, "attn_mma");
+    return 0;
+}
+
+/* Whether this step's layer can go through here: bf16, tensor cores on,
+ * heads of 32 or 64, a block of queries, and every ring row 16-byte aligned
+ * (the memory's offsets are multiples of 8 elements). */
+static bool mma_fits(const gpu_model *g, int M, int min_m)
+{
+    const int D = g->m->d_head;
+    return g->prec == GPU_BF16 && g->tc_on && g->tile_on && M >= min_m && (D == 32 || D == 64) && g->mma_tab;
+}
+
+int gpu_aspan_mma(gpu_model *g, int l, int B, int M, char *err)
+{
+    const model_t *m = g->m;
+    const int D = m->d_head, K = m->n_head;
+    if (!mma_fits(g, M, ASPAN_TILE_MIN_M) || m->pers) return 0;
+    for (int h = 0; h < K; h++)
+        if (g->h_off[(size_t)l * K + h] % 8) return 0;
+    /* the layer's widest window: split into chunks (multiples of the tile) of
+     * at most MMA_CHUNK positions, more while the grid is short of two blocks
+     * an SM, as many as g->tpart holds */
+    int lw = 0;
+    for (int h = 0; h < K; h++)
+        if (m->layers[l].krows[h] > lw) lw = m->layers[l].krows[h];
+    const int span = lw + (M < MMA_BQ ? M : MMA_BQ) - 1;
+    const int64_t blocks = (int64_t)((M + MMA_BQ - 1) / MMA_BQ) * K * B;
+    int nsplit = (span + MMA_CHUNK - 1) / MMA_CHUNK;
+    while (nsplit < ASPAN_TILE_SPLITS && blocks * nsplit < 2 * g->n_sm && span / (nsplit + 1) >= 2 * MMA_BK) nsplit++;
+    if (nsplit > ASPAN_TILE_SPLITS) nsplit = ASPAN_TILE_SPLITS;
+    while (nsplit > 1 && (size_t)B * M * K * nsplit * (D + 3) > g->tpart_floats) nsplit--;
+    int chunk = (span + nsplit - 1) / nsplit;
+    chunk = (chunk + MMA_BK - 1) / MMA_BK * MMA_BK;
+    nsplit = (span + chunk - 1) / chunk;
+
+    mma_args a = {};
+    a.attb = g->attb;
+    a.qkv = g->qkvb;
+    a.ring = (bf16 *const *)stage_ring(g, g->d_stage);
+    a.pos = stage_pos(g, g->d_stage);
+    a.M = M;
+    a.A = K * D;
+    a.scale = 1.0f / sqrtf((float)D);
+    a.pe = g->pe_h;
+    a.krows = g->krows + (size_t)l * K;
+    a.reach = g->reach + (size_t)l * K;
+    a.mask_off = g->mask_off + (size_t)l * K;
+    a.off = g->d_off + (size_t)l * K;
+    a.derived = g->derived;
+    a.nsplit = nsplit;
+    a.chunk = chunk;
+    a.part = nsplit > 1 ? g->tpart : NULL;
+    if (D == 64 ? mma_launch<64, false>(g, a, B, nsplit, err) : mma_launch<32, false>(g, a, B, nsplit, err)) return -1;
+    if (nsplit > 1 && gpu_aspan_tile_combine(g, l, B, M, nsplit, err)) return -1;
+    return 1;
+}
+
+int gpu_rel_mma(gpu_model *g, int l, int B, int M, char *err)
+{
+    const model_t *m = g->m;
+    const int D = m->d_head, K = m->n_head;
+    const gpu_layer *y = &g->L[l];
+    if (!mma_fits(g, M, REL_TILE_MIN_M) || !y->rk_h || g->h_off[l] % 8) return 0;
+    mma_args a = {};
+    a.attb = g->attb;
+    a.qkv = g->qkvb;
+    a.ring = (bf16 *const *)stage_ring(g, g->d_stage);
+    a.pos = stage_pos(g, g->d_stage);
+    a.M = M;
+    a.A = K * D;
+    a.scale = gpu_rel_scale(m);
+    a.rwb = y->rwb;
+    a.rrb = y->rrb;
+    a.rk = y->rk_h;
+    a.rk_lo = y->rk_h + (size_t)y->rk_rows * a.A;
+    a.vr = y->vr;
+    a.rk_rows = y->rk_rows;
+    a.tf = m->tf_attn;
+    a.ML = m->mem_len;
+    a.nl = m->n_layers;
+    a.layer = l;
+    a.same_length = m->same_length;
+    a.roff_ring = (int64_t)g->h_off[l];
+    a.len = stage_len(g, g->d_stage);
+    if (D == 64 ? mma_launch<64, true>(g, a, B, 1, err) : mma_launch<32, true>(g, a, B, 1, err)) return -1;
+    return 1;
+}
+
+/* key_pe[c][S - d] -> pe[d][c] in bf16, d = 1..S (row 0 zeros) */
+__global__ static void pe_table_kernel(bf16 *pe, const float *key_pe, int S, int D)
+{
+    const size_t n = (size_t)(S + 1) * D;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        const int d = (int)(e / D), c = (int)(e % D);
+        pe[e] = __float2bfloat16(d == 0 ? 0.0f : key_pe[(size_t)c * S + (S - d)]);
+    }
+}
+
+/* x = hi + lo in bf16: hi = bf16(x), lo = bf16(x - hi) */
+__global__ static void hilo_kernel(bf16 *hi, bf16 *lo, const float *x, size_t n)
+{
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        const bf16 h = __float2bfloat16(x[e]);
+        hi[e] = h;
+        lo[e] = __float2bfloat16(x[e] - __bfloat162float(h));
+    }
+}
+
+/* vr[t][h] = r_r_bias_h . rk[t][h's dims], in double */
+__global__ static void vr_table_kernel(float *vr, const float *rk, const float *rrb, int rows, int K, int D)
+{
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * K) return;
+    const int t = e / K, h = e % K;
+    double acc = 0.0;
+    for (int c = 0; c < D; c++) acc += (double)rrb[h * D + c] * rk[(size_t)t * K * D + (size_t)h * D + c];
+    vr[e] = (float)acc;
+}
+
+int gpu_mma_upload(gpu_model *g, char *err)
+{
+    const model_t *m = g->m;
+    const int D = m->d_head, A = m->n_head * D;
+    if (g->prec != GPU_BF16 || (D != 32 && D != 64)) return 0;
+    const bool aspan = g->fam == &gpu_family_aspan && !m->pers && g->key_pe, rel = g->fam == &gpu_family_rel;
+    if (!aspan && !rel) return 0;
+    size_t n = aspan ? (size_t)(m->span + 1) * D : 0;
+    for (int l = 0; rel && l < m->n_layers; l++)
+        if (g->L[l].rk) n += (size_t)2 * g->L[l].rk_rows * A;
+    if (n == 0) return 0;
+    CU_TRY(cudaMalloc(&g->mma_tab, n * sizeof(bf16)), err, "cudaMalloc (the tensor-core attention's tables)");
+    g->weight_bytes += n * sizeof(bf16);
+    bf16 *at = g->mma_tab;
+    if (aspan) {
+        pe_table_kernel<<<256, 256, 0, g->stream>>>(at, g->key_pe, m->span, D);
+        LAUNCH_TRY(err, "attn_mma: key_pe table");
+        g->pe_h = at;
+        at += (size_t)(m->span + 1) * D;
+    }
+    size_t nv = 0;
+    for (int l = 0; rel && l < m->n_layers; l++)
+        if (g->L[l].rk) nv += (size_t)g->L[l].rk_rows * m->n_head;
+    if (nv) {
+        CU_TRY(cudaMalloc(&g->mma_vr, nv * sizeof(float)), err, "cudaMalloc (the tensor-core attention's tables)");
+        g->weight_bytes += nv * sizeof(float);
+    }
+    float *vt = g->mma_vr;
+    for (int l = 0; rel && l < m->n_layers; l++)
+        if (g->L[l].rk) {
+            const int rows = g->L[l].rk_rows;
+            hilo_kernel<<<256, 256, 0, g->stream>>>(at, at + (size_t)rows * A, g->L[l].rk, (size_t)rows * A);
+            LAUNCH_TRY(err, "attn_mma: r tables");
+            g->L[l].rk_h = at;   /* hi, then lo */
+            at += (size_t)2 * rows * A;
+            vr_table_kernel<<<(rows * m->n_head + 255) / 256, 256, 0, g->stream>>>(vt, g->L[l].rk, g->L[l].rrb, rows,
+                                                                                    m->n_head, D);
+            LAUNCH_TRY(err, "attn_mma: r_r_bias . r table");
+            g->L[l].vr = vt;
+            vt += (size_t)rows * m->n_head;
+        }
+    CU_TRY(cudaStreamSynchronize(g->stream), err, "building the tensor-core attention's tables");
+    return 0;
+}
