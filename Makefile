@@ -10,7 +10,8 @@
 #   make soak       64 clients doing everything for 60 s against the sanitized
 #                   server: no report, no 5xx, no session lost
 #   make test-gpu   the CUDA forward against the fixtures and the CPU (skips without a GPU)
-#   make bench      the GPU benchmark of issue 4 (../shared/bench); skips without a GPU
+#   make bench      the GPU benchmarks of issues 4 and 18 (../shared/bench), the
+#                   forward alone and through the server; skips without a GPU
 #
 # Missing system packages are installed by deploy/deps.sh (apt-get as root,
 # otherwise it prints the command to run).
@@ -129,8 +130,18 @@ $(BUILD)/tests/test_infer: tests/randmodel.h
 test-gpu: deps $(BUILD)/tests/test_gpu
 	SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/test_gpu
 
-bench: deps $(BUILD)/tests/bench_gpu
+# Then the same models through the server (tests/bench_server.py: 1, 16 and
+# 64 concurrent /v1/score requests of 100 kB texts), written by
+# `bench_gpu write-models` into a temporary folder, served in
+# SPANSERVE_SERVE_ARGS (default bf16 on the GPU).
+bench: deps $(BUILD)/tests/bench_gpu $(BIN)
 	SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/bench_gpu
+	@if [ -z "$(CU_OBJ)" ] || ! nvidia-smi -L >/dev/null 2>&1; then echo "SKIP bench_server.py: no GPU"; else \
+	    d=$$(mktemp -d) && SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/bench_gpu write-models $$d && \
+	    SPANSERVE_BIN=$(BIN) SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} \
+	    SPANSERVE_SERVE_ARGS="$${SPANSERVE_SERVE_ARGS:---device cuda --precision bf16}" \
+	    python3 tests/bench_server.py --memory exact,span $$d/aspan-enwik8.safetensors $$d/par-base.safetensors; \
+	    rc=$$?; rm -rf $$d; exit $$rc; fi
 
 # Sanitized build in its own tree; OpenBLAS's own threads are kept to one so
 # the sanitizers see all of the work.

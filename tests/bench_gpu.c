@@ -14,11 +14,43 @@
  * decode tokens/s with 1 and 64 sessions (one token a step, memory carried,
  * CUDA graphs; 1 session also without graphs and with the logprobs copied
  * to the host),
- * scoring tokens/s with 1 and 16 streams in blocks of 512, memory bytes per
- * session, and the card. Times are CUDA events on the model's stream around
- * whole gpu_forward calls (each ends in a synchronisation, so host overhead
- * counts), after warm-up; the median of 5 runs.
- * SPANSERVE_SHARED names the folder of bench/span-profile.json.
+ * scoring tokens/s with 1 and 16 streams in blocks of 512 (16 also with the
+ * per-query kernels, and in bf16 with the tiled attention on CUDA cores
+ * instead of tensor cores: gpu_tensor_cores), aspan-enwik8 also with 1
+ * stream in blocks of 4096 (a gpu_model of its own, max_batch 1 x max_block
+ * 4096), memory bytes per session, and the card. Times are CUDA events on
+ * the model's stream around whole gpu_forward calls (each ends in a
+ * synchronisation, so host overhead counts), after warm-up; the median of 5
+ * runs. SPANSERVE_SHARED names the folder of bench/span-profile.json.
+ *
+ * Model FLOP utilisation (MFU) of the scoring figures: model FLOPs a token
+ * x tokens/s / the card's dense bf16 peak (989 TFLOP/s for an H100 SXM or an
+ * H200, by gpu_device_name; env SPANSERVE_PEAK_TFLOPS sets it; another card
+ * gets its TFLOP/s and "peak unknown"), in both precisions. The FLOPs of
+ * one scored token (flops_per_token), 2 per multiply-add, norms,
+ * activations, softmax and the span mask left out:
+ *   every linear layer: the output layer 2 V d_model; adaptive-span q, k, v,
+ *     o 4 x 2 H^2 and the feed-forward 2 x 2 H d_inner a layer; PAR qkv and
+ *     o 4 x 2 d_model (n_head d_head) an attention block, the feed-forward
+ *     2 x 2 d_model d_inner a feed-forward block;
+ *   attention, per query and head of D = d_head dims, over the keys it
+ *     actually scores: adaptive-span 2 D kw (q.k) + 2 D kw (q.pe, the
+ *     position term) + 2 D r (p.v), kw = layers[l].krows[h] (the layer's
+ *     window in exact memory, the head's reach in span memory) and r =
+ *     layers[l].reach[h]; PAR 2 D n each for q.k, q.r and p.v, n = mem_len
+ *     + i + 1 keys for query i of a block of M (mem_len + (M+1)/2 on
+ *     average; the memory is full in the benchmark). PAR's r_net of the
+ *     distances is a table made at load, not counted.
+ * The count is the model's, not the kernels': in exact memory the scores
+ * past a head's reach count (the reference computes them), a tile of keys
+ * a kernel computes and masks does not.
+ *
+ * `bench_gpu write-models DIR` writes the two models (the same random
+ * weights, aspan-enwik8 with the spans of span-profile.json) to
+ * DIR/aspan-enwik8.safetensors and DIR/par-base.safetensors, with a
+ * vocabulary of the characters U+0001..U+0100 instead of randmodel.h's
+ * U+0100.., so that any ASCII or Latin-1 text scores (tests/bench_server.py
+ * serves them), and exits; it needs no GPU.
  *
  *   txl-wt103     a word-level Transformer-XL shaped like the WikiText-103
  *                 base model (16 layers, d_model 512, 8 heads of 64, inner
@@ -38,23 +70,114 @@
 #include "err.h"
 #include "harness.h"
 #include "model.h"
-
-#ifndef SPANSERVE_CUDA
-int main(void)
-{
-    printf("SKIP bench_gpu: no GPU (built without nvcc)\n");
-    return 0;
-}
-#else
-
-#include "../kernels/gpu.h"
 #include "randmodel.h"
+#include "st.h"
 
 #include <jansson.h>
 #include <unistd.h>
 
-#define SESSIONS 64
 #define BLOCK 512
+#define LONG_BLOCK 4096   /* aspan-enwik8 scored by 1 stream in blocks of this many */
+
+/* current_val per head from bench/span-profile.json: (span - R) / S. */
+static float *enwik8_spans(int *L, int *K, char *err)
+{
+    char p[1024];
+    snprintf(p, sizeof p, "%s/bench/span-profile.json", shared_dir());
+    json_error_t je;
+    json_t *j = json_load_file(p, 0, &je), *sp = json_object_get(j, "spans");
+    if (!json_is_array(sp) || json_array_size(sp) == 0) {
+        err_set(err, "%s: %s", p, j ? "no spans" : je.text);
+        json_decref(j);
+        return NULL;
+    }
+    int S = (int)json_integer_value(json_object_get(j, "max_span")), R = (int)json_integer_value(json_object_get(j, "ramp"));
+    *L = (int)json_array_size(sp);
+    *K = (int)json_array_size(json_array_get(sp, 0));
+    float *z = malloc(sizeof(float) * (size_t)*L * *K);
+    for (int l = 0; l < *L; l++)
+        for (int h = 0; h < *K; h++) {
+            double s = json_number_value(json_array_get(json_array_get(sp, (size_t)l), (size_t)h));
+            z[l * *K + h] = (float)((s - R > 0 ? s - R : 0) / S);
+        }
+    json_decref(j);
+    return z;
+}
+
+/* The benchmark's aspan-enwik8 (seed 1) at PATH. */
+static int write_aspan_enwik8(const char *path, char *err)
+{
+    int L = 0, K = 0;
+    float *z = enwik8_spans(&L, &K, err);
+    if (!z) return -1;
+    rm_aspan a = {256, 512, K, 2048, L, 8192, BLOCK, 32, z, 0};
+    int rc = rm_write_aspan(path, &a, 1, err);
+    free(z);
+    return rc;
+}
+
+/* The benchmark's par-base (seed 2) at PATH. */
+static int write_par_base(const char *path, char *err)
+{
+    rm_par q = {256, 512, 8, 64, 2048, 512, BLOCK, 1, "afffafffafffafffffffffff"};
+    return rm_write_par(path, &q, 2, err);
+}
+
+/* SRC's tensors and config at DST, with the vocabulary of the characters
+ * U+0001..U+0100 (256, as the models'): ASCII and Latin-1 texts encode. */
+static int write_with_text_vocab(const char *src, const char *dst, char *err)
+{
+    st_file *f = st_open(src, err);
+    if (!f) return -1;
+    json_t *v = json_array();
+    for (uint32_t cp = 1; cp <= 256; cp++) {
+        char u[2] = {(char)cp, 0};
+        if (cp >= 0x80) u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3F));
+        json_array_append_new(v, json_stringn(u, cp < 0x80 ? 1 : 2));
+    }
+    char *vocab = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    st_writer *w = st_writer_new();
+    const char *config = st_meta(f, "config");
+    int rc = vocab && w && config ? 0 : err_set(err, "%s: out of memory, or no config", src);
+    if (rc == 0) rc = st_writer_meta(w, "config", config) || st_writer_meta(w, "vocab", vocab) ? err_set(err, "out of memory") : 0;
+    for (int i = 0; rc == 0 && i < st_count(f); i++) {
+        const st_tensor *t = st_at(f, i);
+        if (st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data)) rc = err_set(err, "out of memory");
+    }
+    if (rc == 0) rc = st_writer_save(w, dst, err);
+    if (w) st_writer_free(w);
+    free(vocab);
+    st_close(f);
+    return rc;
+}
+
+/* bench_gpu write-models DIR (the header). */
+static int write_models(const char *dir)
+{
+    char err[ERR_LEN], tmp[1024], dst[1024];
+    static const char *const names[2] = {"aspan-enwik8", "par-base"};
+    if (!shared_path("bench/span-profile.json")) {
+        printf("FAIL bench_gpu write-models: no %s/bench/span-profile.json (set SPANSERVE_SHARED)\n", shared_dir());
+        return 1;
+    }
+    for (int k = 0; k < 2; k++) {
+        snprintf(tmp, sizeof tmp, "%s/.%s.random.safetensors", dir, names[k]);
+        snprintf(dst, sizeof dst, "%s/%s.safetensors", dir, names[k]);
+        int rc = k == 0 ? write_aspan_enwik8(tmp, err) : write_par_base(tmp, err);
+        if (rc == 0) rc = write_with_text_vocab(tmp, dst, err);
+        unlink(tmp);
+        if (rc) { printf("FAIL bench_gpu write-models: %s\n", err); return 1; }
+        printf("wrote %s\n", dst);
+    }
+    return 0;
+}
+
+#ifdef SPANSERVE_CUDA
+
+#include "../kernels/gpu.h"
+
+#define SESSIONS 64
 #define RUNS 5
 
 typedef struct {
@@ -62,7 +185,57 @@ typedef struct {
     int prec;
     double dec1, dec1_lp, dec1_ng, dec64, dec64_nt, sc1, sc16, sc16_nt, ms1;
     size_t bytes, ref_bytes, full_bytes;
+    double sc16_cc;     /* bf16: 16x512 with the tiles on CUDA cores (gpu_tensor_cores 0); 0: not measured */
+    double sc_long;     /* 1 x LONG_BLOCK (aspan-enwik8); 0: not measured */
+    double flops, flops_long;   /* model FLOPs a token in blocks of BLOCK, of LONG_BLOCK */
 } row_t;
+
+/* Model FLOPs of one token scored in blocks of M (the header's count). */
+static double flops_per_token(const model_t *m, int M)
+{
+    const double D = m->d_model, I = m->d_inner, dh = m->d_head, A = (double)m->n_head * m->d_head;
+    const int aspan = strcmp(model_family_name(m), "adaptive-span") == 0;
+    double f = 2.0 * m->V * D;   /* the output layer */
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_t *y = &m->layers[l];
+        if (aspan) {
+            /* q, k, v, o and the feed-forward; per head q.k and q.pe over kw keys, p.v over the reach
+             * (and the persistent vectors' scores and values where there are any) */
+            f += 8 * D * D + (m->pers ? 0 : 4 * D * I);
+            for (int h = 0; h < m->n_head; h++) f += 2 * dh * (2.0 * y->krows[h] + y->reach[h] + 2.0 * m->pers);
+        } else if (y->kind == BLK_ATTN) {
+            /* qkv and o; q.k, q.r, p.v over mem_len + i + 1 keys for query i */
+            f += 8 * D * A + 3 * 2 * A * (m->mem_len + (M + 1) / 2.0);
+        } else if (y->kind == BLK_FFN) {
+            f += 4 * D * I;
+        }
+    }
+    return f;
+}
+
+/* The card's dense bf16 peak in TFLOP/s (the header): SPANSERVE_PEAK_TFLOPS,
+ * else 989 for an H100 SXM ("H100 80GB HBM3"; not PCIe, not NVL) or an
+ * H200, else 0: unknown. */
+static double peak_tflops(const char *card)
+{
+    const char *e = getenv("SPANSERVE_PEAK_TFLOPS");
+    if (e && atof(e) > 0) return atof(e);
+    if (strstr(card, "H200") || (strstr(card, "H100") && !strstr(card, "PCIe") && !strstr(card, "NVL"))) return 989;
+    return 0;
+}
+
+/* "T TFLOP/s, MFU x.x% of P TFLOP/s" of TOKS tokens/s at FLOPS a token
+ * (LONG: the line's form; else the table's "T (x.x%)"). */
+static const char *mfu_text(char *buf, size_t cap, double toks, double flops, double peak, int lng)
+{
+    const double tf = toks * flops * 1e-12;
+    if (toks <= 0) snprintf(buf, cap, "-");
+    else if (!lng && peak > 0) snprintf(buf, cap, "%.1f (%.1f%%)", tf, 100 * tf / peak);
+    else if (!lng) snprintf(buf, cap, "%.1f (peak unknown)", tf);
+    else if (peak > 0) snprintf(buf, cap, "%.1f TFLOP/s, MFU %.1f%% of %.0f TFLOP/s", tf, 100 * tf / peak, peak);
+    else snprintf(buf, cap, "%.1f TFLOP/s, peak unknown", tf);
+    return buf;
+}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -219,7 +392,29 @@ static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const
     printf("\n");
 }
 
-static int bench_model(const model_t *m, const char *name, const char *mode, int prec, row_t *row)
+/* Tokens/s of 1 stream scored in blocks of LONG_BLOCK, on a gpu_model of
+ * its own (max_batch 1: its step buffers are an eighth of the 64 x 512
+ * model's). */
+static double rate_long(const model_t *m, int prec, rm_rng *rng, size_t *step_bytes)
+{
+    char err[ERR_LEN];
+    gpu_model *g = gpu_model_new(m, 1, LONG_BLOCK, prec, err);
+    gpu_timer *t = g ? gpu_timer_new(g, err) : NULL;
+    gpu_mem *mem = t ? gpu_mem_new(g, err) : NULL;
+    double r = 0;
+    if (!mem) printf("FAIL score 1x%d: %s\n", LONG_BLOCK, err);
+    else {
+        r = rate(g, t, &mem, 1, LONG_BLOCK, 3, 2, NULL, NULL, rng, NULL);
+        *step_bytes = gpu_model_step_bytes(g);
+    }
+    if (mem) gpu_mem_free(mem);
+    if (t) gpu_timer_free(t);
+    if (g) gpu_model_free(g);
+    return r;
+}
+
+static int bench_model(const model_t *m, const char *name, const char *mode, int prec, int long_block, double peak,
+                       row_t *row)
 {
     char err[ERR_LEN];
     gpu_model *g = gpu_model_new(m, SESSIONS, BLOCK, prec, err);
@@ -243,6 +438,12 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
     row->sc1 = rate(g, t, mems, 1, BLOCK, 10, 2, NULL, NULL, &rng, NULL);
     row->sc16 = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, NULL, &rng, NULL);
+    row->sc16_cc = 0;
+    if (prec == GPU_BF16) {   /* (fp32 keeps its exact kernels either way) */
+        gpu_tensor_cores(g, 0);
+        row->sc16_cc = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, NULL, &rng, NULL);
+        gpu_tensor_cores(g, 1);
+    }
     gpu_tiles(g, 0);
     row->sc16_nt = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, NULL, &rng, NULL);
     row->dec64_nt = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
@@ -250,6 +451,8 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     row->bytes = gpu_mem_bytes(g);
     row->ref_bytes = mem_bytes_reference(m);
     row->full_bytes = mem_bytes_full(m);
+    row->flops = flops_per_token(m, BLOCK);
+    row->flops_long = flops_per_token(m, LONG_BLOCK);
     long launches = 0;
     int captured = 0;
     const char *why = "";
@@ -260,6 +463,12 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
            name, mode, gpu_precision_name(prec), row->dec1, row->ms1, row->dec1_ng, row->dec1_lp, row->dec64, row->sc1,
            row->sc16, row->bytes, row->ref_bytes, gpu_model_weight_bytes(g) / 1e6, gpu_model_step_bytes(g) / 1e6,
            captured, launches, why[0] ? ", off: " : "", why);
+    char a[128], b[128];
+    printf("  model FLOPs a scored token %.1f M (blocks of %d); scoring 1x%d: %s; 16x%d: %s", row->flops / 1e6, BLOCK,
+           BLOCK, mfu_text(a, sizeof a, row->sc1, row->flops, peak, 1), BLOCK,
+           mfu_text(b, sizeof b, row->sc16, row->flops, peak, 1));
+    if (row->sc16_cc > 0) printf("; 16x%d with the tiles on CUDA cores: %.0f tok/s", BLOCK, row->sc16_cc);
+    printf("\n");
     /* (the profile launches one by one: its events sit between the launches) */
     profile(g, mems, 1, 1, 20, "decode 1");
     profile(g, mems, SESSIONS, 1, 5, "decode 64");
@@ -269,35 +478,18 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     for (int s = 0; s < SESSIONS; s++) gpu_mem_free(mems[s]);
     gpu_timer_free(t);
     gpu_model_free(g);
+    row->sc_long = 0;
+    if (long_block) {   /* after the 64 x 512 model is freed */
+        size_t sb = 0;
+        row->sc_long = rate_long(m, prec, &rng, &sb);
+        printf("  score 1x%d: %.0f tok/s, %s (a model of 1 x %d tokens: step buffers %.1f MB)\n", LONG_BLOCK,
+               row->sc_long, mfu_text(a, sizeof a, row->sc_long, row->flops_long, peak, 1), LONG_BLOCK, sb / 1e6);
+        fflush(stdout);
+    }
     return 0;
 }
 
-/* current_val per head from bench/span-profile.json: (span - R) / S. */
-static float *enwik8_spans(int *L, int *K, char *err)
-{
-    char p[1024];
-    snprintf(p, sizeof p, "%s/bench/span-profile.json", shared_dir());
-    json_error_t je;
-    json_t *j = json_load_file(p, 0, &je), *sp = json_object_get(j, "spans");
-    if (!json_is_array(sp) || json_array_size(sp) == 0) {
-        err_set(err, "%s: %s", p, j ? "no spans" : je.text);
-        json_decref(j);
-        return NULL;
-    }
-    int S = (int)json_integer_value(json_object_get(j, "max_span")), R = (int)json_integer_value(json_object_get(j, "ramp"));
-    *L = (int)json_array_size(sp);
-    *K = (int)json_array_size(json_array_get(sp, 0));
-    float *z = malloc(sizeof(float) * (size_t)*L * *K);
-    for (int l = 0; l < *L; l++)
-        for (int h = 0; h < *K; h++) {
-            double s = json_number_value(json_array_get(json_array_get(sp, (size_t)l), (size_t)h));
-            z[l * *K + h] = (float)((s - R > 0 ? s - R : 0) / S);
-        }
-    json_decref(j);
-    return z;
-}
-
-int main(int argc, char **argv)
+static int bench_main(int argc, char **argv)
 {
     char err[ERR_LEN], card[256];
     const int only_txl = argc > 1 && strcmp(argv[1], "txl") == 0;   /* bench_gpu txl: the word-level model alone */
@@ -306,6 +498,7 @@ int main(int argc, char **argv)
         return 0;
     }
     gpu_device_name(card, sizeof card, err);
+    const double peak = peak_tflops(card);
     const char *ped = getenv("SPANSERVE_GPU_PEDANTIC");
     const char *math = ped && strcmp(ped, "1") == 0 ? "cuBLAS pedantic math" : "cuBLAS default math, no TF32";
     printf("bench_gpu on %s (float32: %s; bf16: cuBLAS bf16 x bf16 -> fp32)\n", card, math);
@@ -333,42 +526,62 @@ int main(int argc, char **argv)
         printf("SKIP bench_gpu: no %s/bench/span-profile.json (the reference's spans; set SPANSERVE_SHARED)\n", shared_dir());
         return 0;
     }
-    int L = 0, K = 0;
-    float *z = enwik8_spans(&L, &K, err);
-    if (!z) { printf("FAIL: %s\n", err); return 1; }
     const char *pa = "/tmp/spanserve-bench-aspan-enwik8.safetensors", *pp = "/tmp/spanserve-bench-par-base.safetensors";
-    rm_aspan a = {256, 512, K, 2048, L, 8192, BLOCK, 32, z, 0};
-    if (rm_write_aspan(pa, &a, 1, err)) { printf("FAIL: %s\n", err); return 1; }
-    free(z);
+    if (write_aspan_enwik8(pa, err)) { printf("FAIL: %s\n", err); return 1; }
     for (int mode = 0; mode < 2; mode++) {
         model_t *m = model_load_mode(pa, mode ? MEM_SPAN : MEM_EXACT, err);
         if (!m) { printf("FAIL: %s\n", err); return 1; }
         for (int prec = GPU_FP32; prec <= GPU_BF16; prec++)
-            if (bench_model(m, "aspan-enwik8", mode ? "span" : "exact", prec, &rows[nrows]) == 0) nrows++;
+            if (bench_model(m, "aspan-enwik8", mode ? "span" : "exact", prec, 1, peak, &rows[nrows]) == 0) nrows++;
         model_free(m);
     }
     unlink(pa);
 
-    rm_par q = {256, 512, 8, 64, 2048, 512, BLOCK, 1, "afffafffafffafffffffffff"};
-    if (rm_write_par(pp, &q, 2, err)) { printf("FAIL: %s\n", err); return 1; }
+    if (write_par_base(pp, err)) { printf("FAIL: %s\n", err); return 1; }
     model_t *m = model_load(pp, err);
     if (!m) { printf("FAIL: %s\n", err); return 1; }
     for (int prec = GPU_FP32; prec <= GPU_BF16; prec++)
-        if (bench_model(m, "par-base", "-", prec, &rows[nrows]) == 0) nrows++;
+        if (bench_model(m, "par-base", "-", prec, 0, peak, &rows[nrows]) == 0) nrows++;
     model_free(m);
     unlink(pp);
 
-    printf("\ncard: %s; float32: %s; tokens/s (median of %d runs, CUDA events, after warm-up)\n", card, math, RUNS);
+    printf("\ncard: %s; float32: %s; tokens/s (median of %d runs, CUDA events, after warm-up); TFLOP/s (MFU) of the "
+           "model FLOPs of bench_gpu.c's header, MFU of ", card, math, RUNS);
+    const char *pe = getenv("SPANSERVE_PEAK_TFLOPS");
+    if (peak > 0) printf("the dense bf16 peak, %.0f TFLOP/s%s\n", peak, pe && atof(pe) > 0 ? " (SPANSERVE_PEAK_TFLOPS)" : "");
+    else printf("a peak unknown for this card (set SPANSERVE_PEAK_TFLOPS)\n");
     printf("| model | memory | precision | decode 1 | decode 1 (no graph) | decode 1 (+logprobs to host) | decode 64 | "
            "score 1x512 | score 16x512 | score 16x512 (untiled) | decode 64 (per-query kernel) | bytes/session | "
-           "reference bytes | full-span bytes |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+           "reference bytes | full-span bytes | score 16x512 (tiles on CUDA cores) | score 1x4096 | MFLOP/token | "
+           "TFLOP/s (MFU) 1x512 | TFLOP/s (MFU) 16x512 | TFLOP/s (MFU) 1x4096 |\n");
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+           "| --- |\n");
     for (int i = 0; i < nrows; i++) {
         row_t *r = &rows[i];
-        printf("| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %zu | %zu | %zu |\n", r->name,
-               r->mode, gpu_precision_name(r->prec), r->dec1, r->dec1_ng, r->dec1_lp, r->dec64, r->sc1, r->sc16,
-               r->sc16_nt, r->dec64_nt, r->bytes, r->ref_bytes, r->full_bytes);
+        char cc[32] = "-", lb[32] = "-", m1[64], m16[64], ml[64];
+        if (r->sc16_cc > 0) snprintf(cc, sizeof cc, "%.0f", r->sc16_cc);
+        if (r->sc_long > 0) snprintf(lb, sizeof lb, "%.0f", r->sc_long);
+        printf("| %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %zu | %zu | %zu | %s | %s | %.1f | %s "
+               "| %s | %s |\n",
+               r->name, r->mode, gpu_precision_name(r->prec), r->dec1, r->dec1_ng, r->dec1_lp, r->dec64, r->sc1, r->sc16,
+               r->sc16_nt, r->dec64_nt, r->bytes, r->ref_bytes, r->full_bytes, cc, lb, r->flops / 1e6,
+               mfu_text(m1, sizeof m1, r->sc1, r->flops, peak, 0), mfu_text(m16, sizeof m16, r->sc16, r->flops, peak, 0),
+               mfu_text(ml, sizeof ml, r->sc_long, r->flops_long, peak, 0));
     }
     return nrows == 6 ? 0 : 1;
 }
 #endif
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "write-models") == 0) {
+        if (argc != 3) { printf("usage: bench_gpu write-models DIR\n"); return 2; }
+        return write_models(argv[2]);
+    }
+#ifdef SPANSERVE_CUDA
+    return bench_main(argc, argv);
+#else
+    printf("SKIP bench_gpu: no GPU (built without nvcc)\n");
+    return 0;
+#endif
+}
