@@ -65,7 +65,7 @@ CMD []
 
 # ---------------------------------------------------------------- CUDA build
 # nvcc is on the PATH of the devel image, so `make` also builds kernels/*.cu
-# (the CUDA core, for sm_90: H100 and H200) and links cudart and cuBLAS.
+# (the CUDA core, for sm_90: H100 and H200) and links cudart, cuBLAS and cublasLt.
 FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS build-cuda
 ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008

@@ -60,7 +60,7 @@ NVCC_WARN := -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
 ifneq ($(and $(NVCC),$(CU_SRC)),)
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS   += -DSPANSERVE_CUDA
-LDLIBS   += -L$(dir $(NVCC))../lib64 -lcudart -lcublas -lstdc++
+LDLIBS   += -L$(dir $(NVCC))../lib64 -lcudart -lcublas -lcublasLt -lstdc++
 endif
 
 .PHONY: all deps test asan fuzz soak run load clean test-gpu bench

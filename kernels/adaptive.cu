@@ -74,9 +74,10 @@ int gpu_ada_embed(gpu_model *g, float *x, bf16 *xb, const int32_t *tok, int n, c
 
 #define ADA_CHUNK 4096
 
-/* Chunk c of row r of Y (rows LD apart, LEN wide): + bias, in place; its
+/* Chunk c of row r of Y (rows LD apart, LEN wide): + bias (in place unless
+ * KEEP: a step of targets reads only its targets, adding their bias); its
  * max and sum of exp into part[(r * C + c) * 2]. */
-__global__ static void ada_part_kernel(float *y, int ld, int len, const float *bias, double *part, int C)
+__global__ static void ada_part_kernel(float *y, int ld, int len, const float *bias, double *part, int C, bool keep)
 {
     __shared__ float fs[32];
     __shared__ double ds[32];
@@ -85,12 +86,12 @@ __global__ static void ada_part_kernel(float *y, int ld, int len, const float *b
     float mx = -INFINITY;
     for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
         const float v = row[j] + bias[j];
-        row[j] = v;
+        if (!keep) row[j] = v;
         mx = fmaxf(mx, v);
     }
     mx = block_max(mx, fs);
     double s = 0;
-    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) s += exp((double)row[j] - mx);
+    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) s += exp((double)(row[j] + (keep ? bias[j] : 0.0f)) - mx);
     s = block_sum(s, ds);
     if (threadIdx.x == 0) {
         part[((size_t)r * C + c) * 2] = mx;
@@ -129,7 +130,7 @@ static int ada_lsm(gpu_model *g, float *dst, int ldd, float *src, int lds, int l
 {
     const int C = (len + ADA_CHUNK - 1) / ADA_CHUNK;
     dim3 grid((unsigned)n, (unsigned)C);
-    ada_part_kernel<<<grid, 256, 0, g->stream>>>(src, lds, len, bias, g->ada->part, C);
+    ada_part_kernel<<<grid, 256, 0, g->stream>>>(src, lds, len, bias, g->ada->part, C, false);
     ada_write_kernel<<<grid, 256, 0, g->stream>>>(dst, ldd, src, lds, len, g->ada->part, C, head, ldh, col);
     LAUNCH_TRY(err, "ada_lsm");
     return 0;
@@ -158,6 +159,63 @@ __global__ static void ada_target_kernel(float *tl, const int32_t *tgt, const fl
     tl[r] = head[(size_t)r * ldh + col] + (float)((double)tail[(size_t)r * ldt + (t - lo)] - lse);
 }
 
+/* The same for a tail cluster's gathered rows: row i of TAIL is step row
+ * rows[i] (i < *nrows), its logits without their bias (BIAS, added here). */
+__global__ static void ada_target_rows_kernel(float *tl, const int32_t *tgt, const int *rows, const int *nrows,
+                                              const float *head, int ldh, const float *tail, int ldt, const float *bias,
+                                              const double *part, int C, int lo, int col)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= *nrows) return;
+    const int r = rows[i], t = tgt[r] - lo;
+    const double *p = part + (size_t)i * C * 2;
+    double mx = -INFINITY, s = 0;
+    for (int k = 0; k < C; k++) mx = fmax(mx, p[2 * k]);
+    for (int k = 0; k < C; k++) s += p[2 * k + 1] * exp(p[2 * k] - mx);
+    const double lse = mx + log(s);
+    tl[r] = head[(size_t)r * ldh + col] + (float)((double)(tail[(size_t)i * ldt + t] + bias[t]) - lse);
+}
+
+typedef struct {
+    int n, cut[ADA_MAX_CLUSTERS + 1];
+} ada_cuts;
+
+/* Each tail cluster's rows, those whose target lies in it, in order: cluster
+ * k (a block each, k = blockIdx.x + 1) into rows[(k - 1) n ..], its count
+ * into cnt[k - 1]. */
+__global__ static void ada_rows_kernel(int *rows, int *cnt, const int32_t *tgt, int n, ada_cuts c)
+{
+    __shared__ int wsum[32];
+    const int k = blockIdx.x + 1, lo = c.cut[k], hi = c.cut[k + 1], lane = threadIdx.x & 31, w = threadIdx.x >> 5,
+              nw = blockDim.x >> 5;
+    int *out = rows + (size_t)(k - 1) * n, total = 0;
+    for (int base = 0; base < n; base += blockDim.x) {
+        const int r = base + threadIdx.x;
+        const bool f = r < n && tgt[r] >= lo && tgt[r] < hi;
+        const unsigned b = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) wsum[w] = __popc(b);
+        __syncthreads();
+        int off = total, chunk = 0;
+        for (int i = 0; i < nw; i++) {
+            if (i < w) off += wsum[i];
+            chunk += wsum[i];
+        }
+        if (f) out[off + __popc(b & ((1u << lane) - 1))] = r;
+        total += chunk;
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) cnt[k - 1] = total;
+}
+
+/* dst[i] = src[rows[i]], rows of D elements, i < nrows */
+template <typename T> __global__ static void ada_gather_kernel(T *dst, const T *src, const int *rows, int nrows, int d)
+{
+    const size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (size_t)nrows * d) return;
+    const int i = (int)(e / d), c = (int)(e % d);
+    dst[e] = src[(size_t)rows[i] * d + c];
+}
+
 /* logits[r][j] = head[r][j], j < c1 */
 __global__ static void ada_head_kernel(float *logits, const float *head, int V, int ldh, int c1)
 {
@@ -171,7 +229,25 @@ int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const 
     const gpu_ada *a = g->ada;
     const int D = g->m->d_model, V = g->m->V, H = a->H, c1 = a->cut[1];
     const bool bf = g->prec == GPU_BF16;
+    /* a step of targets only (never inside a graph's capture: it waits for
+     * the counts): each tail cluster computes the rows whose target lies in
+     * it, gathered, instead of all n (on text most targets are in the head;
+     * on any, a row needs one tail) */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    CU_TRY(cudaStreamIsCapturing(g->stream, &cap), err, "cudaStreamIsCapturing");
+    const bool gather = tgt && a->n > 1 && cap == cudaStreamCaptureStatusNone;
+    if (gather) {
+        ada_cuts c;
+        c.n = a->n;
+        for (int k = 0; k <= a->n; k++) c.cut[k] = a->cut[k];
+        ada_rows_kernel<<<a->n - 1, 1024, 0, g->stream>>>(a->rows, a->cnt, tgt, n, c);
+        LAUNCH_TRY(err, "ada_rows");
+        CU_TRY(cudaMemcpyAsync(a->h_cnt, a->cnt, (size_t)(a->n - 1) * sizeof(int), cudaMemcpyDeviceToHost, g->stream), err,
+               "copying the clusters' row counts");
+        CU_TRY(cudaStreamSynchronize(g->stream), err, "the clusters' row counts");
+    }
     for (int k = 0; k < a->n; k++) {
+        if (gather && k > 0 && a->h_cnt[k - 1] == 0) continue;   /* no row's target in this cluster */
         /* h Q_k: into hp (hpb), or h itself where the cluster has no projection */
         const float *p = x;
         const bf16 *pb = xb;
@@ -203,12 +279,31 @@ int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const 
             continue;
         }
         const int lo = a->cut[k], Vk = a->cut[k + 1] - lo;
+        if (gather) {   /* the cluster's rows only: gathered, their logits, partials and targets */
+            const int nk = a->h_cnt[k - 1], dk = a->dim[k], C = (Vk + ADA_CHUNK - 1) / ADA_CHUNK;
+            const int *rows = a->rows + (size_t)(k - 1) * n;
+            const unsigned gb = (unsigned)(((size_t)nk * dk + 255) / 256);
+            if (bf) ada_gather_kernel<bf16><<<gb, 256, 0, g->stream>>>(a->hgb, pb, rows, nk, dk);
+            else ada_gather_kernel<float><<<gb, 256, 0, g->stream>>>(a->hg, p, rows, nk, dk);
+            LAUNCH_TRY(err, "ada_gather");
+            if (bf ? gpu_linear_bf16_ld(g, a->tail, a->ldt, a->hgb, a->out_w_h[k], nk, dk, Vk, err)
+                   : gpu_linear_ld(g, a->tail, a->ldt, a->hg, a->out_w[k], nk, dk, Vk, err))
+                return -1;
+            ada_part_kernel<<<dim3((unsigned)nk, (unsigned)C), 256, 0, g->stream>>>(a->tail, a->ldt, Vk, a->out_b[k], a->part,
+                                                                                    C, true);
+            ada_target_rows_kernel<<<(nk + 127) / 128, 128, 0, g->stream>>>(tl, tgt, rows, a->cnt + (k - 1), a->head, a->ldh,
+                                                                             a->tail, a->ldt, a->out_b[k], a->part, C, lo,
+                                                                             H - k);
+            LAUNCH_TRY(err, "ada_target");
+            continue;
+        }
         if (bf ? gpu_linear_bf16_ld(g, a->tail, a->ldt, pb, a->out_w_h[k], n, a->dim[k], Vk, err)
                : gpu_linear_ld(g, a->tail, a->ldt, p, a->out_w[k], n, a->dim[k], Vk, err))
             return -1;
         if (tgt) {   /* the tail's partials, and each of its rows' target */
             const int C = (Vk + ADA_CHUNK - 1) / ADA_CHUNK;
-            ada_part_kernel<<<dim3((unsigned)n, (unsigned)C), 256, 0, g->stream>>>(a->tail, a->ldt, Vk, a->out_b[k], a->part, C);
+            ada_part_kernel<<<dim3((unsigned)n, (unsigned)C), 256, 0, g->stream>>>(a->tail, a->ldt, Vk, a->out_b[k], a->part, C,
+                                                                                   false);
             ada_target_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, tgt, a->head, a->ldh, a->tail, a->ldt, a->part, C,
                                                                        lo, lo + Vk, H - k, n);
             LAUNCH_TRY(err, "ada_target");

@@ -90,6 +90,8 @@ size_t gpu_aspan_pers_smem(const gpu_model *g)
 
 int gpu_aspan_pers_attn(gpu_model *g, int l, int B, int M, char *err)
 {
+    const int tc = gpu_aspan_mma(g, l, B, M, err);   /* bf16 blocks of queries: on tensor cores (attn_mma.cu) */
+    if (tc) return tc < 0 ? -1 : 0;
     const model_t *m = g->m;
     const int K = m->n_head, D = m->d_head;
     const size_t smem = gpu_aspan_pers_smem(g);

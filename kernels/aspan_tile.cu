@@ -169,9 +169,11 @@ __global__ static void __launch_bounds__(ASPAN_TQ)
 
 /* The splits of (query n, head h) met: with M the largest partial max and
  * e_s = exp(m_s - M), Z = sum z_s e_s, W = sum w_s e_s, O = sum o_s e_s,
- * and out = (O / Z) / (W / Z + 1e-8). */
+ * and out = (O / Z) / (W / Z + 1e-8), zeros for a head of reach 0 (REACH
+ * given); without RENORM (relative attention, no mask: attn_mma.cu's
+ * splits) out = O / Z. */
 __global__ static void aspan_tile_combine_kernel(float *att, bf16 *attb, const float *part, int D, int nsplit,
-                                                 const int *reach)
+                                                 const int *reach, int renorm)
 {
     const int n = blockIdx.x, h = blockIdx.y, K = gridDim.y;
     const size_t oo = (size_t)n * K * D + (size_t)h * D;
@@ -186,14 +188,14 @@ __global__ static void aspan_tile_combine_kernel(float *att, bf16 *attb, const f
         Z += p[1] * e;
         W += p[2] * e;
     }
-    const float wz = W / Z + 1e-8f;
+    const float wz = renorm ? W / Z + 1e-8f : 1.0f;
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
         float o = 0.0f;
         for (int s = 0; s < nsplit; s++) {
             const float *p = rec + (size_t)s * (D + 3);
             if (p[0] != -INFINITY) o += p[3 + c] * expf(p[0] - M);
         }
-        const float v = reach[h] == 0 ? 0.0f : o / Z / wz;
+        const float v = reach && reach[h] == 0 ? 0.0f : o / Z / wz;
         if (attb) stf(attb + oo + c, v);
         else att[oo + c] = v;
     }
@@ -219,16 +221,16 @@ static int launch(gpu_model *g, int l, int B, int M, int nsplit, int chunk, floa
         g->mask_off + (size_t)l * K, g->derived, g->d_off + (size_t)l * K, ring, stage_pos(g, g->d_stage), nsplit, chunk,
         part);
     LAUNCH_TRY(err, "aspan_tile");
-    if (part && gpu_aspan_tile_combine(g, l, B, M, nsplit, err)) return -1;
+    if (part && gpu_aspan_tile_combine(g, g->reach + (size_t)l * K, 1, B, M, nsplit, err)) return -1;
     return 1;
 }
 
-int gpu_aspan_tile_combine(gpu_model *g, int l, int B, int M, int nsplit, char *err)
+int gpu_aspan_tile_combine(gpu_model *g, const int *reach, int renorm, int B, int M, int nsplit, char *err)
 {
     const int K = g->m->n_head;
     const bool bf = g->prec == GPU_BF16;
     aspan_tile_combine_kernel<<<dim3((unsigned)(B * M), (unsigned)K), 64, 0, g->stream>>>(
-        bf ? NULL : g->att, bf ? g->attb : NULL, g->tpart, g->m->d_head, nsplit, g->reach + (size_t)l * K);
+        bf ? NULL : g->att, bf ? g->attb : NULL, g->tpart, g->m->d_head, nsplit, reach, renorm);
     LAUNCH_TRY(err, "aspan_tile: combine");
     return 0;
 }

@@ -1,21 +1,27 @@
 /*
- * attn_mma.cu - the tiled attention of blocks of queries on tensor cores
- * (GPU_BF16, heads of 32 or 64 dims): adaptive-span attention (the same
- * result as aspan_tile.cu's, both memory modes) and PAR / Transformer-XL
- * relative attention (rel_tile.cu's), with the products q.k, q.position
- * and p.v as mma.sync.m16n8k16 (bf16 inputs, fp32 sums) and a
- * FlashAttention-style online softmax over tiles of keys in fp32.
+ * attn_mma.cu - the attention of blocks of queries on tensor cores
+ * (GPU_BF16, heads of 32 or 64 dims), three kinds (MODE):
+ *   MMA_ASPAN  adaptive-span attention (aspan_tile.cu's result, both memory
+ *              modes), with persistent memory too (aspan_pers.cu's);
+ *   MMA_REL    PAR / Transformer-XL / par-tf relative attention
+ *              (rel_tile.cu's, same_length, clamp_len, par-tf's table);
+ *   MMA_GPT    the window models' causal attention (gpt_attn.cu's),
+ * with the products q.k, q.position and p.v as mma.sync.m16n8k16 (bf16
+ * inputs, fp32 sums) and a FlashAttention-style online softmax over tiles
+ * of keys in fp32.
  *
- * A thread block takes MMA_BQ = 64 consecutive queries of one stream and
- * one head, 16 a warp (the rows of the mma's A operand); it walks their
- * key positions in tiles of MMA_BK = 64. For each tile it copies into
- * shared memory (16-byte loads)
- *   - the 64 key and value rows (the block's own, or the memory's rows),
+ * A thread block takes MMA_BQ = 64 consecutive queries of one stream (or
+ * window) and one head, 16 a warp (the rows of the mma's A operand); it
+ * walks their keys in tiles of MMA_BK = 64. For each tile it copies into
+ * shared memory (cp.async, 16 bytes a copy, all in flight at once)
+ *   - the 64 key and value rows (the step's own rows, the memory's, or a
+ *     window's cache),
  *   - the position rows of the 127 distances d = t - s that the tile and
  *     the block's queries can form (adaptive-span: key_pe's column S - d,
  *     kept transposed and in bf16 by gpu_mma_upload; relative attention:
  *     the r row of distance d, fam_rel.cu's table in bf16), and
- *     adaptive-span's soft mask at those distances.
+ *     adaptive-span's soft mask at those distances (a window model's mask
+ *     is by key: its distance from the window's last row).
  * Each warp then forms
  *   S = q K^T         (16 x 64: the tile's keys)
  *   P = q band^T      (16 x 80: its 16 queries' distances to the tile)
@@ -23,23 +29,28 @@
  * memory so that each score can take its own distance's term:
  *   adaptive-span  score(i, j) = (S[i][j] + P[i][d]) / sqrt(D)
  *   relative       score(i, j) = (S[i][j] + u . k_j + P[i][d] + v . r_d) x scale
+ *   window models  score(i, j) = S[i][j] / sqrt(D)   (no position term)
  * (Transformer-XL's (q + u) . k + (q + v) . r_d with the biases u =
  * r_w_bias and v = r_r_bias kept out of the bf16 operands: u . k_j is
  * summed in float for each key of the tile, v . r_d comes from a float
  * table made at load, and r_d is two bf16 rows, hi + lo, two products:
  * a trained model's r rows are large enough that one bf16 rounding of
- * them moved a logprob by 0.2 on the fixture).
+ * them moved a logprob by 0.2 on the fixture). Persistent vectors are a
+ * first tile of keys (the layer's N, in bf16) with no position term and
+ * weight 1.
  * Scores outside a query's window are -inf. The running softmax per query
  * row keeps m (the largest score so far), Z = sum exp(s - m), and, with
- * a = exp(s - m) x mask(d) (mask 1 for relative attention), W = sum a and
- * O = sum a v (the A operand of p.v is a in bf16, straight from the score
- * fragments' registers). At the end out = (O / Z) / (W / Z + 1e-8)
- * (adaptive-span, the reference's a / (sum a + 1e-8) after a softmax over
- * the whole window) or O / Z (relative). A long adaptive-span window is
- * split over several blocks as in aspan_tile.cu, whose combine kernel
- * meets the partial states (m, Z, W, O) left in g->tpart.
+ * a = exp(s - m) x mask (1 for relative attention and persistent vectors),
+ * W = sum a and O = sum a v (the A operand of p.v is a in bf16, straight
+ * from the score fragments' registers). At the end out = (O / Z) /
+ * (W / Z + 1e-8) (adaptive-span and the window models, the references'
+ * a / (sum a + 1e-8) after a softmax over the whole window; without a mask
+ * it is O / Z) or O / Z (relative). A long window, or too few blocks to
+ * fill the device (one stream, a few heads), is split over several blocks
+ * (mma_split), whose partial states (m, Z, W, O) in g->tpart
+ * aspan_tile.cu's combine kernel meets.
  *
- * Rounding, against the CUDA-core tiles of the same precision: adaptive-
+ * Rounding, against the CUDA-core kernels of the same precision: adaptive-
  * span's position rows are bf16 (those kernels read them in float), and so
  * are the weights a of p.v (Z and W are summed from the unrounded a).
  */
@@ -51,6 +62,8 @@
 #define MMA_PW 80                  /* distances of one warp's band (16 + 64 - 1, rounded up to the n-tile) */
 #define MMA_PST 84                 /* floats a row of a warp's position scores takes (fewer bank conflicts) */
 #define MMA_CHUNK 1024             /* key positions a block takes before an adaptive-span window is split */
+
+enum { MMA_ASPAN, MMA_REL, MMA_GPT };   /* the attentions (attn_mma_kernel's MODE) */
 
 /* ---- mma.sync and its fragments ---- */
 
@@ -96,7 +109,9 @@ typedef struct {
     const int *krows, *reach;      /* the layer's heads' */
     const int64_t *mask_off, *off; /* the layer's heads' mask in `derived`, rings in the memory */
     const float *derived;
-    int nsplit, chunk;
+    const bf16 *pk, *pv;           /* persistent memory (all-attention layers): K x N x D keys' and values', bf16 */
+    int pers_n;                    /* N, or 0 */
+    int nsplit, chunk;             /* key positions cut in NSPLIT ranges of CHUNK, a block each */
     float *part;                   /* split: the partial states (NULL: not split) */
     /* relative */
     const float *rwb, *rrb;        /* r_w_bias, r_r_bias of the block: A each */
@@ -105,6 +120,11 @@ typedef struct {
     int rk_rows, tf, ML, nl, layer, same_length;
     int64_t roff_ring;             /* the layer's rings in the memory */
     const int *len;                /* the memory rows each stream's layers hold */
+    /* window models (fam_gpt.cu): the group's windows, a block's z its window */
+    const gpu_gpt_win *win;
+    const float *wmask;            /* K x C soft masks by distance from the window's last row, or NULL */
+    size_t cache_off;              /* the layer's cache in a stream's ring (K rows, then V rows C x A later) */
+    int C;                         /* the window: the cache's rows */
 } mma_args;
 
 /* The block's shared memory; relative attention keeps its r rows as two
@@ -119,23 +139,35 @@ template <int D, bool REL> struct mma_smem {
 };
 
 /* Copies ROWS rows of D bf16 into shared memory (row stride DP) in 16-byte
- * pieces: row j from src(j), or zeros where src(j) is NULL. */
-template <int D, typename F> static __device__ __forceinline__ void copy_rows(bf16 *dst, int rows, F src)
+ * pieces, asynchronously (cp.async: every piece of the tile in flight at
+ * once, no registers on the way): row j from src(j), or zeros where src(j)
+ * is NULL (a copy of 0 bytes from ZERO_SRC, any valid address, fills 16).
+ * mma_copies_wait() waits for all of them (then __syncthreads). */
+template <int D, typename F>
+static __device__ __forceinline__ void copy_rows(bf16 *dst, int rows, const bf16 *zero_src, F src)
 {
     const int per = D / 8;   /* 16-byte pieces a row */
     for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
         const int j = e / per, c = (e % per) * 8;
         const bf16 *s = src(j);
-        const uint4 v = s ? __ldg((const uint4 *)(s + c)) : make_uint4(0, 0, 0, 0);
-        *(uint4 *)(dst + j * (D + 8) + c) = v;
+        const unsigned d = (unsigned)__cvta_generic_to_shared(dst + j * (D + 8) + c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s ? s + c : zero_src),
+                     "r"(s ? 16 : 0));
     }
 }
 
-template <int D, bool REL>
+static __device__ __forceinline__ void mma_copies_wait(void)
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+template <int D, int MODE>
 __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
 {
+    const bool REL = MODE == MMA_REL, GPT = MODE == MMA_GPT;
     extern __shared__ __align__(16) unsigned char smraw[];
-    typedef mma_smem<D, REL> L;
+    typedef mma_smem<D, MODE == MMA_REL> L;
     const int DP = L::DP;
     bf16 *ks = (bf16 *)(smraw + L::k), *vs = (bf16 *)(smraw + L::v), *band = (bf16 *)(smraw + L::band),
          *band_lo = (bf16 *)(smraw + L::band_lo);
@@ -143,35 +175,47 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
     float *pw = (float *)(smraw + L::pw) + warp * 16 * MMA_PST;
 
-    const int nsplit = REL ? 1 : a.nsplit;
-    const int h = blockIdx.y, b = blockIdx.z / nsplit, sp = blockIdx.z % nsplit, K = gridDim.y, A = a.A, M = a.M;
-    const int i0 = blockIdx.x * MMA_BQ, nq = min(MMA_BQ, M - i0), iw = i0 + warp * 16;   /* warp's first query */
-    const size_t stride = (size_t)3 * A;
-    const int64_t p0 = a.pos[b], t0 = p0 + i0;
-    const bf16 *kb = a.qkv + (size_t)b * M * stride + A + (size_t)h * D, *vb = kb + A;
+    /* the block's queries: i0.. of QN (a stream's block of M, or a window's computed rows), row QBASE + i of
+     * the step's buffers, at position P0 + i (a window model: the window's row cached + i) */
+    const int nsplit = a.nsplit;
+    const int h = blockIdx.y, sp = blockIdx.z % nsplit, K = gridDim.y, A = a.A, M = a.M;
+    gpu_gpt_win wn = {};
+    if (GPT) wn = a.win[blockIdx.z];
+    const int b = GPT ? wn.b : blockIdx.z / nsplit, qn = GPT ? wn.n : M;
+    const int i0 = blockIdx.x * MMA_BQ, nq = min(MMA_BQ, qn - i0), iw = i0 + warp * 16;   /* warp's first query */
+    if (nq <= 0) return;   /* (a window with fewer tiles than the group's longest) */
+    const size_t stride = (size_t)3 * A, qbase = GPT ? (size_t)wn.row0 : (size_t)b * M;
+    const int64_t p0 = GPT ? wn.cached : a.pos[b], t0 = p0 + i0;
+    const bf16 *kb = a.qkv + qbase * stride + A + (size_t)h * D, *vb = kb + A;
 
     /* the window: key positions [slo, shi] of the block; per query, the distances it may see */
     int kw = 0, r = 0, mlen = 0, mslot = 0, roff = 0, shift = 0;
     int64_t slo, shi, smin = 0;
     const bf16 *kr, *vr;
-    if (REL) {
+    if (GPT) {   /* window rows 0 .. the block's last query: the cache's below `cached` */
+        slo = 0;
+        shi = t0 + nq - 1;
+        kr = wn.cached ? (const bf16 *)a.ring[b] + a.cache_off + (size_t)h * D : NULL;
+        vr = kr ? kr + (size_t)a.C * A : NULL;
+    } else if (REL) {
         mlen = a.len[(size_t)b * a.nl + a.layer];
         roff = a.tf ? a.rk_rows - (mlen + M) : 0;
         const int mask_len = mlen + M - a.ML;
         shift = mask_len > 0 ? M - mask_len : M;
         smin = p0 - mlen;
-        slo = smin;
-        shi = t0 + nq - 1;
+        slo = smin + (int64_t)sp * a.chunk;
+        shi = min(t0 + nq - 1, slo + a.chunk - 1);
         kr = a.ring[b] + a.roff_ring + (size_t)h * D;
         vr = kr + (size_t)a.ML * A;
         mslot = a.ML > 0 ? (int)((p0 - mlen) % a.ML) : 0;
     } else {
         kw = a.krows[h];
         r = a.reach[h];
-        if (r == 0) {   /* a head whose mask is zero everywhere outputs zeros (the combine writes them when split) */
+        if (r == 0 && a.pers_n == 0) {   /* a head whose mask is zero everywhere outputs zeros (the combine writes
+                                           * them when split); with persistent memory it still attends to it */
             if (!a.part)
                 for (int e = threadIdx.x; e < nq * D; e += blockDim.x)
-                    a.attb[((size_t)b * M + i0 + e / D) * A + (size_t)h * D + e % D] = __float2bfloat16(0.0f);
+                    a.attb[(qbase + i0 + e / D) * A + (size_t)h * D + e % D] = __float2bfloat16(0.0f);
             return;
         }
         kr = a.ring[b] + a.off[h];
@@ -179,7 +223,7 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
         slo = t0 - kw + (int64_t)sp * a.chunk;
         shi = min(t0 + nq - 2, slo + a.chunk - 1);
     }
-    const float *mask = REL ? NULL : a.derived + a.mask_off[h];
+    const float *mask = GPT ? (a.wmask ? a.wmask + (size_t)h * a.C : NULL) : REL ? NULL : a.derived + a.mask_off[h];
 
     /* the queries' A fragments (rows g and g + 8 of the warp, dims 2 c4 + {0, 1, 8, 9} of each 16), the
      * projection's bf16 as they are: relative attention's biases are added in float, by key and by distance */
@@ -189,29 +233,33 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
 #pragma unroll
         for (int x = 0; x < 4; x++) {
             const int row = iw + g + (x & 1) * 8, c = kk * 16 + 2 * c4 + (x >> 1) * 8;
-            qa[kk][x] = row < M ? ld32(a.qkv + ((size_t)b * M + row) * stride + (size_t)h * D + c) : 0u;
+            qa[kk][x] = row < qn ? ld32(a.qkv + (qbase + row) * stride + (size_t)h * D + c) : 0u;
         }
     /* the first key each of this thread's two rows sees (same_length), and the rows' positions */
     const int64_t tr0 = p0 + iw + g, tr1 = tr0 + 8;
-    int64_t first0 = slo, first1 = slo;
+    int64_t first0 = INT64_MIN, first1 = INT64_MIN;   /* (a window by distance alone: adaptive-span, no same_length) */
     if (REL && a.same_length) {
         first0 = smin + (iw + g - shift + 1);
         first1 = first0 + 8;
     }
-    const bool act0 = iw + g < M, act1 = iw + g + 8 < M;
+    const bool act0 = iw + g < qn, act1 = iw + g + 8 < qn;
 
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float mx0 = -INFINITY, mx1 = -INFINITY, z0 = 0.0f, z1 = 0.0f, w0 = 0.0f, w1 = 0.0f;
 
-    for (int64_t s0 = slo; s0 <= shi; s0 += MMA_BK) {
+    /* One tile: the keys from S0 on (PERS: adaptive-span's persistent vectors S0.. of the layer's N, with no
+     * position term and weight 1 in W) */
+    auto tile = [&](int64_t s0, bool pers) {
         const int64_t dmin = t0 - s0 - (MMA_BK - 1);   /* distance of band row 0 */
         __syncthreads();   /* the last tile is read */
-        copy_rows<D>(ks, MMA_BK, [&](int j) -> const bf16 * {
+        copy_rows<D>(ks, MMA_BK, a.qkv, [&](int j) -> const bf16 * {
             const int64_t s = s0 + j;
+            if (pers) return s < a.pers_n ? a.pk + ((size_t)h * a.pers_n + s) * D : NULL;
             if (s > shi) return NULL;
             if (s >= p0) return kb + (size_t)(s - p0) * stride;
+            if (GPT) return kr + (size_t)s * A;
             if (REL) {
                 int sl = mslot + (int)(s - smin);
                 if (sl >= a.ML) sl -= a.ML;
@@ -219,10 +267,12 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             }
             return kr + (size_t)ring_slot(s, kw) * D;
         });
-        copy_rows<D>(vs, MMA_BK, [&](int j) -> const bf16 * {
+        copy_rows<D>(vs, MMA_BK, a.qkv, [&](int j) -> const bf16 * {
             const int64_t s = s0 + j;
+            if (pers) return s < a.pers_n ? a.pv + ((size_t)h * a.pers_n + s) * D : NULL;
             if (s > shi) return NULL;
             if (s >= p0) return vb + (size_t)(s - p0) * stride;
+            if (GPT) return vr + (size_t)s * A;
             if (REL) {
                 int sl = mslot + (int)(s - smin);
                 if (sl >= a.ML) sl -= a.ML;
@@ -230,21 +280,28 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             }
             return s >= p0 - r ? vr + (size_t)ring_slot(s, r) * D : NULL;
         });
-        copy_rows<D>(band, MMA_NB, [&](int x) -> const bf16 * {
-            const int64_t d = dmin + x;
-            if (REL) return d >= 0 && roff + d < a.rk_rows ? a.rk + (size_t)(roff + d) * A + (size_t)h * D : NULL;
-            return d >= 1 && d <= kw ? a.pe + (size_t)d * D : NULL;
-        });
+        if (!pers && !GPT)
+            copy_rows<D>(band, MMA_NB, a.qkv, [&](int x) -> const bf16 * {
+                const int64_t d = dmin + x;
+                if (REL) return d >= 0 && roff + d < a.rk_rows ? a.rk + (size_t)(roff + d) * A + (size_t)h * D : NULL;
+                return d >= 1 && d <= kw ? a.pe + (size_t)d * D : NULL;
+            });
         if (REL)
-            copy_rows<D>(band_lo, MMA_NB, [&](int x) -> const bf16 * {
+            copy_rows<D>(band_lo, MMA_NB, a.qkv, [&](int x) -> const bf16 * {
                 const int64_t d = dmin + x;
                 return d >= 0 && roff + d < a.rk_rows ? a.rk_lo + (size_t)(roff + d) * A + (size_t)h * D : NULL;
             });
-        for (int x = threadIdx.x; x < MMA_NB; x += blockDim.x) {
+        for (int x = threadIdx.x; x < MMA_NB && !pers; x += blockDim.x) {
+            if (GPT) {   /* by key: the mask at the key's distance from the window's last row */
+                const int64_t sk = s0 + x;
+                if (x < MMA_BK) mk[x] = sk > shi ? 0.0f : mask ? __ldg(mask + (wn.cached + wn.n - 1 - sk)) : 1.0f;
+                continue;
+            }
             const int64_t d = dmin + x;
             if (REL) mk[x] = d >= 0 && roff + d < a.rk_rows ? __ldg(a.vr + (size_t)(roff + d) * K + h) : 0.0f;
             else mk[x] = d >= 1 && d <= r ? __ldg(mask + d - 1) : 0.0f;
         }
+        mma_copies_wait();
         __syncthreads();
         if (REL) {   /* u . k of each key of the tile, in float */
             if (threadIdx.x < MMA_BK) {
@@ -261,8 +318,8 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             __syncthreads();
         }
 
-        /* P = q' band^T over the warp's 80 distances (band rows 16 warp ..), into pw */
-        {
+        /* P = q band^T over the warp's 80 distances (band rows 16 warp ..), into pw */
+        if (!pers && !GPT) {
             const bf16 *bw = band + (size_t)warp * 16 * DP, *bl = band_lo + (size_t)warp * 16 * DP;
 #pragma unroll
             for (int n = 0; n < MMA_PW / 8; n++) {
@@ -301,9 +358,11 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             for (int x = 0; x < 4; x++) {
                 const int rr = g + (x >> 1) * 8, j = n * 8 + 2 * c4 + (x & 1);   /* row in the warp, key in the tile */
                 const int64_t sk = s0 + j, t = (x >> 1) ? tr1 : tr0, d = t - sk;
-                const bool ok = ((x >> 1) ? act1 : act0) && sk <= shi && sk >= ((x >> 1) ? first1 : first0) &&
-                                (REL ? d >= 0 : d >= 1 && d <= kw);
-                float v = s[n][x] + pw[rr * MMA_PST + rr - j + MMA_BK - 1];
+                const bool ok = ((x >> 1) ? act1 : act0) &&
+                                (pers ? sk < a.pers_n
+                                      : sk <= shi && sk >= ((x >> 1) ? first1 : first0) &&
+                                            (REL || GPT ? d >= 0 : d >= 1 && d <= kw));
+                float v = s[n][x] + (pers || GPT ? 0.0f : pw[rr * MMA_PST + rr - j + MMA_BK - 1]);
                 if (REL) v += uk[j] + mk[warp * 16 + rr - j + MMA_BK - 1];
                 v = ok ? v * a.scale : -INFINITY;
                 s[n][x] = v;
@@ -316,7 +375,7 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
         tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
         __syncwarp();   /* pw is read before the next tile's writes */
         /* none of the warp's queries sees the tile (warp-wide: mma.sync and ldmatrix need every lane) */
-        if (!__any_sync(0xffffffffu, tm0 != -INFINITY || tm1 != -INFINITY)) continue;
+        if (!__any_sync(0xffffffffu, tm0 != -INFINITY || tm1 != -INFINITY)) return;
         const float n0 = fmaxf(mx0, tm0), n1 = fmaxf(mx1, tm1);
         const float f0 = n0 == -INFINITY ? 1.0f : __expf(mx0 - n0), f1 = n1 == -INFINITY ? 1.0f : __expf(mx1 - n1);
         mx0 = n0;
@@ -334,7 +393,7 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             for (int x = 0; x < 4; x++) {
                 const int rr = g + (x >> 1) * 8, j = n * 8 + 2 * c4 + (x & 1);
                 const float p = s[n][x] == -INFINITY ? 0.0f : __expf(s[n][x] - ((x >> 1) ? mx1 : mx0));
-                const float wt = REL ? p : p * mk[warp * 16 + rr - j + MMA_BK - 1];
+                const float wt = REL || pers ? p : p * mk[GPT ? j : warp * 16 + rr - j + MMA_BK - 1];
                 if (x >> 1) z1 += p, w1 += wt;
                 else z0 += p, w0 += wt;
                 e[x] = wt;
@@ -353,7 +412,10 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
                 mma16816(o[n], pa[kk], vf[0], vf[1]);
                 mma16816(o[n + 1], pa[kk], vf[2], vf[3]);
             }
-    }
+    };
+    if (!REL && sp == 0)   /* (the first range of a split window takes the persistent vectors) */
+        for (int64_t s0 = 0; s0 < a.pers_n; s0 += MMA_BK) tile(s0, true);
+    for (int64_t s0 = slo; s0 <= shi; s0 += MMA_BK) tile(s0, false);
 
     /* the rows' sums over the four lanes that hold them */
 #pragma unroll
@@ -366,10 +428,10 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
 #pragma unroll
     for (int x = 0; x < 2; x++) {
         const int row = iw + g + 8 * x;
-        if (row >= M) continue;
-        const size_t nrow = (size_t)b * M + row;
+        if (row >= qn) continue;
+        const size_t nrow = qbase + row;
         const float z = x ? z1 : z0, w = x ? w1 : w0, m = x ? mx1 : mx0;
-        if (!REL && a.part) {   /* split: the partial state, met by aspan_tile.cu's combine */
+        if (a.part) {   /* split: the partial state, met by aspan_tile.cu's combine */
             float *rec = a.part + ((nrow * K + h) * nsplit + sp) * (D + 3);
             if (c4 == 0) rec[0] = m, rec[1] = z, rec[2] = w;
 #pragma unroll
@@ -387,13 +449,14 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
     }
 }
 
-template <int D, bool REL> static int mma_launch(gpu_model *g, const mma_args &a, int B, int nsplit, char *err)
+/* B x NSPLIT blocks of the M queries' tiles a head (a window model: B windows of up to M rows) */
+template <int D, int MODE> static int mma_launch(gpu_model *g, const mma_args &a, int B, int nsplit, char *err)
 {
-    const size_t smem = mma_smem<D, REL>::bytes;
-    CU_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, REL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+    const size_t smem = mma_smem<D, MODE == MMA_REL>::bytes;
+    CU_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
            "attn_mma: shared memory");
     dim3 grid((unsigned)((a.M + MMA_BQ - 1) / MMA_BQ), (unsigned)(a.A / D), (unsigned)(B * nsplit));
-    attn_mma_kernel<D, REL><<<grid, MMA_BQ * 2, smem, g->stream>>>(a);
+    attn_mma_kernel<D, MODE><<<grid, MMA_BQ * 2, smem, g->stream>>>(a);
     LAUNCH_TRY(err, "attn_mma");
     return 0;
 }
@@ -404,31 +467,44 @@ template <int D, bool REL> static int mma_launch(gpu_model *g, const mma_args &a
 static bool mma_fits(const gpu_model *g, int M, int min_m)
 {
     const int D = g->m->d_head;
-    return g->prec == GPU_BF16 && g->tc_on && g->tile_on && M >= min_m && (D == 32 || D == 64) && g->mma_tab;
+    return g->prec == GPU_BF16 && g->tc_on && g->tile_on && M >= min_m && (D == 32 || D == 64);
+}
+
+/* How a layer's key positions are cut (SPAN of them for a block of
+ * queries): chunks of at most MMA_CHUNK, multiples of the tile, more while
+ * the grid has fewer blocks than the device has SMs (one stream, few
+ * heads: each block's tiles run one after another; past one block an SM
+ * the partial states and their combine cost more than they give: 32
+ * streams of the word-level model, 256 blocks, were 24% slower split in
+ * two), at most ASPAN_TILE_SPLITS, as many as g->tpart holds. */
+static void mma_split(const gpu_model *g, int B, int M, int span, int *nsplit, int *chunk)
+{
+    const int K = g->m->n_head, D = g->m->d_head;
+    const int64_t blocks = (int64_t)((M + MMA_BQ - 1) / MMA_BQ) * K * B;
+    int n = (span + MMA_CHUNK - 1) / MMA_CHUNK;
+    while (n < ASPAN_TILE_SPLITS && blocks * n < g->n_sm && span / (n + 1) >= 2 * MMA_BK) n++;
+    if (n > ASPAN_TILE_SPLITS) n = ASPAN_TILE_SPLITS;
+    while (n > 1 && (size_t)B * M * K * n * (D + 3) > g->tpart_floats) n--;
+    int c = (span + n - 1) / n;
+    c = (c + MMA_BK - 1) / MMA_BK * MMA_BK;
+    *chunk = c;
+    *nsplit = (span + c - 1) / c;
 }
 
 int gpu_aspan_mma(gpu_model *g, int l, int B, int M, char *err)
 {
     const model_t *m = g->m;
     const int D = m->d_head, K = m->n_head;
-    if (!mma_fits(g, M, ASPAN_TILE_MIN_M) || m->pers) return 0;
+    if (!mma_fits(g, M, ASPAN_TILE_MIN_M) || !g->pe_h || (m->pers && !g->L[l].pk_h)) return 0;
     for (int h = 0; h < K; h++)
         if (g->h_off[(size_t)l * K + h] % 8) return 0;
-    /* the layer's widest window: split into chunks (multiples of the tile) of
-     * at most MMA_CHUNK positions, more while the grid is short of two blocks
-     * an SM, as many as g->tpart holds */
+    /* the layer's widest window, cut by mma_split */
     int lw = 0;
     for (int h = 0; h < K; h++)
         if (m->layers[l].krows[h] > lw) lw = m->layers[l].krows[h];
     const int span = lw + (M < MMA_BQ ? M : MMA_BQ) - 1;
-    const int64_t blocks = (int64_t)((M + MMA_BQ - 1) / MMA_BQ) * K * B;
-    int nsplit = (span + MMA_CHUNK - 1) / MMA_CHUNK;
-    while (nsplit < ASPAN_TILE_SPLITS && blocks * nsplit < 2 * g->n_sm && span / (nsplit + 1) >= 2 * MMA_BK) nsplit++;
-    if (nsplit > ASPAN_TILE_SPLITS) nsplit = ASPAN_TILE_SPLITS;
-    while (nsplit > 1 && (size_t)B * M * K * nsplit * (D + 3) > g->tpart_floats) nsplit--;
-    int chunk = (span + nsplit - 1) / nsplit;
-    chunk = (chunk + MMA_BK - 1) / MMA_BK * MMA_BK;
-    nsplit = (span + chunk - 1) / chunk;
+    int nsplit, chunk;
+    mma_split(g, B, M, span, &nsplit, &chunk);
 
     mma_args a = {};
     a.attb = g->attb;
@@ -444,11 +520,16 @@ int gpu_aspan_mma(gpu_model *g, int l, int B, int M, char *err)
     a.mask_off = g->mask_off + (size_t)l * K;
     a.off = g->d_off + (size_t)l * K;
     a.derived = g->derived;
+    a.pk = g->L[l].pk_h;
+    a.pv = g->L[l].pv_h;
+    a.pers_n = m->pers;
     a.nsplit = nsplit;
     a.chunk = chunk;
     a.part = nsplit > 1 ? g->tpart : NULL;
-    if (D == 64 ? mma_launch<64, false>(g, a, B, nsplit, err) : mma_launch<32, false>(g, a, B, nsplit, err)) return -1;
-    if (nsplit > 1 && gpu_aspan_tile_combine(g, l, B, M, nsplit, err)) return -1;
+    if (D == 64 ? mma_launch<64, MMA_ASPAN>(g, a, B, nsplit, err) : mma_launch<32, MMA_ASPAN>(g, a, B, nsplit, err)) return -1;
+    /* (with persistent memory no head outputs zeros: its vectors have no mask) */
+    if (nsplit > 1 && gpu_aspan_tile_combine(g, m->pers ? NULL : g->reach + (size_t)l * K, 1, B, M, nsplit, err))
+        return -1;
     return 1;
 }
 
@@ -479,7 +560,37 @@ int gpu_rel_mma(gpu_model *g, int l, int B, int M, char *err)
     a.same_length = m->same_length;
     a.roff_ring = (int64_t)g->h_off[l];
     a.len = stage_len(g, g->d_stage);
-    if (D == 64 ? mma_launch<64, true>(g, a, B, 1, err) : mma_launch<32, true>(g, a, B, 1, err)) return -1;
+    /* a block's keys: the memory (at most mem_len rows) and the step's rows up to its last query (the
+     * last block's: mem_len + M; an earlier block's later ranges are empty) */
+    int nsplit, chunk;
+    mma_split(g, B, M, m->mem_len + M, &nsplit, &chunk);
+    a.nsplit = nsplit;
+    a.chunk = chunk;
+    a.part = nsplit > 1 ? g->tpart : NULL;
+    if (D == 64 ? mma_launch<64, MMA_REL>(g, a, B, nsplit, err) : mma_launch<32, MMA_REL>(g, a, B, nsplit, err)) return -1;
+    if (nsplit > 1 && gpu_aspan_tile_combine(g, NULL, 0, B, M, nsplit, err)) return -1;
+    return 1;
+}
+
+int gpu_gpt_mma(gpu_model *g, int l, const gpu_gpt_win *w, int nw, int max_n, char *err)
+{
+    const model_t *m = g->m;
+    const int D = m->d_head;
+    if (!mma_fits(g, max_n, GPT_MMA_MIN_ROWS) || nw < 1) return 0;
+    if (m->cache_kv && g->h_off[l] % 8) return 0;
+    mma_args a = {};
+    a.attb = g->attb;
+    a.qkv = g->qkvb;
+    a.ring = (bf16 *const *)stage_ring(g, g->d_stage);
+    a.M = max_n;
+    a.A = m->n_head * D;
+    a.scale = 1.0f / sqrtf((float)D);
+    a.nsplit = 1;
+    a.win = w;
+    a.wmask = g->L[l].wmask;
+    a.cache_off = m->cache_kv ? g->h_off[l] : 0;
+    a.C = m->window;
+    if (D == 64 ? mma_launch<64, MMA_GPT>(g, a, nw, 1, err) : mma_launch<32, MMA_GPT>(g, a, nw, 1, err)) return -1;
     return 1;
 }
 
@@ -519,9 +630,10 @@ int gpu_mma_upload(gpu_model *g, char *err)
     const model_t *m = g->m;
     const int D = m->d_head, A = m->n_head * D;
     if (g->prec != GPU_BF16 || (D != 32 && D != 64)) return 0;
-    const bool aspan = g->fam == &gpu_family_aspan && !m->pers && g->key_pe, rel = g->fam == &gpu_family_rel;
+    const bool aspan = g->fam == &gpu_family_aspan && g->key_pe, rel = g->fam == &gpu_family_rel;
     if (!aspan && !rel) return 0;
-    size_t n = aspan ? (size_t)(m->span + 1) * D : 0;
+    const size_t np = (size_t)m->n_head * m->pers * D;   /* a layer's persistent keys (values as many) */
+    size_t n = aspan ? (size_t)(m->span + 1) * D + (size_t)m->n_layers * 2 * np : 0;
     for (int l = 0; rel && l < m->n_layers; l++)
         if (g->L[l].rk) n += (size_t)2 * g->L[l].rk_rows * A;
     if (n == 0) return 0;
@@ -533,6 +645,12 @@ int gpu_mma_upload(gpu_model *g, char *err)
         LAUNCH_TRY(err, "attn_mma: key_pe table");
         g->pe_h = at;
         at += (size_t)(m->span + 1) * D;
+        for (int l = 0; np && l < m->n_layers; l++) {
+            if (gpu_to_bf16(g, at, g->L[l].pk, np, err) || gpu_to_bf16(g, at + np, g->L[l].pv, np, err)) return -1;
+            g->L[l].pk_h = at;
+            g->L[l].pv_h = at + np;
+            at += 2 * np;
+        }
     }
     size_t nv = 0;
     for (int l = 0; rel && l < m->n_layers; l++)

@@ -94,10 +94,17 @@ static int aspan_upload(gpu_model *g, char *err)
     return rc;
 }
 
-/* The decode splits' partial sums and the tiled attention's partial states. */
+/* The decode splits' partial sums and the tiled attention's partial states.
+ * Nothing of this family's step is planned by the block's length: the
+ * shared buffers are rows (max_batch x max_block), the attention's windows
+ * are each head's key rows (g->max_window), the partial states are bounded
+ * by rows x splits and checked per step; so a step may feed one stream a
+ * block as long as all the rows (a text scored in long blocks,
+ * core's model_score_block). */
 static int aspan_alloc_step(gpu_model *g, char *err)
 {
     const model_t *m = g->m;
+    g->max_m = g->max_batch * g->max_block;
     CU_TRY(cudaMalloc(&g->part, (size_t)ASPAN_SPLIT_BLOCKS * (m->d_head + 4) * sizeof(float)), err,
            "out of device memory for the attention's partial sums");
     g->tpart_floats = gpu_aspan_tile_part_floats(g);

@@ -153,9 +153,21 @@ static int linear(gpu_model *g, float *y, const float *x, const bf16 *xb, const 
     return g->prec == GPU_BF16 ? gpu_linear_bf16(g, y, xb, Wb, n, in, out, err) : gpu_linear(g, y, x, W, n, in, out, err);
 }
 
-/* One group: NW windows (descriptors W on the device) of R rows in all,
- * whose wanted rows are the step's output rows BASE..BASE+NOUT-1. */
-static int run_group(gpu_model *g, const gpu_gpt_win *w, int nw, int R, int any_kv, int base, int nout,
+/* Layer L's attention of a group: on tensor cores (attn_mma.cu) where it
+ * can (bf16, heads of 32 or 64, windows of 16 rows or more), else
+ * gpt_attn.cu's warps. */
+static int gpt_attend(gpu_model *g, int l, const gpu_gpt_win *w, int nw, int max_n, int R, const int32_t *rowwin,
+                      char *err)
+{
+    const int tc = gpu_gpt_mma(g, l, w, nw, max_n, err);
+    if (tc) return tc < 0 ? -1 : 0;
+    return gpu_gpt_attn(g, l, w, R, rowwin, err);
+}
+
+/* One group: NW windows (descriptors W on the device, the most rows one
+ * computes MAX_N) of R rows in all, whose wanted rows are the step's output
+ * rows BASE..BASE+NOUT-1. */
+static int run_group(gpu_model *g, const gpu_gpt_win *w, int nw, int max_n, int R, int any_kv, int base, int nout,
                      const int32_t *rings, int M, char *err)
 {
     const model_t *m = g->m;
@@ -175,7 +187,7 @@ static int run_group(gpu_model *g, const gpu_gpt_win *w, int nw, int R, int any_
             return -1;
         gpu_mark(g, OP_QKV);
         if (any_kv && OP(OP_RING, gpu_gpt_cache_write(g, l, w, R, rowwin, err))) return -1;
-        if (OP(OP_ATTN, gpu_gpt_attn(g, l, w, R, rowwin, err)) ||
+        if (OP(OP_ATTN, gpt_attend(g, l, w, nw, max_n, R, rowwin, err)) ||
             OP(OP_WO, linear(g, g->tmp, g->att, g->attb, d->wo, d->wo_h, R, E, n, err)) ||
             OP(OP_LN, gpu_add_residual(g, g->x, NULL, g->tmp, d->wo_b, R, n, err)))
             return -1;
@@ -255,11 +267,14 @@ static int gpt_step(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, 
     for (int q = 0; q < ng; q++) {
         const int k0 = t->group[q], k1 = t->group[q + 1];
         const gpu_gpt_win *last = &hd[k1 - 1];
-        int any_kv = 0;
-        for (int k = k0; k < k1; k++) any_kv |= hd[k].write_kv;
+        int any_kv = 0, max_n = 0;
+        for (int k = k0; k < k1; k++) {
+            any_kv |= hd[k].write_kv;
+            max_n = hd[k].n > max_n ? hd[k].n : max_n;
+        }
         const int base = hd[k0].out_row, nout = last->out_row + (last->n - last->out_from) - base;
-        if (run_group(g, dw + k0, k1 - k0, last->row0 + last->n, any_kv, base, nout, (const int32_t *)t->d_stage, M,
-                      err))
+        if (run_group(g, dw + k0, k1 - k0, max_n, last->row0 + last->n, any_kv, base, nout, (const int32_t *)t->d_stage,
+                      M, err))
             return -1;
     }
     return 0;

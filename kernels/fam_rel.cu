@@ -121,10 +121,16 @@ static int rel_upload(gpu_model *g, char *err)
     return rc;
 }
 
+/* GPU_BF16: the partial states of attn_mma.cu's split windows (its
+ * attention on tensor cores), as adaptive-span's tiles keep them */
 static int rel_alloc_step(gpu_model *g, char *err)
 {
-    (void)g;
-    (void)err;
+    if (g->prec != GPU_BF16) return 0;
+    g->tpart_floats = gpu_aspan_tile_part_floats(g);
+    if (g->tpart_floats)
+        CU_TRY(cudaMalloc(&g->tpart, g->tpart_floats * sizeof(float)), err,
+               "out of device memory for the tiled attention's partial states");
+    g->step_bytes += g->tpart_floats * sizeof(float);
     return 0;
 }
 

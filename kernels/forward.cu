@@ -91,7 +91,12 @@ static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
     /* a few rows: fc1, its bias and the ReLU in one launch (matmul.cu) */
     const int fused = gpu_linear_bias_relu(g, g->ff, g->ffb, in, g->xb, d->fc1_w, d->fc1_h, d->fc1_b, N, Dm, I, err);
     if (fused < 0) return -1;
-    if (fused) gpu_mark(g, OP_FC1);
+    /* many rows in bf16: the bias and the ReLU in the GEMM's epilogue (cublasLt) */
+    const int lt = !fused && g->prec == GPU_BF16 ? gpu_linear_bias_relu_lt(g, g->ffb, g->xb, d->fc1_h, d->fc1_b, d->fc1_bh, N, Dm,
+                                                                         I, err)
+                                                 : 0;
+    if (lt < 0) return -1;
+    if (fused || lt) gpu_mark(g, OP_FC1);
     else if (OP(OP_FC1, linear(g, g->ff, in, g->xb, d->fc1_w, d->fc1_h, N, Dm, I, err)) ||
              OP(OP_RELU, gpu_bias_relu(g, g->ff, g->ffb, d->fc1_b, N, I, err)))
         return -1;
@@ -204,9 +209,12 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
 {
     const model_t *m = g->m;
     const int nl = m->n_layers, V = m->V;
-    if (B < 1 || M < 1 || B > g->max_batch || M > g->max_block)
-        return err_set(err, "a step of %d streams x %d tokens is outside this plan (1..%d x 1..%d)", B, M, g->max_batch,
-                       g->max_block);
+    /* B x M within the plan's rows; M up to max_block, or up to all the rows where the family plans by rows
+     * (adaptive-span: a text scored in long blocks) */
+    if (B < 1 || M < 1 || B > g->max_batch || M > g->max_m ||
+        (int64_t)B * M > (int64_t)g->max_batch * g->max_block)
+        return err_set(err, "a step of %d streams x %d tokens is outside this plan (1..%d streams x 1..%d tokens, "
+                       "%d rows)", B, M, g->max_batch, g->max_m, g->max_batch * g->max_block);
     for (int b = 0; b < B; b++) {
         if (!mems[b] || mems[b]->g != g) return err_set(err, "stream %d's memory belongs to another model", b);
         for (int c = 0; c < b; c++)

@@ -27,7 +27,6 @@ extern "C" {
  * (65536 streams of 1 token, or 64 of 16384), and keeps the products below
  * from overflowing. */
 #define GPU_MAX_ROWS (1 << 20)
-#define GPU_BLAS_WORKSPACE (32u << 20)
 
 int gpu_available(char *err)
 {
@@ -138,6 +137,7 @@ void gpu_model_free(gpu_model *g)
     cudaFree(g->blas_ws);
     cudaFree(g->ada_mem);
     cudaFree(g->tl);
+    if (g->ada && g->ada->h_cnt) cudaFreeHost(g->ada->h_cnt);
     free(g->ada);
     gpu_gpt_free(g->gpt);
     if (g->h_tl) cudaFreeHost(g->h_tl);
@@ -151,6 +151,8 @@ void gpu_model_free(gpu_model *g)
         free(g->prof_ev);
     }
     if (g->blas) cublasDestroy(g->blas);
+    for (int k = 0; k < GPU_LT_PLANS; k++) gpu_lt_plan_free(&g->lt_plans[k]);
+    if (g->lt) cublasLtDestroy(g->lt);
     if (g->stream) cudaStreamDestroy(g->stream);
     free(g->L);
     free(g->h_off);
@@ -208,7 +210,9 @@ static int upload_ada(gpu_model *g, char *err)
     d->ldt = (tmax + 7) & ~7;
     const size_t nhead = align16(N * d->ldh), nhp = align16(N * (size_t)d->dmax), ntail = a->n > 1 ? align16(N * d->ldt) : 0;
     const size_t npart = align16(N * (size_t)((vmax + 4095) / 4096) * 4);   /* 2 doubles a chunk */
+    const size_t nrows = align16(N * (size_t)a->n + 16);   /* the tail clusters' row lists and counts (ints) */
     nf += nhead + nhp + ntail + npart + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
+    nf += nrows + nhp + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     CU_TRY(cudaMalloc(&g->ada_mem, nf * sizeof(float)), err, "cudaMalloc (adaptive softmax)");
     float *at = g->ada_mem;
     CU_TRY(cudaMemcpy(at, a->head_w, (size_t)d->H * a->dim[0] * sizeof(float), cudaMemcpyHostToDevice), err,
@@ -230,8 +234,17 @@ static int upload_ada(gpu_model *g, char *err)
     d->hp = at + nhead;
     d->tail = d->hp + nhp;
     d->part = (double *)(d->tail + ntail);
-    if (g->prec == GPU_BF16) d->hpb = (bf16 *)(d->tail + ntail + npart);
-    d->step_floats = nhead + nhp + ntail + npart + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
+    float *after = d->tail + ntail + npart;
+    if (g->prec == GPU_BF16) {
+        d->hpb = (bf16 *)after;
+        after += align16((nhp + 1) / 2);
+    }
+    d->rows = (int *)after;
+    d->cnt = d->rows + N * (size_t)a->n;
+    d->hg = after + nrows;
+    if (g->prec == GPU_BF16) d->hgb = (bf16 *)(d->hg + nhp);
+    d->step_floats = nhead + nhp + ntail + npart + (g->prec == GPU_BF16 ? 2 * align16((nhp + 1) / 2) : 0) + nrows + nhp;
+    CU_TRY(cudaMallocHost(&d->h_cnt, ADA_MAX_CLUSTERS * sizeof(int)), err, "cudaMallocHost (adaptive softmax)");
     return 0;
 }
 
@@ -250,7 +263,7 @@ static int upload_bf16(gpu_model *g, char *err)
     for (int l = 0; l < m->n_layers; l++) {
         const gpu_layer *d = &g->L[l];
         if (d->wqkv) n += 3 * A * Dm + Dm * A;
-        if (d->fc1_w) n += 2 * I * Dm;
+        if (d->fc1_w) n += 2 * I * Dm + (d->fc1_b ? (I + 7) / 8 * 8 : 0);
     }
     g->wbf_elems = n;
     CU_TRY(cudaMalloc(&g->wbf, n * sizeof(bf16)), err, "cudaMalloc (bf16 weights)");
@@ -274,6 +287,10 @@ static int upload_bf16(gpu_model *g, char *err)
         if (d->fc1_w) {
             TO_BF16(d->fc1_h, d->fc1_w, I * Dm);
             TO_BF16(d->fc2_h, d->fc2_w, I * Dm);
+            if (d->fc1_b) {
+                TO_BF16(d->fc1_bh, d->fc1_b, I);
+                at += (8 - I % 8) % 8;   /* (the next matrix 16-byte aligned) */
+            }
         }
     }
 #undef TO_BF16
@@ -347,6 +364,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->fam = family_of(m);
     g->max_batch = max_batch;
     g->max_block = max_block;
+    g->max_m = max_block;   /* (a family's alloc_step may raise it) */
     g->prec = precision;
     g->ring_elem = precision == GPU_BF16 ? sizeof(bf16) : sizeof(float);
     g->graphs_on = 1;
@@ -376,7 +394,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                     cublasSetStream(g->blas, g->stream) != CUBLAS_STATUS_SUCCESS ||
                     cublasSetMathMode(g->blas, gpu_math_mode()) != CUBLAS_STATUS_SUCCESS ||
                     cudaMalloc(&g->blas_ws, GPU_BLAS_WORKSPACE) != cudaSuccess ||
-                    cublasSetWorkspace(g->blas, g->blas_ws, GPU_BLAS_WORKSPACE) != CUBLAS_STATUS_SUCCESS))
+                    cublasSetWorkspace(g->blas, g->blas_ws, GPU_BLAS_WORKSPACE) != CUBLAS_STATUS_SUCCESS ||
+                    cublasLtCreate(&g->lt) != CUBLAS_STATUS_SUCCESS))
         rc = err_set(err, "CUDA stream or cuBLAS setup failed");
     /* the arena: every tensor core bound (mask templates included) */
     if (rc == 0) {

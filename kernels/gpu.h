@@ -63,7 +63,9 @@ int gpu_device_name(char *name, size_t cap, char *err);
 
 /* Uploads M's weights (M must outlive the result) and plans the buffers of a
  * step of up to MAX_BATCH streams x MAX_BLOCK tokens, in PRECISION
- * (GPU_FP32 or GPU_BF16). */
+ * (GPU_FP32 or GPU_BF16). Adaptive-span models plan by rows only: a step
+ * may be any B x M of up to MAX_BATCH x MAX_BLOCK rows (B <= MAX_BATCH),
+ * so that one stream reads a long block (core's model_score_block). */
 gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int precision, char *err);
 /* Whether this backend runs M's family (0 with WHY when it does not). */
 int gpu_supports(const model_t *m, char *why);
@@ -94,11 +96,12 @@ void gpu_graphs(gpu_model *g, int on);
  * kernels aspan_attn.cu and rel_attn.cu, to compare); 2 the tiled kernels
  * whenever the shapes allow (for tests). */
 void gpu_tiles(gpu_model *g, int on);
-/* In GPU_BF16, the tiled attention of blocks of queries runs its products
- * (q.k, q.position, p.v) on tensor cores (kernels/aspan_mma.cu,
- * rel_mma.cu: mma.sync, bf16 inputs, fp32 sums, an online softmax over
- * tiles of keys): ON 1 (the default), 0 the CUDA-core tiles (to compare).
- * GPU_FP32 always keeps its exact kernels. */
+/* In GPU_BF16, the attention of blocks of 16 queries or more (heads of 32
+ * or 64 dims) runs its products (q.k, q.position, p.v) on tensor cores
+ * (kernels/attn_mma.cu: mma.sync, bf16 inputs, fp32 sums, an online softmax
+ * over tiles of keys; adaptive-span with or without persistent memory,
+ * relative attention, the window models): ON 1 (the default), 0 the
+ * CUDA-core kernels (to compare). GPU_FP32 always keeps its exact kernels. */
 void gpu_tensor_cores(gpu_model *g, int on);
 /* Steps run as a graph so far, and graphs captured; *WHY (may be NULL) is
  * the reason graphs went off, or "". */
@@ -119,7 +122,8 @@ int gpu_mem_upload(gpu_mem *dst, const mem_t *src, char *err);
 int gpu_mem_download(const gpu_mem *src, mem_t *dst, char *err);
 
 /* model_forward on the device: feeds tokens[b*M + i] (B <= max_batch
- * streams, M <= max_block tokens each) with each stream's memory, advancing
+ * streams, M <= max_block tokens each; adaptive-span: any M with B x M <=
+ * max_batch x max_block) with each stream's memory, advancing
  * the memories (pos, len; a window model's token ring). Writes B*M rows of V log-probabilities to
  * LOGPROBS (host memory) if not NULL. Returns when the step is done: 0, or
  * -1 with ERR set. */

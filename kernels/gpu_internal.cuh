@@ -9,6 +9,7 @@
 #ifndef SPANSERVE_GPU_INTERNAL_CUH
 #define SPANSERVE_GPU_INTERNAL_CUH
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -102,6 +103,19 @@ template <> struct lanes<bf16> {
 
 #include "check.cuh"   /* CU_TRY, BLAS_TRY, LAUNCH_TRY */
 
+/* cuBLAS's (and cublasLt's) workspace, one per model: a step never allocates */
+#define GPU_BLAS_WORKSPACE (32u << 20)
+
+/* matmul.cu: a cublasLt GEMM made once for its shapes (gpu_linear_bias_relu_lt) */
+typedef struct {
+    int n, in, out, mode;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} gpu_lt_plan;
+#define GPU_LT_PLANS 16
+void gpu_lt_plan_free(gpu_lt_plan *p);
+
 /* The operations of a step, as gpu_profile counts them. */
 enum { OP_EMBED, OP_QKV, OP_ATTN, OP_RING, OP_WO, OP_LN, OP_FC1, OP_RELU, OP_FC2, OP_OUT, OP_LOGSOFTMAX, OP_N };
 #define GPU_PROF_EVENTS 2048
@@ -122,9 +136,11 @@ typedef struct {
                                    * (in `derived`), NULL without spans */
     /* GPU_BF16: the linear layers' weights in bfloat16 (NULL in GPU_FP32) */
     const bf16 *wqkv_h, *wo_h, *fc1_h, *fc2_h;
+    const bf16 *fc1_bh;           /* GPU_BF16: fc1_b in bfloat16, for cublasLt's epilogue where it wants D's type */
     const bf16 *rk_h;             /* GPU_BF16, relative attention: rk as bfloat16 hi, then lo, for attn_mma.cu
                                    * (or NULL), */
     const float *vr;              /* and r_r_bias . rk per row and head (rk_rows x n_head) */
+    const bf16 *pk_h, *pv_h;      /* GPU_BF16, persistent memory: pk and pv in bfloat16 for attn_mma.cu (or NULL) */
 } gpu_layer;
 
 /* The word-level Transformer-XL's adaptive input and softmax on the device
@@ -144,6 +160,12 @@ typedef struct {
     double *part;                 /* the log-softmaxes' chunk partials (adaptive.cu): N x chunks x 2 */
     size_t step_floats;           /* floats of those step buffers */
     bf16 *hpb;                    /* GPU_BF16: N x dmax */
+    /* a step of targets only: each tail cluster's rows (those whose target
+     * lies in it) in order, (n - 1) x N, their counts (device, pinned host),
+     * and those rows' inputs gathered (N x dmax, bf16 in GPU_BF16) */
+    int *rows, *cnt, *h_cnt;
+    float *hg;
+    bf16 *hgb;
 } gpu_ada;
 
 /* A family on the device: what its layers do differently. The rest of a
@@ -161,7 +183,9 @@ typedef struct {
     int (*upload)(gpu_model *g, char *err);
     /* shared memory a block of its attention needs (over the device's: refused at load) */
     size_t (*attn_smem)(const gpu_model *g);
-    /* step buffers of its own (adds them to step_bytes) */
+    /* step buffers of its own (adds them to step_bytes); may raise g->max_m
+     * where nothing of the family's step depends on max_block but through
+     * the rows B x M */
     int (*alloc_step)(gpu_model *g, char *err);
     /* layer L's sublayers, GPU_SUB_ATTN and/or GPU_SUB_FFN (attention first), 0: skipped */
     int (*sublayers)(const model_t *m, int l);
@@ -192,6 +216,10 @@ struct gpu_model {
     gpu_ada *ada;                 /* NULL: one softmax; with emb NULL also the adaptive input */
     float *ada_mem;               /* the adaptive softmax's derived weights and step buffers */
     int max_batch, max_block;
+    /* the longest M of a step: max_block, or where the family plans every
+     * per-step buffer by rows (its alloc_step says so) any M of up to
+     * max_batch x max_block rows, B x M within them too */
+    int max_m;
     int prec;                     /* GPU_FP32 or GPU_BF16 */
     int gemv_on;                  /* a few rows go through matmul.cu's gemv_kernel (SPANSERVE_GPU_GEMV=0: cuBLAS) */
     int tile_on;                  /* blocks of queries go through aspan_tile.cu (gpu_tiles) */
@@ -202,6 +230,10 @@ struct gpu_model {
     cudaStream_t stream;
     cublasHandle_t blas;
     void *blas_ws;                /* cuBLAS workspace, so that a step never allocates */
+    cublasLtHandle_t lt;          /* cublasLt, for the feed-forward's bias + ReLU in a GEMM's epilogue */
+    int lt_mode;                  /* its bias: 0 not tried yet, 1 float, 2 bf16, -1 no algorithm (two launches) */
+    gpu_lt_plan lt_plans[GPU_LT_PLANS];   /* its plans by shapes, replaced in turn */
+    int lt_next;
     /* weights: the host arena uploaded whole, plus the packed and derived tables */
     float *arena;
     size_t arena_floats;
@@ -306,6 +338,15 @@ int gpu_linear_bf16_out(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, int
  * gpu_linear then gpu_bias_relu, -1 on an error */
 int gpu_linear_bias_relu(gpu_model *g, float *y, bf16 *yb, const float *x, const bf16 *xb, const float *W,
                          const bf16 *Wb, const float *b, int n, int in, int out, char *err);
+/* matmul.cu: y = bf16(max(x W^T + b, 0)) for many rows (GPU_BF16, a bias):
+ * cublasLt's GEMM with the bias and the ReLU in its epilogue (float sums,
+ * rounded once; the bias B in float where cublasLt takes it, else its
+ * bf16 copy BH), so that the float product never goes to memory: 1 if it
+ * ran, 0 if cublasLt has no algorithm for it (then never again for this
+ * model: the caller takes gpu_linear_bf16 and gpu_bias_relu), -1 on an
+ * error */
+int gpu_linear_bias_relu_lt(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, const float *b, const bf16 *bh, int n,
+                            int in, int out, char *err);
 /* matmul.cu: dst[i] = bf16(src[i]) */
 int gpu_to_bf16(gpu_model *g, bf16 *dst, const float *src, size_t n, char *err);
 /* embed.cu: x[n] = emb[tok[n]] * scale; also into xb (bfloat16) if not NULL */
@@ -362,8 +403,11 @@ int gpu_rel_attn(gpu_model *g, int layer, int B, int M, char *err);
 #define ASPAN_TILE_SPLITS 8
 #define ASPAN_TILE_PART_FLOATS ((size_t)64 << 20)   /* 256 MB of partial states at most */
 int gpu_aspan_tile(gpu_model *g, int layer, int B, int M, char *err);
-/* aspan_tile.cu: the split windows' partial states in g->tpart met into g->att (attb) */
-int gpu_aspan_tile_combine(gpu_model *g, int layer, int B, int M, int nsplit, char *err);
+/* aspan_tile.cu: the split windows' partial states in g->tpart met into
+ * g->att (attb): RENORM adaptive-span's (O / Z) / (W / Z + 1e-8), with the
+ * layer's REACH per head (zeros where it is 0) or NULL (persistent memory);
+ * else relative attention's O / Z */
+int gpu_aspan_tile_combine(gpu_model *g, const int *reach, int renorm, int B, int M, int nsplit, char *err);
 /* attn_mma.cu: the same on tensor cores (GPU_BF16, gpu_tensor_cores on,
  * heads of 32 or 64, M >= the tiles' minimum): 1 if it ran, 0 if the
  * shapes call for another kernel, -1 on an error; gpu_rel_mma for PAR's
@@ -372,6 +416,7 @@ int gpu_aspan_tile_combine(gpu_model *g, int layer, int B, int M, int nsplit, ch
 int gpu_aspan_mma(gpu_model *g, int layer, int B, int M, char *err);
 int gpu_rel_mma(gpu_model *g, int layer, int B, int M, char *err);
 int gpu_mma_upload(gpu_model *g, char *err);
+
 /* floats of g->tpart that the plan wants (0: the tile kernel never runs) */
 size_t gpu_aspan_tile_part_floats(const gpu_model *g);
 /* aspan_decode.cu: the same for few queries (decode), heads of 32, 64 or
@@ -431,6 +476,11 @@ int gpu_gpt_gather(gpu_model *g, float *y, const float *x, const gpu_gpt_win *w,
  * masks of gpt-adaptive-span), into g->att (GPU_FP32) or g->attb; and the
  * shared memory a block of it asks for */
 int gpu_gpt_attn(gpu_model *g, int l, const gpu_gpt_win *w, int R, const int32_t *rowwin, char *err);
+/* attn_mma.cu: the same on tensor cores for a group of NW windows of up to
+ * MAX_N computed rows each (W on the device; GPU_BF16, heads of 32 or 64,
+ * MAX_N >= GPT_MMA_MIN_ROWS): 1 if it ran, 0 if not, -1 on an error */
+#define GPT_MMA_MIN_ROWS 16
+int gpu_gpt_mma(gpu_model *g, int l, const gpu_gpt_win *w, int nw, int max_n, char *err);
 size_t gpu_gpt_attn_smem(const gpu_model *g);
 
 #endif

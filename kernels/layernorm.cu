@@ -6,10 +6,11 @@
  * with the biased variance, eps the model's (model_t.ln_eps: PyTorch's 1e-5,
  * Keras' 1e-3 for par-transformer-xl-tf); rb (the second linear layer's
  * bias) may be NULL.
- * One block per row; the row is updated in place, then the mean and the
- * variance are summed in double as core's ops_add_layernorm does. In
- * GPU_BF16 the result is also written, rounded, to xb: the next linear
- * layer's input.
+ * The mean and the variance are summed in double as core's
+ * ops_add_layernorm does. Rows of 128 to 1024 floats (a multiple of 128,
+ * 16-byte aligned) take a warp each, the row in registers (float4 loads,
+ * warp shuffles, no shared memory); others a block each. In GPU_BF16 the
+ * result is also written, rounded, to xb: the next linear layer's input.
  */
 #include "gpu_internal.cuh"
 #include "reduce.cuh"
@@ -42,9 +43,88 @@ __global__ static void add_layernorm_kernel(float *x, bf16 *xb, const float *r, 
     }
 }
 
+/* A warp a row of d = 128 NV floats: lane L holds the float4s L + 32 k. With
+ * R NULL it is LayerNorm alone (layernorm_to), from X into Y (may be X). */
+template <int NV>
+__global__ static void __launch_bounds__(256)
+    ln_warp_kernel(float *y, bf16 *yb, const float *x, const float *r, const float *rb, const float *w, const float *b,
+                   int n, double eps, bool keep_sum)
+{
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31, d = 128 * NV;
+    if (row >= n) return;
+    const float4 *xr = (const float4 *)(x + (size_t)row * d);
+    float4 u[NV];
+    double s = 0;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int c = lane + 32 * k;
+        float4 v = xr[c];
+        if (r) {
+            float4 t = ((const float4 *)(r + (size_t)row * d))[c];
+            if (rb) {
+                const float4 q = __ldg((const float4 *)rb + c);
+                t.x += q.x, t.y += q.y, t.z += q.z, t.w += q.w;
+            }
+            v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
+        }
+        u[k] = v;
+        s += (double)v.x + (double)v.y + (double)v.z + (double)v.w;
+    }
+    const double mean = warp_sum(s) / d;
+    double q = 0;
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const double a = u[k].x - mean, bb = u[k].y - mean, c = u[k].z - mean, e = u[k].w - mean;
+        q += a * a + bb * bb + c * c + e * e;
+    }
+    const double inv = 1.0 / sqrt(warp_sum(q) / d + eps);
+    float4 *yr = (float4 *)(y + (size_t)row * d);
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int c = lane + 32 * k;
+        const float4 ww = __ldg((const float4 *)w + c), bv = b ? __ldg((const float4 *)b + c) : make_float4(0, 0, 0, 0);
+        float4 o;
+        o.x = (float)((u[k].x - mean) * inv) * ww.x + bv.x;
+        o.y = (float)((u[k].y - mean) * inv) * ww.y + bv.y;
+        o.z = (float)((u[k].z - mean) * inv) * ww.z + bv.z;
+        o.w = (float)((u[k].w - mean) * inv) * ww.w + bv.w;
+        if (keep_sum || !yb) yr[c] = o;
+        if (yb) {
+            __nv_bfloat162 *p = (__nv_bfloat162 *)(yb + (size_t)row * d + 4 * c);
+            p[0] = __floats2bfloat162_rn(o.x, o.y);
+            p[1] = __floats2bfloat162_rn(o.z, o.w);
+        }
+    }
+}
+
+static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* The warp kernel when the shapes allow it: 1 if it ran. */
+static int ln_warp(gpu_model *g, float *y, bf16 *yb, const float *x, const float *r, const float *rb, const float *w,
+                   const float *b, int n, int d, bool keep_sum, char *err)
+{
+    if (d % 128 || d > 1024 || !al16(y) || !al16(x) || !al16(r) || !al16(rb) || !al16(w) || !al16(b) ||
+        ((uintptr_t)yb & 7))
+        return 0;
+    const unsigned grid = (unsigned)((n + 7) / 8);
+    const double eps = g->m->ln_eps;
+    switch (d / 128) {
+#define LN_CASE(k)                                                                                                     \
+    case k:                                                                                                            \
+        ln_warp_kernel<k><<<grid, 256, 0, g->stream>>>(y, yb, x, r, rb, w, b, n, eps, keep_sum);                       \
+        break;
+        LN_CASE(1) LN_CASE(2) LN_CASE(3) LN_CASE(4) LN_CASE(5) LN_CASE(6) LN_CASE(7) LN_CASE(8)
+#undef LN_CASE
+    }
+    LAUNCH_TRY(err, "layernorm (a warp a row)");
+    return 1;
+}
+
 int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const float *rb, const float *w,
                       const float *b, int n, int d, char *err)
 {
+    const int wr = ln_warp(g, x, xb, x, r, rb, w, b, n, d, true, err);
+    if (wr) return wr < 0 ? -1 : 0;
     int threads = d >= 512 ? 256 : d >= 128 ? 128 : 64;
     add_layernorm_kernel<<<n, threads, 0, g->stream>>>(x, xb, r, rb, w, b, d, g->m->ln_eps);
     LAUNCH_TRY(err, "add_layernorm");
@@ -80,6 +160,9 @@ __global__ static void layernorm_to_kernel(float *y, bf16 *yb, const float *x, c
 int gpu_layernorm_to(gpu_model *g, float *y, bf16 *yb, const float *x, const float *w, const float *b, int n, int d,
                      char *err)
 {
+    /* (r NULL: aligned; yb set: y is not written, as the block kernel) */
+    const int wr = ln_warp(g, y, yb, x, NULL, NULL, w, b, n, d, false, err);
+    if (wr) return wr < 0 ? -1 : 0;
     int threads = d >= 512 ? 256 : d >= 128 ? 128 : 64;
     layernorm_to_kernel<<<n, threads, 0, g->stream>>>(y, yb, x, w, b, d, g->m->ln_eps);
     LAUNCH_TRY(err, "layernorm_to");

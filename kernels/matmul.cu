@@ -21,7 +21,11 @@
  * with 16-byte loads, one warp per output, the n rows of x beside it, and
  * sums in float32; it is taken when the shapes allow 16-byte loads. For the
  * feed-forward's first layer it also adds the bias and applies the ReLU
- * (gpu_linear_bias_relu), one launch fewer a layer.
+ * (gpu_linear_bias_relu), one launch fewer a layer. For more rows in bf16
+ * that layer goes through cublasLt with the bias and the ReLU in the GEMM's
+ * epilogue (gpu_linear_bias_relu_lt): the float product never goes to
+ * memory (a step of 16 x 512 rows of par-base wrote and read 64 MB a
+ * layer for it).
  */
 #include "gpu_internal.cuh"
 
@@ -125,6 +129,97 @@ int gpu_linear_bias_relu(gpu_model *g, float *y, bf16 *yb, const float *x, const
 {
     if (!g->gemv_on || n <= 0) return 0;
     return g->prec == GPU_BF16 ? gemv(g, yb, xb, Wb, n, in, out, err, b) : gemv(g, y, x, W, n, in, out, err, b);
+}
+
+/* A cublasLt plan of the RELU_BIAS GEMM for N rows of IN -> OUT and the
+ * bias of MODE (1 float, 2 bf16), made once (descriptors, layouts and the
+ * heuristic's algorithm: tens of microseconds of host time, as long as a
+ * whole layer of a one-stream step) and kept in g->lt_plans: NULL with *ST
+ * cublasLt's status when it cannot be made (NOT_SUPPORTED: no algorithm). */
+static gpu_lt_plan *lt_plan(gpu_model *g, int n, int in, int out, int mode, cublasStatus_t *st)
+{
+    for (int k = 0; k < GPU_LT_PLANS; k++) {
+        gpu_lt_plan *p = &g->lt_plans[k];
+        if (p->op && p->n == n && p->in == in && p->out == out && p->mode == mode) return p;
+    }
+    gpu_lt_plan *p = &g->lt_plans[g->lt_next];
+    g->lt_next = (g->lt_next + 1) % GPU_LT_PLANS;
+    gpu_lt_plan_free(p);
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_RELU_BIAS;
+    const cudaDataType_t bias_type = mode == 1 ? CUDA_R_32F : CUDA_R_16BF;
+    const size_t ws = GPU_BLAS_WORKSPACE;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t h;
+    int found = 0;
+    /* as gpu_linear_bf16: y^T (out x n) = W (stored in x out, transposed) x^T (in x n), column-major */
+    cublasStatus_t s = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, in, out, in);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, in, n, in);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, out, n, out);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &h, &found);
+    if (s == CUBLAS_STATUS_SUCCESS && found < 1) s = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    *st = s;
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        gpu_lt_plan_free(p);
+        return NULL;
+    }
+    p->n = n, p->in = in, p->out = out, p->mode = mode, p->algo = h.algo;
+    return p;
+}
+
+void gpu_lt_plan_free(gpu_lt_plan *p)
+{
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+/* One GEMM with the RELU_BIAS epilogue, the bias B of MODE: cublasLt's status. */
+static cublasStatus_t lt_relu_bias(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, const void *b, int mode, int n,
+                                   int in, int out)
+{
+    cublasStatus_t st;
+    gpu_lt_plan *p = lt_plan(g, n, in, out, mode, &st);
+    if (!p) return st;
+    const float one = 1.0f, zero = 0.0f;
+    st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmul(g->lt, p->op, &one, W, p->la, x, p->lb, &zero, y, p->lc, y, p->lc, &p->algo, g->blas_ws,
+                            GPU_BLAS_WORKSPACE, g->stream);
+    return st;
+}
+
+int gpu_linear_bias_relu_lt(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, const float *b, const bf16 *bh, int n,
+                            int in, int out, char *err)
+{
+    if (g->lt_mode < 0 || !b || n <= 0 || out <= 0) return 0;
+    /* the bias in float where cublasLt takes it with a bf16 output, else in bf16 (as the weights are) */
+    for (int mode = g->lt_mode ? g->lt_mode : 1; mode <= 2; mode++) {
+        if (mode == 2 && !bh) break;
+        const cublasStatus_t st = lt_relu_bias(g, y, x, W, mode == 1 ? (const void *)b : (const void *)bh, mode, n, in, out);
+        if (st == CUBLAS_STATUS_SUCCESS) {
+            g->lt_mode = mode;
+            return 1;
+        }
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+            return err_set(err, "cublasLtMatmul (bias + ReLU epilogue): status %d", (int)st);
+        if (g->lt_mode) break;   /* (a mode that worked before: the shapes, not the types) */
+    }
+    if (!g->lt_mode) g->lt_mode = -1;   /* no algorithm for either: the two launches, from now on */
+    return 0;
 }
 
 __global__ static void to_bf16_kernel(bf16 *dst, const float *src, size_t n)

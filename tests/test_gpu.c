@@ -522,6 +522,23 @@ static void check_random_models(void)
         if (m && !mode) check_random_prec(m, "random aspan, persistent memory (bf16)", pre, 4, asteps, 6, 15, GPU_BF16, 0.5);
         model_free(m);
     }
+    /* the same with heads of 32 dims and 40 persistent vectors: blocks of 16
+     * queries or more take the attention on tensor cores in bf16
+     * (kernels/attn_mma.cu: the vectors as a tile of keys without a
+     * position term or mask), windows of several tiles, a head of span 0 */
+    float zp[4] = {1.0f, 0.0f, 0.4f, 0.05f};
+    rm_aspan apt = {50, 64, 2, 128, 2, 300, 64, 16, zp, 40};
+    CHECK(rm_write_aspan(p, &apt, 24, err) == 0, "%s", err);
+    for (int mode = 0; mode < 2; mode++) {
+        model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
+        CHECK(m != NULL, "random aspan with persistent memory: %s", err);
+        const int ppre[4] = {0, 5, 90, 400}, psteps[] = {64, 1, 100, 17, 1, 16};
+        const char *label = mode ? "random aspan, persistent memory, heads of 32 (span)"
+                                 : "random aspan, persistent memory, heads of 32 (exact)";
+        if (m) check_random(m, label, ppre, 4, psteps, 6, 25);
+        if (m) check_random_prec(m, label, ppre, 4, psteps, 6, 25, GPU_BF16, 0.5);
+        model_free(m);
+    }
     /* PAR: attention, skip and feed-forward blocks, untied output, blocks
      * longer than the memory and than core's r_net table (40 + 24 rows) */
     rm_par q = {50, 64, 4, 16, 128, 40, 24, 0, "asfa"};
@@ -1136,7 +1153,18 @@ static void check_gpt_random(const model_t *m, const char *label, int NS, const 
         ok &= gm[s] && gpu_mem_upload(gm[s], cm[s], err) == 0;
         CHECK(ok, "%s", err);
     }
-    double worst = 0;
+    /* bf16: the same steps with the attention on CUDA cores (gpu_tensor_cores 0), to compare attn_mma.cu with */
+    gpu_model *gc = prec == GPU_BF16 && ok ? gpu_model_new(m, NS, maxM, prec, err) : NULL;
+    gpu_mem **gmc = calloc((size_t)NS, sizeof *gmc);
+    float *lpc = gc ? malloc(sizeof(float) * (size_t)NS * maxM * V) : NULL;
+    if (gc) {
+        gpu_tensor_cores(gc, 0);
+        for (int s = 0; s < NS; s++) {
+            gmc[s] = gpu_mem_new(gc, err);
+            CHECK(gmc[s] && gpu_mem_upload(gmc[s], cm[s], err) == 0, "%s", err);
+        }
+    }
+    double worst = 0, worst_cc = 0, worst_tc_cc = 0;
     for (int k = 0; ok && k < nsteps; k++) {
         const int M = steps[k];
         for (int i = 0; i < NS * M; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
@@ -1144,7 +1172,24 @@ static void check_gpt_random(const model_t *m, const char *label, int NS, const 
         CHECK(gpu_forward(g, gm, NS, tok, M, lp, err) == 0, "%s: step %d: %s", label, k, err);
         double d = max_diff(lp, clp, (size_t)NS * M * V);
         worst = d > worst || isnan(d) ? d : worst;
+        if (gc) {
+            CHECK(gpu_forward(gc, gmc, NS, tok, M, lpc, err) == 0, "%s: step %d: %s", label, k, err);
+            d = max_diff(lpc, clp, (size_t)NS * M * V);
+            worst_cc = d > worst_cc || isnan(d) ? d : worst_cc;
+            d = max_diff(lp, lpc, (size_t)NS * M * V);
+            worst_tc_cc = d > worst_tc_cc || isnan(d) ? d : worst_tc_cc;
+        }
     }
+    if (gc) {
+        printf("%s (bf16): attention on tensor cores vs CUDA cores: logprobs %.2e (CUDA cores vs CPU %.2e)\n", label,
+               worst_tc_cc, worst_cc);
+        CHECK(worst_tc_cc <= 2 * worst_cc + 1e-3, "%s: tensor cores vs CUDA cores %.3g (CUDA cores vs CPU %.3g)", label,
+              worst_tc_cc, worst_cc);
+        for (int s = 0; s < NS; s++) gpu_mem_free(gmc[s]);
+        gpu_model_free(gc);
+    }
+    free(gmc);
+    free(lpc);
     double worst_mem = 0;
     int same = 1;
     for (int s = 0; ok && s < NS; s++) {
@@ -1535,6 +1580,62 @@ static void check_par_tf_fixture(void)
     model_free(m);
 }
 
+/* A text scored in long blocks (core's model_score_block) on a plan of
+ * block_len rows a stream: adaptive-span plans by rows, so one stream may
+ * feed all of them (1 x 4 block_len, on a plan of 4 x block_len), and two
+ * streams half as many each; each equals the CPU's same blocks to 1e-4
+ * (fp32) and the memories carry on (a second long block). */
+static void check_long_blocks(const char *name, mem_mode mode)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load_mode(fx(name, "model.safetensors"), mode, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    const int L = m->block_len, V = m->V, R = 4 * L;
+    gpu_model *g = gpu_model_new(m, 4, L, GPU_FP32, err);
+    CHECK(g != NULL, "%s", err);
+    size_t n = 0;
+    int32_t *t = val_tokens(m, &n);
+    float *lp = malloc((size_t)R * V * sizeof *lp), *clp = malloc((size_t)R * V * sizeof *clp);
+    fwd_ws *ws = ws_new();
+    if (g && t && n > 4 * (size_t)R && lp && clp && ws) {
+        for (int B = 1; B <= 2; B++) {
+            const int M = R / B;
+            gpu_mem *gs[2] = {NULL, NULL};
+            mem_t *cs[2] = {NULL, NULL};
+            for (int b = 0; b < B; b++) {
+                gs[b] = gpu_mem_new(g, err);
+                cs[b] = mem_new(m);
+            }
+            double worst = 0;
+            for (int blk = 0; blk < 2; blk++) {
+                int32_t in[4 * 1024];
+                for (int b = 0; b < B && M * B <= 4 * 1024; b++)
+                    memcpy(in + (size_t)b * M, t + (size_t)b * 2 * R + (size_t)blk * M, (size_t)M * sizeof *in);
+                CHECK(gpu_forward(g, gs, B, in, M, lp, err) == 0, "%s: %d x %d on a plan of 4 x %d: %s", name, B, M, L,
+                      err);
+                CHECK(model_forward(m, cs, B, in, M, clp, ws, err) == 0, "%s", err);
+                const double d = max_diff(lp, clp, (size_t)B * M * V);
+                worst = d > worst || isnan(d) ? d : worst;
+            }
+            note_worst(worst);
+            printf("%s: %d x %d tokens (blocks of %d) on a plan of 4 x %d: worst logprob vs the CPU %.2e\n", name, B, M,
+                   M, L, worst);
+            CHECK(worst <= 1e-4, "%s: %d streams x %d tokens: %.3g from the CPU", name, B, M, worst);
+            for (int b = 0; b < B; b++) {
+                gpu_mem_free(gs[b]);
+                mem_free(cs[b]);
+            }
+        }
+    }
+    ws_free(ws);
+    free(lp);
+    free(clp);
+    free(t);
+    gpu_model_free(g);
+    model_free(m);
+}
+
 static void check_errors(void)
 {
     char err[ERR_LEN] = "";
@@ -1550,6 +1651,12 @@ static void check_errors(void)
         int32_t tok[16] = {0};
         CHECK(gpu_forward(g, two, 3, tok, 1, NULL, err) == -1 && strstr(err, "outside this plan"), "B > max: %s", err);
         CHECK(gpu_forward(g, two, 1, tok, 9, NULL, err) == -1 && strstr(err, "outside this plan"), "M > max: %s", err);
+        /* adaptive-span plans by rows: one stream of all 16, not 2 x 9 nor 1 x 17 */
+        gpu_mem *o2 = gpu_mem_new(g2, err), *atwo[2] = {o, o2};
+        CHECK(o2 && gpu_forward(g2, atwo, 1, tok, 16, NULL, err) == 0, "aspan: 1 x 16 on a plan of 2 x 8: %s", err);
+        CHECK(gpu_forward(g2, atwo, 2, tok, 9, NULL, err) == -1 && strstr(err, "outside this plan"), "2 x 9: %s", err);
+        CHECK(gpu_forward(g2, atwo, 1, tok, 17, NULL, err) == -1 && strstr(err, "outside this plan"), "1 x 17: %s", err);
+        gpu_mem_free(o2);
         CHECK(gpu_forward(g, two, 2, tok, 0, NULL, err) == -1, "M = 0");
         CHECK(gpu_forward(g, dup, 2, tok, 1, NULL, err) == -1 && strstr(err, "share"), "one memory twice: %s", err);
         CHECK(gpu_forward(g, mixed, 2, tok, 1, NULL, err) == -1 && strstr(err, "another model"), "foreign memory: %s", err);
@@ -1618,9 +1725,12 @@ int main(void)
             check_vectors("allattn-small");
             check_bpc("allattn-small", MEM_EXACT, GPU_FP32, 1, 1e-4);
             check_bpc("allattn-small", MEM_EXACT, GPU_BF16, 1, 0.005 - 1e-4);
+            check_bf16_bpc("allattn-small", MEM_EXACT);
         } else
             printf("SKIP test_gpu allattn-small: ../shared/fixtures/allattn-small is not here\n");
         check_picks_all();
+        check_long_blocks("aspan-small", MEM_EXACT);
+        check_long_blocks("aspan-small", MEM_SPAN);
     }
     if (!gpt_only) {   /* par-transformer-xl-tf: random models, the converted seed checkpoint */
         check_par_tf_random();
