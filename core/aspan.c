@@ -434,4 +434,5 @@ const family_ops family_aspan = {
     .mem_kind = aspan_mem_kind,
     .report = aspan_report,
     .cost = aspan_cost,
+    .cut_free = 1,   /* distances 1..S before each query, in whatever block it comes */
 };

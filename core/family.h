@@ -92,6 +92,13 @@ typedef struct family_ops {
     void (*report)(const model_t *m, json_t *r);
     /* FLOPs of one token (*TOK) and once per step whatever its length (*STEP). */
     void (*cost)(const model_t *m, double *tok, double *step);
+    /* 1 where a stream's results do not depend on where its tokens are cut
+     * into blocks: each query's keys are a fixed window of the positions
+     * before it, whatever block it is fed in (adaptive-span). Such a model's
+     * texts are read in longer blocks (model_score_block). 0 (the default)
+     * where a block's context depends on its start (Transformer-XL's
+     * segments, GPT windows). */
+    int cut_free;
 } family_ops;
 
 /* The heads of an adaptive-span layer Y as the reports give them: z, span

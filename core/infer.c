@@ -206,8 +206,9 @@ int infer_feed_many(const model_t *m, score_job *jobs, int ns, gen_state **gens,
     mem_t **mems = malloc(((size_t)ns + (size_t)ng + 1) * sizeof *mems);
     if (!mems) return err_set(err, "out of memory");
     int S = feed_check(m, jobs, ns, gens, ng, M, mems, err), rc = S < 0 ? -1 : 0;
-    /* pieces of the streams' block (mem_block: a window model fed in windows feeds one a forward) */
-    size_t L = (size_t)m->block_len;
+    /* pieces of the streams' block (mem_block: the model's scoring block, or a window model fed in
+     * windows feeds one a forward) */
+    size_t L = (size_t)model_score_block(m);
     for (int b = 0; b < S; b++) L = (size_t)mem_block(mems[b]) < L ? (size_t)mem_block(mems[b]) : L;
     const size_t blk = M < L ? M : L;
     int32_t *in = NULL, *tg = NULL;

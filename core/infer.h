@@ -23,7 +23,8 @@ typedef struct {
 
 /* Scores TOKS[0..n) after the stream S: the first token is predicted from
  * the pending token (a stream without one starts predicting at toks[1]).
- * Feeds blocks of the stream's block length (mem_block). PER_TOKEN, if not NULL, gets the
+ * Feeds blocks of the stream's block length (mem_block: the model's scoring
+ * block, model_score_block). PER_TOKEN, if not NULL, gets the
  * logprob of each prediction (room for n floats). Adds to *OUT. A
  * prediction that is not finite is an error. */
 int infer_score(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *toks, size_t n, score_t *out,
@@ -44,7 +45,7 @@ size_t score_inputs(const score_job *j);
 
 /* infer_score for B streams at once: each stream (distinct memories) is
  * scored as infer_score would score it alone, but the streams' blocks go
- * through one model_forward side by side (B streams x up to block_len
+ * through one model_forward side by side (B streams x up to mem_block
  * tokens), which on a GPU costs little more than one stream's. Every stream
  * with inputs must have the same number of them (score_inputs); streams with
  * none (n == 0, or one token and no pending token) only take their pending
@@ -153,7 +154,7 @@ int infer_generate(const model_t *m, mem_t *s, fwd_ws *ws, const int32_t *prompt
 void gen_result_free(gen_result *r);
 
 /* Texts being scored and prompts being read, fed together: one forward per
- * block of up to block_len tokens, every stream side by side. The NS score
+ * block of up to mem_block tokens, every stream side by side. The NS score
  * jobs as infer_score_many (each with M inputs, or none); the NG generations
  * each feed the next M inputs of their prompt (at least M left), as
  * gen_prefill would in blocks of that size. All memories distinct. Each

@@ -77,7 +77,7 @@ void mem_windows(mem_t *s, int keep)
 int mem_block(const mem_t *s)
 {
     const model_t *m = s->m;
-    return m->window && s->keep >= 0 ? m->window - s->keep : m->block_len;
+    return m->window && s->keep >= 0 ? m->window - s->keep : model_score_block(m);
 }
 
 void mem_reset(mem_t *s)

@@ -28,6 +28,19 @@ static const family_ops *const families[] = {&family_aspan, &family_par, &family
 
 const char *model_family_name(const model_t *m) { return m->family->name; }
 
+int model_score_block(const model_t *m)
+{
+    const int L = m->block_len;
+    if (!m->family->cut_free || L >= MODEL_SCORE_BLOCK_TOKENS) return L;
+    int k = MODEL_SCORE_BLOCK_TOKENS / L;
+    if (k > MODEL_SCORE_BLOCK_MULT) k = MODEL_SCORE_BLOCK_MULT;
+    /* a scoring block of one stream costs at most MODEL_SCORE_BLOCK_GFLOP (report.c's count) */
+    double tok = 2.0 * m->V * m->d_model, step = 0;
+    m->family->cost(m, &tok, &step);
+    while (k > 1 && tok * k * L + step > MODEL_SCORE_BLOCK_GFLOP * 1e9) k--;
+    return k * L;
+}
+
 int model_alpha_softmax(const layer_t *y, double p[3])
 {
     if (!y->alpha) return -1;

@@ -227,8 +227,25 @@ mem_t *mem_new(const model_t *m);
  * at it. A memory model's streams ignore it. */
 void mem_windows(mem_t *s, int keep);
 /* Tokens a forward of stream S feeds at most in one piece: the model's
- * block, or a window model's stride in windows (mem_windows). */
+ * scoring block (model_score_block), or a window model's stride in windows
+ * (mem_windows). Every text, prompt and session chunk is cut into pieces of
+ * this length from its start, alone or beside others. */
 int mem_block(const mem_t *s);
+
+/* The scoring block: the tokens a stream is fed in one forward when it reads
+ * a text or a prompt. block_len, except where the family's results do not
+ * depend on where blocks are cut (family_ops.cut_free: adaptive-span, with or
+ * without persistent memory): there k * block_len, k the largest of 1..
+ * MODEL_SCORE_BLOCK_MULT with k * block_len <= MODEL_SCORE_BLOCK_TOKENS and
+ * the block of one stream at most MODEL_SCORE_BLOCK_GFLOP (the server's
+ * default --max-step-gflop: a longer block never makes a step longer than
+ * the default bound allows), so that one stream fills a GPU. A property of
+ * the model alone: the command line and the server cut a text alike,
+ * whatever else they run or their flags. */
+#define MODEL_SCORE_BLOCK_TOKENS 4096
+#define MODEL_SCORE_BLOCK_MULT 8
+#define MODEL_SCORE_BLOCK_GFLOP 200.0
+int model_score_block(const model_t *m);
 /* Tokens stream S may still be given (its pending token counts as given). */
 int64_t mem_room(const mem_t *s);
 void mem_free(mem_t *s);

@@ -25,7 +25,9 @@
 
 /* Streams in one forward, for the decode step and for the readers' block
  * alike; server/device.c plans the device's buffers for as many
- * (DEVICE_MAX_BATCH). */
+ * (DEVICE_MAX_BATCH) of block_len tokens, and a block of readers holds at
+ * most as many rows: SCHED_MAX_BATCH x block_len (longer scoring blocks,
+ * model_score_block, go fewer at a time). */
 #define SCHED_MAX_BATCH 256
 
 static fwd_ws *ws;
@@ -200,6 +202,18 @@ static int batch_cap(double flops)
     return n < 1 ? 1 : n > SCHED_MAX_BATCH ? SCHED_MAX_BATCH : (int)n;
 }
 
+/* Streams of a readers' block of M inputs of model SM: batch_cap of that
+ * block's cost (a scoring block of one stream costs up to
+ * MODEL_SCORE_BLOCK_MULT blocks: one runs alone when it alone passes the
+ * budget), and no more rows than the device plans for. */
+static int reader_cap(const smodel_t *sm, size_t M)
+{
+    const int by_cost = batch_cap(model_cost_tokens(&sm->cost, M));
+    const size_t rows = (size_t)SCHED_MAX_BATCH * (size_t)sm->m->block_len, by_rows = M ? rows / M : SCHED_MAX_BATCH;
+    const int cap = by_rows < (size_t)by_cost ? (int)by_rows : by_cost;
+    return cap < 1 ? 1 : cap;
+}
+
 /* Inputs a task has still to feed before it is done reading: a score task's
  * tokens, less the one a stream without a pending token starts from (it is
  * fed, not predicted); a generation's prompt (gen_prefill_left). */
@@ -210,9 +224,10 @@ static size_t inputs_left(const task_t *t)
     return left && t->mem->pending < 0 ? left - 1 : left;
 }
 
-/* The inputs T feeds a forward at most: its stream's block (a window model
- * scored in windows feeds one window, or a stride, at a time); a
- * generation's next prefill block (gen_prefill_block). */
+/* The inputs T feeds a forward at most: its stream's block (mem_block: the
+ * model's scoring block; a window model scored in windows feeds one window,
+ * or a stride, at a time); a generation's next prefill block
+ * (gen_prefill_block). */
 static size_t task_block(const task_t *t)
 {
     return t->kind == TASK_GENERATE ? gen_prefill_block(&t->g) : (size_t)mem_block(t->mem);
@@ -233,13 +248,16 @@ static int is_reading(const task_t *t)
  * waited longest for its turn) feeds the block it would feed alone, M =
  * min(its block, its inputs left) inputs (task_block); every later reading
  * task of the same model whose own next block is M long joins, up to
- * SCHED_MAX_BATCH.
- * So each text is cut where it would be cut alone, into blocks of block_len
- * from its start: a PAR segment's context depends on where it starts, and
- * even where the math does not (adaptive-span), a block of another length
- * rounds otherwise. With the forward's products per stream (ops_linear),
- * each request gets the bits it gets alone, whatever else is read beside
- * it; full blocks, most of any long text, still go through together.
+ * reader_cap (the block's cost under --max-step-gflop, the device's rows).
+ * So each text is cut where it would be cut alone, into blocks of the
+ * model's scoring block from its start (model_score_block: block_len, or
+ * for adaptive-span, whose math does not depend on the cut, up to 8 of them
+ * and 4096 tokens): a PAR segment's context depends on where it starts, and
+ * even where the math does not, a block of another length rounds otherwise.
+ * The length is the model's alone, never the load's. With the forward's
+ * products per stream (ops_linear), each request gets the bits it gets
+ * alone, whatever else is read beside it; full blocks, most of any long
+ * text, still go through together.
  * Sessions are exclusive to one task (sess_acquire), so the memories are
  * distinct; a task with nothing to feed (M = 0) goes alone. Returns B. */
 static int reader_batch(task_t **batch, size_t *M)
@@ -248,8 +266,8 @@ static int reader_batch(task_t **batch, size_t *M)
     while (head && !is_reading(head)) head = head->next;
     if (!head) return 0;
     const size_t L = task_block(head), left = inputs_left(head);
-    const int max_b = batch_cap(head->sm->cost.block_flops);
     *M = left < L ? left : L;
+    const int max_b = reader_cap(head->sm, *M);
     batch[0] = head;
     int B = 1;
     for (task_t *t = head->next; t && *M > 0 && B < max_b; t = t->next) {

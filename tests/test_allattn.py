@@ -4,7 +4,8 @@ test_allattn.py - an adaptive-span model with persistent memory
 (../shared/fixtures/allattn-small: the all-attention layers of the
 adaptive-span repository's --pers-mem-size) served by the real server over
 real HTTP: its report (the persistent vectors, no feed-forward), scoring
-against the reference's own logprobs (blocks with the memory carried), a
+against the reference's own logprobs (its blocks of 64 with the memory
+carried, read here in one scoring block), a
 session fed in two requests, generation (plain, seeded, streamed),
 /v1/completions with echo and logprobs, and the spans picture. Skips,
 saying so, without ../shared (the fixture is not committed). Ends with
@@ -60,6 +61,9 @@ def run(S, vec, vocab):
     except ET.ParseError:
         ok = False
     check("spans: the picture", r.status == 200 and ok, f"{r.status}")
+    j = S.call("GET", "/v1/models/a").json or {}
+    check("persistent memory reads texts in scoring blocks of 8 blocks (the cut changes nothing)",
+          j.get("block_len") == 64 and j.get("score_block_len") == 512, f"{j.get('block_len')} {j.get('score_block_len')}")
 
     T.CURRENT = "score"
     _, (NS, TT) = vec["tokens"][0], vec["tokens"][1]

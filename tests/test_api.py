@@ -1525,20 +1525,81 @@ def score_many_sessions(S):
 
 
 @test("main")
+def score_long_blocks(S):
+    """The scoring block (README "How it serves"): an adaptive-span text is read in blocks of 8 x block_len
+    (512 for aspan-small), the same whatever else runs; PAR keeps its segments of block_len. A text of
+    three long blocks and a rest scored in one request equals, token by token within 1e-4, the same text
+    read as a session in requests of block_len tokens (each one block: the cut of the reference's
+    evaluation), its totals are `spanserve score`'s (the command line cuts alike), and the reference's own
+    logprobs (its vectors: 3 blocks of 64) come back within 1e-4 from one block of 192. PAR's text equals
+    its session read segment by segment, bit for bit."""
+    info = {m: S.call("GET", f"/v1/models/{m}").json or {} for m in ("aspan", "par")}
+    la, lp = info["aspan"].get("block_len"), info["par"].get("block_len")
+    check("aspan: a scoring block of 8 blocks", la == 64 and info["aspan"].get("score_block_len") == 8 * la
+          and close(info["aspan"].get("cost", {}).get("flops_per_score_block"),
+                    8 * info["aspan"].get("cost", {}).get("flops_per_block", 0), 1), f"{info['aspan']}")
+    check("par: its segment", lp and info["par"].get("score_block_len") == lp, f"{info['par']}")
+    for model, L, SB in (("aspan", la, 8 * la), ("par", lp, lp)):
+        text = TEXT[50000:50000 + 3 * SB + 301]   # 3 scoring blocks and 300 inputs more
+        r = score(S, text, model=model, per_token=True, timeout=120)
+        whole = (r.json or {}).get("token_logprobs") or []
+        if not check(f"{model}: a long text scored", r.status == 200 and len(whole) == len(text) - 1, f"{r}"):
+            continue
+        sid = f"long-{model}"
+        new_session(S, model, sid)
+        parts, at = [], 0
+        while at < len(text):   # the first request feeds one token more (nothing predicts it)
+            k = L + 1 if at == 0 else L
+            parts += (score(S, text[at:at + k], session=sid, per_token=True).json or {}).get("token_logprobs") or []
+            at += k
+        S.call("DELETE", f"/v1/sessions/{sid}")
+        worst = max((abs(x - y) for x, y in zip(whole, parts)), default=1)
+        print(f"{model}: {len(whole)} predictions in blocks of {SB} vs of {L}: worst token {worst:.2e}")
+        if model == "par":
+            check("par: cut at its segments, as a session read segment by segment, exactly",
+                  len(parts) == len(whole) and parts == whole, f"worst {worst:.3g}")
+        else:
+            check("aspan: long blocks within 1e-4 of blocks of block_len, token by token",
+                  len(parts) == len(whole) and worst <= 1e-4, f"worst {worst:.3g}")
+        cli = cli_score(A_PATH if model == "aspan" else P_PATH, text)
+        check(f"{model}: totals as `spanserve score` (the same cut)", cli["tokens"] == len(whole)
+              and abs((r.json or {}).get("nll", 0) - cli["nll"]) <= 1e-8, f"{(r.json or {}).get('nll')} vs {cli}")
+    # the reference's own logprobs (vectors.safetensors: 3 blocks of 64 with the memory carried), read here
+    # in one scoring block of 192 inputs
+    with open(ref_path("fixtures/aspan-small/vectors.safetensors"), "rb") as f:
+        head = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        data = f.read()
+    vec = {k: struct.unpack("<%d%s" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4, "i" if v["dtype"] == "I32" else "f"),
+                            data[v["data_offsets"][0]:v["data_offsets"][1]]) + (v["shape"],)
+           for k, v in head.items() if k != "__metadata__"}
+    _, T_ = vec["tokens"][-1]
+    NB, M, V = vec["logprobs"][-1][1:]
+    toks, lps = vec["tokens"][:T_], vec["logprobs"][:-1]
+    text = "".join(VOCAB[t] for t in toks)
+    got = (score(S, text, model="aspan", per_token=True).json or {}).get("token_logprobs") or []
+    want = [lps[((j // M) * M + j % M) * V + toks[j + 1]] for j in range(NB * M)]   # stream 0
+    worst = max((abs(x - y) for x, y in zip(got, want)), default=1)
+    print(f"aspan: the reference's {len(want)} logprobs (blocks of {M}) read in one block of {len(got)}: worst {worst:.2e}")
+    check("aspan: one scoring block gives the reference's logprobs (its blocks of 64) within 1e-4",
+          len(got) == T_ - 1 and worst <= 1e-4, f"{len(got)} {worst:.3g}")
+
+
+@test("main")
 def score_alone_or_batched(S):
     """A text scored alone, then again while texts of other lengths (some in sessions that have read
     before), a generation and a text of the other model are read beside it, answers the same per-token
     logprobs and bpc, exactly: on the CPU, what else is batched with a request does not change its
     numbers. Three rounds, the text starting with the others, after them and before them, so that its
-    blocks meet others' at different points. Its last block is short (5 inputs: 2885 = 5 mod both block
-    lengths, 48 and 64), where a product over several streams' rows takes other kernels than over
-    one's; texts cut like it (as long, or a block longer or shorter, started a block apart; one in a
-    session, with one input more) give that block company. A generation (a seeded completion with its
+    blocks meet others' at different points. Texts are read in blocks of the model's scoring block
+    (`score_block_len`: par-small's 48, aspan-small's 8 x 64). Its last block is short (2885 = 5 mod 48,
+    325 mod 512), where a product over several streams' rows takes other kernels than over one's; texts
+    cut like it (as long, or a block longer or shorter, started a block apart; one in a session, with one
+    input more) give that block company. A generation (a seeded completion with its
     prompt echoed), read and decoded beside the others and three more generations, answers as alone
     too: its prompt's logprobs, its tokens and theirs."""
     text = TEXT[20000:22886]
     for model, other in (("aspan", "par"), ("par", "aspan")):
-        L = (S.call("GET", f"/v1/models/{model}").json or {}).get("block_len", 1)
+        L = (S.call("GET", f"/v1/models/{model}").json or {}).get("score_block_len", 1)
         lens = (150, 700, 2500, 3900, len(text) - L, len(text), len(text) - 1, len(text) + L)
         cmpl = {"model": model, "prompt": TEXT[70000:71000], "max_tokens": 64, "seed": 7, "echo": True, "logprobs": 1}
         a, g = score(S, text, model=model, per_token=True, timeout=120), S.call("POST", "/v1/completions", cmpl, timeout=120)

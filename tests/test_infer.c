@@ -85,6 +85,80 @@ static void check_chunks(const char *name, mem_mode mode)
     model_free(m);
 }
 
+/* The scoring block (model_score_block): adaptive-span reads k x block_len,
+ * k the largest of 1..8 with k x block_len <= 4096 (random models of
+ * block 20, 600 and 5000, with and without persistent memory: 160, 3600,
+ * 5000); PAR keeps block_len; a stream's mem_block is it. A text scored in
+ * those blocks equals the same text fed by hand in blocks of block_len to
+ * float rounding (the math does not depend on the cut), and fed by hand in
+ * scoring blocks, bit for bit. */
+static double worst_diff(const float *a, const float *b, size_t n);
+
+static void check_score_block(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-sblock-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    float z[2 * 3] = {0.1f, 0.6f, 1.0f, 0.0f, 0.3f, 0.9f};
+    static const int blocks[3] = {20, 600, 5000}, want[3] = {160, 3600, 5000};
+    for (int i = 0; i < 3; i++)
+        for (int pers = 0; pers < 2; pers++) {
+            const rm_aspan c = {37, 24, 3, 40, 2, 70, blocks[i], 8, z, pers ? 5 : 0};
+            CHECK(rm_write_aspan(p, &c, 31 + i, err) == 0, "%s", err);
+            model_t *m = model_load(p, err);
+            CHECK(m != NULL, "%s", err);
+            if (!m) continue;
+            mem_t *s = mem_new(m);
+            CHECK(model_score_block(m) == want[i] && s && mem_block(s) == want[i],
+                  "aspan (persistent %d) of block %d: scoring block %d, stream's %d, not %d", pers, blocks[i],
+                  model_score_block(m), s ? mem_block(s) : -1, want[i]);
+            mem_free(s);
+            model_free(m);
+        }
+    unlink(p);
+    model_t *m = load("par-small", MEM_EXACT);
+    CHECK(!m || model_score_block(m) == m->block_len, "par-small: scoring block %d, not its segment %d",
+          m ? model_score_block(m) : -1, m ? m->block_len : -1);
+    model_free(m);
+    for (int mode = 0; mode < 2; mode++) {
+        m = load("aspan-small", mode ? MEM_SPAN : MEM_EXACT);
+        if (!m) continue;
+        const int L = m->block_len, SB = model_score_block(m), V = m->V;
+        CHECK(SB == 8 * L, "aspan-small: scoring block %d, not 8 x %d", SB, L);
+        size_t n;
+        int32_t *t = text_tokens(m, 3 * (size_t)SB + 100, &n);   /* three scoring blocks and a rest */
+        fwd_ws *ws = ws_new();
+        mem_t *a = mem_new(m), *b = mem_new(m), *c = mem_new(m);
+        score_t sa = {0, 0};
+        float *pa = malloc(n * sizeof *pa), *lp = malloc((size_t)SB * V * sizeof *lp), *pb = malloc(n * sizeof *pb),
+              *pc = malloc(n * sizeof *pc);
+        CHECK(infer_score(m, a, ws, t, n, &sa, pa, err) == 0, "%s", err);
+        /* by hand: inputs t[0..n-2] predicting t[1..n-1], in blocks of K */
+        for (int pass = 0; pass < 2; pass++) {
+            const size_t K = pass ? (size_t)SB : (size_t)L;
+            mem_t *s = pass ? c : b;
+            float *out = pass ? pc : pb;
+            for (size_t at = 0; at + 1 < n; at += K) {
+                const size_t k = n - 1 - at < K ? n - 1 - at : K;
+                CHECK(model_forward(m, &s, 1, t + at, (int)k, lp, ws, err) == 0, "%s", err);
+                for (size_t i = 0; i < k; i++) out[at + i] = lp[i * V + t[at + i + 1]];
+            }
+        }
+        CHECK(sa.tokens == (long)n - 1 && memcmp(pa, pc, (n - 1) * sizeof *pa) == 0,
+              "aspan-small: a text scored is not its scoring blocks fed by hand (worst %.3g)", worst_diff(pa, pc, n - 1));
+        const double w = worst_diff(pa, pb, n - 1);
+        printf("aspan-small (%s memory): %zu tokens in blocks of %d vs %d: worst token %.2e\n", mode ? "span" : "exact",
+               n, SB, L, w);
+        CHECK(w < 1e-5, "aspan-small: blocks of %d vs %d: worst token %.3g", SB, L, w);
+        free(pa); free(pb); free(pc); free(lp); free(t);
+        mem_free(a); mem_free(b); mem_free(c);
+        ws_free(ws);
+        model_free(m);
+    }
+}
+
 #define MANY_B 6
 
 /* infer_score_many equals infer_score stream by stream, bit for bit: streams
@@ -240,14 +314,15 @@ typedef struct {
 } companion;
 
 /* A text scored and a prompt read through infer_feed_many as the scheduler
- * feeds them (reader_batch: blocks of block_len from the start, with the
- * readers whose own next block has the same length) beside other texts and a
- * prompt, against infer_score and gen_prefill alone: the same per-token
- * logprobs, totals, next-token distribution and memories, bit for bit. */
+ * feeds them (reader_batch: blocks of the stream's block, mem_block, from
+ * the start, with the readers whose own next block has the same length)
+ * beside other texts and a prompt, against infer_score and gen_prefill
+ * alone: the same per-token logprobs, totals, next-token distribution and
+ * memories, bit for bit. */
 static void check_feed_alone_or_batched(const char *name, model_t *m, mem_t *const *prim, const int32_t *t)
 {
     char err[ERR_LEN];
-    const int L = m->block_len;
+    const int L = mem_block(prim[0]);   /* the scoring block: block_len x 8 for adaptive-span (model_score_block) */
     fwd_ws *ws = ws_new();
     const int32_t *text = t + 5000, *prompt = t + 6000;
     const size_t n = 2 * (size_t)L + 7, np = (size_t)L + 5;
@@ -851,6 +926,7 @@ int main(void)
     check_chunks("aspan-small", MEM_EXACT);
     check_chunks("aspan-small", MEM_SPAN);
     check_chunks("par-small", MEM_EXACT);
+    check_score_block();
     check_many("aspan-small", MEM_EXACT);
     check_many("aspan-small", MEM_SPAN);
     check_many("par-small", MEM_EXACT);
