@@ -203,9 +203,10 @@ static int batch_cap(double flops)
 }
 
 /* Streams of a readers' block of M inputs of model SM: batch_cap of that
- * block's cost (a scoring block of one stream costs up to
- * MODEL_SCORE_BLOCK_MULT blocks: one runs alone when it alone passes the
- * budget), and no more rows than the device plans for. */
+ * block's cost (a scoring block of one stream costs at most
+ * MODEL_SCORE_BLOCK_GFLOP, the default budget; under a lower
+ * --max-step-gflop one runs alone), and no more rows than the device plans
+ * for. */
 static int reader_cap(const smodel_t *sm, size_t M)
 {
     const int by_cost = batch_cap(model_cost_tokens(&sm->cost, M));
@@ -251,8 +252,8 @@ static int is_reading(const task_t *t)
  * reader_cap (the block's cost under --max-step-gflop, the device's rows).
  * So each text is cut where it would be cut alone, into blocks of the
  * model's scoring block from its start (model_score_block: block_len, or
- * for adaptive-span, whose math does not depend on the cut, up to 8 of them
- * and 4096 tokens): a PAR segment's context depends on where it starts, and
+ * for adaptive-span, whose math does not depend on the cut, up to 8 of them,
+ * 4096 tokens and 200 GFLOP): a PAR segment's context depends on where it starts, and
  * even where the math does not, a block of another length rounds otherwise.
  * The length is the model's alone, never the load's. With the forward's
  * products per stream (ops_linear), each request gets the bits it gets
