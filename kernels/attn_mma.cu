@@ -171,7 +171,8 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
     const int DP = L::DP;
     bf16 *ks = (bf16 *)(smraw + L::k), *vs = (bf16 *)(smraw + L::v), *band = (bf16 *)(smraw + L::band),
          *band_lo = (bf16 *)(smraw + L::band_lo);
-    float *mk = (float *)(smraw + L::mask), *uk = (float *)(smraw + L::uk);   /* mask (aspan) or v . r (rel); u . k */
+    /* mk: adaptive-span's mask by band distance, v . r_d (relative), or a window model's mask by key; uk: u . k */
+    float *mk = (float *)(smraw + L::mask), *uk = (float *)(smraw + L::uk);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
     float *pw = (float *)(smraw + L::pw) + warp * 16 * MMA_PST;
 
