@@ -223,6 +223,17 @@ static void check_bf16_bpc(const char *name, mem_mode mode)
     CHECK_NEAR(bcc, b32, 0.002, "bf16 (CUDA cores) bpc against float32");
 }
 
+/* bf16: the attention on tensor cores (kernels/attn_mma.cu) against the
+ * CUDA-core kernels on the same inputs (TC_CC), where the latter is CC from
+ * the CPU. Both are bf16 roundings of the same sums, each about CC from the
+ * exact one; a wrong key, dim or mask is far past twice that. */
+static void check_tc_cc(const char *label, double tc_cc, double cc)
+{
+    printf("%s (bf16): attention on tensor cores vs CUDA cores: logprobs %.2e (CUDA cores vs CPU %.2e)\n", label, tc_cc,
+           cc);
+    CHECK(tc_cc <= 2 * cc + 1e-3, "%s: tensor cores vs CUDA cores %.3g (CUDA cores vs CPU %.3g)", label, tc_cc, cc);
+}
+
 /* Random inputs: NS streams brought to different positions on the CPU, then
  * moved to the device, and the same steps (blocks of the lengths in STEPS)
  * fed to both; logprobs and memories compared. */
@@ -288,12 +299,7 @@ static void check_random_prec(const model_t *m, const char *label, const int *pr
         }
     }
     if (gc) {
-        printf("%s (bf16): attention on tensor cores vs CUDA cores: logprobs %.2e (CUDA cores vs CPU %.2e)\n", label,
-               worst_tc_cc, worst_cc);
-        /* both are bf16 roundings of the same sums, each about worst_cc from
-         * the exact one; a wrong key, dim or mask is far past twice that */
-        CHECK(worst_tc_cc <= 2 * worst_cc + 1e-3, "%s: tensor cores vs CUDA cores %.3g (CUDA cores vs CPU %.3g)", label,
-              worst_tc_cc, worst_cc);
+        check_tc_cc(label, worst_tc_cc, worst_cc);
         CHECK(worst_cc <= tol, "%s logprobs (CUDA cores): %.3g", label, worst_cc);
         for (int s = 0; s < NS; s++) gpu_mem_free(gmc[s]);
         gpu_model_free(gc);
@@ -1181,10 +1187,7 @@ static void check_gpt_random(const model_t *m, const char *label, int NS, const 
         }
     }
     if (gc) {
-        printf("%s (bf16): attention on tensor cores vs CUDA cores: logprobs %.2e (CUDA cores vs CPU %.2e)\n", label,
-               worst_tc_cc, worst_cc);
-        CHECK(worst_tc_cc <= 2 * worst_cc + 1e-3, "%s: tensor cores vs CUDA cores %.3g (CUDA cores vs CPU %.3g)", label,
-              worst_tc_cc, worst_cc);
+        check_tc_cc(label, worst_tc_cc, worst_cc);
         for (int s = 0; s < NS; s++) gpu_mem_free(gmc[s]);
         gpu_model_free(gc);
     }
