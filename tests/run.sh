@@ -20,8 +20,10 @@ log=$(mktemp); skips=$(mktemp)
 for t in "$build"/tests/test_* tests/test_*.sh; do
     [ -e "$t" ] || continue
     case "$t" in *.sh) cmd="sh $t" ;; *) cmd="$t" ;; esac
+    t0=$(date +%s)
     $cmd >"$log" 2>&1
     rc=$?
+    secs=$(($(date +%s) - t0))
     line=$(grep -E '[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
     p=$(echo "$line" | sed -E 's/.* ([0-9]+) passed, ([0-9]+) failed.*/\1/')
     f=$(echo "$line" | sed -E 's/.* ([0-9]+) passed, ([0-9]+) failed.*/\2/')
@@ -31,7 +33,7 @@ for t in "$build"/tests/test_* tests/test_*.sh; do
     grep -E '^SKIP' "$log" >>"$skips"
     grep -E 'ERROR: (Address|Undefined|Leak)Sanitizer|runtime error' "$log" && f=$((f + 1))
     if [ "$f" != 0 ]; then echo "--- $t (exit $rc) ---"; tail -n 30 "$log"; fi
-    echo "$(basename "$t"): $p passed, $f failed"
+    echo "$(basename "$t"): $p passed, $f failed ($secs s)"
     pass=$((pass + p)); fail=$((fail + f))
 done
 s=$(($(wc -l <"$skips")))
