@@ -74,29 +74,57 @@ int gpu_ada_embed(gpu_model *g, float *x, bf16 *xb, const int32_t *tok, int n, c
 
 #define ADA_CHUNK 4096
 
-/* Chunk c of row r of Y (rows LD apart, LEN wide): + bias (in place unless
- * KEEP: a step of targets reads only its targets, adding their bias); its
- * max and sum of exp into part[(r * C + c) * 2]. */
-__global__ static void ada_part_kernel(float *y, int ld, int len, const float *bias, double *part, int C, bool keep)
+/* Chunk c of row r of Y (rows LD apart, a multiple of 4; LEN wide): + bias
+ * (in place unless KEEP: a step of targets reads only its targets, adding
+ * their bias); its max and sum of exp into part[(r * C + c) * 2]. A thread
+ * takes 4 runs of 4 floats (16-byte loads; the bias as it lies, a float at
+ * a time); the exponentials in float (each at most 1), the block's sum in
+ * double. */
+__global__ static void __launch_bounds__(256) ada_part_kernel(float *y, int ld, int len, const float *bias, double *part,
+                                                              int C, bool keep)
 {
     __shared__ float fs[32];
     __shared__ double ds[32];
     const int r = blockIdx.x, c = blockIdx.y, j0 = c * ADA_CHUNK, j1 = min(len, j0 + ADA_CHUNK);
     float *row = y + (size_t)r * ld;
+    float v[ADA_CHUNK / 256];   /* this thread's values of the chunk (blockDim.x == 256) */
     float mx = -INFINITY;
-    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        const float v = row[j] + bias[j];
-        if (!keep) row[j] = v;
-        mx = fmaxf(mx, v);
+#pragma unroll
+    for (int k = 0; k < ADA_CHUNK / 1024; k++) {
+        const int j = j0 + 4 * (threadIdx.x + 256 * k);
+        float4 x = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+        if (j + 3 < j1) {
+            x = *(const float4 *)(row + j);
+            x.x += __ldg(bias + j), x.y += __ldg(bias + j + 1), x.z += __ldg(bias + j + 2), x.w += __ldg(bias + j + 3);
+            if (!keep) *(float4 *)(row + j) = x;
+        } else {
+            float *e = &x.x;
+            for (int i = 0; i < 4 && j + i < j1; i++) {
+                e[i] = row[j + i] + __ldg(bias + j + i);
+                if (!keep) row[j + i] = e[i];
+            }
+        }
+        v[4 * k] = x.x, v[4 * k + 1] = x.y, v[4 * k + 2] = x.z, v[4 * k + 3] = x.w;
+        mx = fmaxf(mx, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
     }
     mx = block_max(mx, fs);
-    double s = 0;
-    for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) s += exp((double)(row[j] + (keep ? bias[j] : 0.0f)) - mx);
-    s = block_sum(s, ds);
+    float t = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ADA_CHUNK / 256; k++) t += expf(v[k] - mx);   /* (exp(-inf) = 0) */
+    const double s = block_sum((double)t, ds);
     if (threadIdx.x == 0) {
         part[((size_t)r * C + c) * 2] = mx;
         part[((size_t)r * C + c) * 2 + 1] = s;
     }
+}
+
+/* The log-sum-exp of row R from its C chunks' partials at P */
+__device__ static double ada_lse(const double *p, int C)
+{
+    double mx = -INFINITY, s = 0;
+    for (int k = 0; k < C; k++) mx = fmax(mx, p[2 * k]);
+    for (int k = 0; k < C; k++) s += p[2 * k + 1] * exp(p[2 * k] - mx);
+    return mx + log(s);
 }
 
 /* The row's log-sum-exp from its chunks' partials; chunk c of SRC (rows LDS
@@ -107,13 +135,7 @@ __global__ static void ada_write_kernel(float *dst, int ldd, const float *src, i
 {
     __shared__ double lse_s;
     const int r = blockIdx.x, c = blockIdx.y, j0 = c * ADA_CHUNK, j1 = min(len, j0 + ADA_CHUNK);
-    if (threadIdx.x == 0) {
-        const double *p = part + (size_t)r * C * 2;
-        double mx = -INFINITY, s = 0;
-        for (int k = 0; k < C; k++) mx = fmax(mx, p[2 * k]);
-        for (int k = 0; k < C; k++) s += p[2 * k + 1] * exp(p[2 * k] - mx);
-        lse_s = mx + log(s);
-    }
+    if (threadIdx.x == 0) lse_s = ada_lse(part + (size_t)r * C * 2, C);
     __syncthreads();
     const double lse = lse_s;
     const float base = head ? head[(size_t)r * ldh + col] : 0.0f;
@@ -136,75 +158,36 @@ static int ada_lsm(gpu_model *g, float *dst, int ldd, float *src, int lds, int l
     return 0;
 }
 
-/* Scoring (every row wants only its target's logprob): row r's target T,
- * in the shortlist, is the head's column T; in tail cluster K (LO its first
- * id), the head's column COL plus its logit in the tail buffer less the
- * tail's log-sum-exp (from the chunks' partials). Nothing else is written. */
-__global__ static void ada_target_kernel(float *tl, const int32_t *tgt, const float *head, int ldh, const float *tail,
-                                         int ldt, const double *part, int C, int lo, int hi, int col, int n)
+/* Scoring (every row wants only its target's logprob), the head's pass:
+ * row r's head log-sum-exp (its chunks' partials) into hlse[r]; a target T
+ * in the shortlist has the logprob head[r][T] + b[T] - lse. Nothing else is
+ * written. */
+__global__ static void ada_head_target_kernel(float *tl, double *hlse, const int32_t *tgt, const float *head, int ldh,
+                                              const float *hb, const double *part, int C, int c1, int n)
 {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
+    const double lse = ada_lse(part + (size_t)r * C * 2, C);
+    hlse[r] = lse;
     const int t = tgt[r];
-    if (lo == 0) {   /* the head's pass: shortlist targets */
-        if (t >= 0 && t < hi) tl[r] = head[(size_t)r * ldh + t];
-        return;
-    }
-    if (t < lo || t >= hi) return;
-    const double *p = part + (size_t)r * C * 2;
-    double mx = -INFINITY, s = 0;
-    for (int k = 0; k < C; k++) mx = fmax(mx, p[2 * k]);
-    for (int k = 0; k < C; k++) s += p[2 * k + 1] * exp(p[2 * k] - mx);
-    const double lse = mx + log(s);
-    tl[r] = head[(size_t)r * ldh + col] + (float)((double)tail[(size_t)r * ldt + (t - lo)] - lse);
+    if (t >= 0 && t < c1) tl[r] = (float)((double)(head[(size_t)r * ldh + t] + hb[t]) - lse);
 }
 
-/* The same for a tail cluster's gathered rows: row i of TAIL is step row
- * rows[i] (i < *nrows), its logits without their bias (BIAS, added here). */
-__global__ static void ada_target_rows_kernel(float *tl, const int32_t *tgt, const int *rows, const int *nrows,
-                                              const float *head, int ldh, const float *tail, int ldt, const float *bias,
-                                              const double *part, int C, int lo, int col)
+/* A tail cluster's rows: row i of TAIL is step row rows[i] (or i where rows
+ * is NULL; i < *nrows), its logits without their bias; the target's logprob
+ * is the head's column COL for the cluster (less the head's log-sum-exp)
+ * plus the target's logit less the tail's log-sum-exp. */
+__global__ static void ada_target_rows_kernel(float *tl, const int32_t *tgt, const int *rows, const int *nrows, int n,
+                                              const float *head, int ldh, const float *hb, const double *hlse,
+                                              const float *tail, int ldt, const float *bias, const double *part, int C,
+                                              int lo, int hi, int col)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= *nrows) return;
-    const int r = rows[i], t = tgt[r] - lo;
-    const double *p = part + (size_t)i * C * 2;
-    double mx = -INFINITY, s = 0;
-    for (int k = 0; k < C; k++) mx = fmax(mx, p[2 * k]);
-    for (int k = 0; k < C; k++) s += p[2 * k + 1] * exp(p[2 * k] - mx);
-    const double lse = mx + log(s);
-    tl[r] = head[(size_t)r * ldh + col] + (float)((double)(tail[(size_t)i * ldt + t] + bias[t]) - lse);
-}
-
-typedef struct {
-    int n, cut[ADA_MAX_CLUSTERS + 1];
-} ada_cuts;
-
-/* Each tail cluster's rows, those whose target lies in it, in order: cluster
- * k (a block each, k = blockIdx.x + 1) into rows[(k - 1) n ..], its count
- * into cnt[k - 1]. */
-__global__ static void ada_rows_kernel(int *rows, int *cnt, const int32_t *tgt, int n, ada_cuts c)
-{
-    __shared__ int wsum[32];
-    const int k = blockIdx.x + 1, lo = c.cut[k], hi = c.cut[k + 1], lane = threadIdx.x & 31, w = threadIdx.x >> 5,
-              nw = blockDim.x >> 5;
-    int *out = rows + (size_t)(k - 1) * n, total = 0;
-    for (int base = 0; base < n; base += blockDim.x) {
-        const int r = base + threadIdx.x;
-        const bool f = r < n && tgt[r] >= lo && tgt[r] < hi;
-        const unsigned b = __ballot_sync(0xffffffffu, f);
-        if (lane == 0) wsum[w] = __popc(b);
-        __syncthreads();
-        int off = total, chunk = 0;
-        for (int i = 0; i < nw; i++) {
-            if (i < w) off += wsum[i];
-            chunk += wsum[i];
-        }
-        if (f) out[off + __popc(b & ((1u << lane) - 1))] = r;
-        total += chunk;
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) cnt[k - 1] = total;
+    if (i >= (nrows ? *nrows : n)) return;
+    const int r = rows ? rows[i] : i, t = tgt[r];
+    if (t < lo || t >= hi) return;
+    const float hc = (float)((double)(head[(size_t)r * ldh + col] + hb[col]) - hlse[r]);
+    tl[r] = hc + (float)((double)(tail[(size_t)i * ldt + (t - lo)] + bias[t - lo]) - ada_lse(part + (size_t)i * C * 2, C));
 }
 
 /* dst[i] = src[rows[i]], rows of D elements, i < nrows */
@@ -224,27 +207,31 @@ __global__ static void ada_head_kernel(float *logits, const float *head, int V, 
     for (int j = threadIdx.x; j < c1; j += blockDim.x) o[j] = h[j];
 }
 
-int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const int32_t *tgt, float *tl, char *err)
+int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const int32_t *tgt, const int32_t *htgt, float *tl,
+                     char *err)
 {
     const gpu_ada *a = g->ada;
     const int D = g->m->d_model, V = g->m->V, H = a->H, c1 = a->cut[1];
     const bool bf = g->prec == GPU_BF16;
-    /* a step of targets only (never inside a graph's capture: it waits for
-     * the counts): each tail cluster computes the rows whose target lies in
-     * it, gathered, instead of all n (on text most targets are in the head;
-     * on any, a row needs one tail) */
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    CU_TRY(cudaStreamIsCapturing(g->stream, &cap), err, "cudaStreamIsCapturing");
-    const bool gather = tgt && a->n > 1 && cap == cudaStreamCaptureStatusNone;
+    /* a step of targets only: each tail cluster computes the rows whose
+     * target lies in it, gathered, instead of all n (on text most targets
+     * are in the head; on any, a row needs one tail). The rows' lists and
+     * counts are made on the host from its copy of the targets (HTGT), as
+     * the step's inputs, and go up with one copy: the host never waits for
+     * the device inside a step. */
+    const bool gather = tgt && htgt && a->n > 1;
     if (gather) {
-        ada_cuts c;
-        c.n = a->n;
-        for (int k = 0; k <= a->n; k++) c.cut[k] = a->cut[k];
-        ada_rows_kernel<<<a->n - 1, 1024, 0, g->stream>>>(a->rows, a->cnt, tgt, n, c);
-        LAUNCH_TRY(err, "ada_rows");
-        CU_TRY(cudaMemcpyAsync(a->h_cnt, a->cnt, (size_t)(a->n - 1) * sizeof(int), cudaMemcpyDeviceToHost, g->stream), err,
-               "copying the clusters' row counts");
-        CU_TRY(cudaStreamSynchronize(g->stream), err, "the clusters' row counts");
+        int *hr = a->h_rows;
+        for (int k = 1; k < a->n; k++) a->h_cnt[k - 1] = 0;
+        for (int r = 0; r < n; r++) {
+            int k = 1;
+            while (k < a->n && htgt[r] >= a->cut[k + 1]) k++;
+            if (htgt[r] >= a->cut[1] && k < a->n) hr[(size_t)(k - 1) * n + a->h_cnt[k - 1]++] = r;
+        }
+        for (int k = 1; k < a->n; k++) hr[(size_t)(a->n - 1) * n + k - 1] = a->h_cnt[k - 1];
+        CU_TRY(cudaMemcpyAsync(a->rows, hr, ((size_t)(a->n - 1) * n + a->n - 1) * sizeof(int), cudaMemcpyHostToDevice,
+                               g->stream),
+               err, "copying the clusters' rows");
     }
     for (int k = 0; k < a->n; k++) {
         if (gather && k > 0 && a->h_cnt[k - 1] == 0) continue;   /* no row's target in this cluster */
@@ -266,46 +253,54 @@ int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const 
             pb = a->hpb;
         }
         /* GEMMs into buffers whose rows are 8 floats aligned (the logits' V
-         * apart are not: cuBLAS then leaves the tensor cores) */
+         * apart are not: cuBLAS then leaves the tensor cores); in bf16 as
+         * wide as the padded weights (ada_pad8), which an odd width needs too */
         if (k == 0) {
-            if ((bf ? gpu_linear_bf16_ld(g, a->head, a->ldh, pb, a->head_w_h, n, a->dim[0], H, err)
-                    : gpu_linear_ld(g, a->head, a->ldh, p, a->head_w, n, a->dim[0], H, err)) ||
-                ada_lsm(g, a->head, a->ldh, a->head, a->ldh, H, a->head_b, NULL, 0, 0, n, err))
+            const int C = (H + ADA_CHUNK - 1) / ADA_CHUNK;
+            if (bf ? gpu_linear_bf16_ld(g, a->head, a->ldh, pb, a->head_w_h, n, a->dim[0], ada_pad8(H), err)
+                   : gpu_linear_ld(g, a->head, a->ldh, p, a->head_w, n, a->dim[0], H, err))
                 return -1;
-            if (tgt) ada_target_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, tgt, a->head, a->ldh, NULL, 0, NULL, 0, 0,
-                                                                               c1, 0, n);
-            else ada_head_kernel<<<n, 256, 0, g->stream>>>(g->logits, a->head, V, a->ldh, c1);
+            if (tgt) {   /* the head's log-sum-exp a row, and the shortlist's targets: no row written */
+                ada_part_kernel<<<dim3((unsigned)n, (unsigned)C), 256, 0, g->stream>>>(a->head, a->ldh, H, a->head_b, a->part,
+                                                                                       C, true);
+                ada_head_target_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, a->hlse, tgt, a->head, a->ldh, a->head_b,
+                                                                                a->part, C, c1, n);
+                LAUNCH_TRY(err, "ada_head_target");
+                continue;
+            }
+            if (ada_lsm(g, a->head, a->ldh, a->head, a->ldh, H, a->head_b, NULL, 0, 0, n, err)) return -1;
+            ada_head_kernel<<<n, 256, 0, g->stream>>>(g->logits, a->head, V, a->ldh, c1);
             LAUNCH_TRY(err, "ada_head");
             continue;
         }
-        const int lo = a->cut[k], Vk = a->cut[k + 1] - lo;
+        const int lo = a->cut[k], Vk = a->cut[k + 1] - lo, C = (Vk + ADA_CHUNK - 1) / ADA_CHUNK, wk = bf ? ada_pad8(Vk) : Vk;
         if (gather) {   /* the cluster's rows only: gathered, their logits, partials and targets */
-            const int nk = a->h_cnt[k - 1], dk = a->dim[k], C = (Vk + ADA_CHUNK - 1) / ADA_CHUNK;
+            const int nk = a->h_cnt[k - 1], dk = a->dim[k];
             const int *rows = a->rows + (size_t)(k - 1) * n;
             const unsigned gb = (unsigned)(((size_t)nk * dk + 255) / 256);
             if (bf) ada_gather_kernel<bf16><<<gb, 256, 0, g->stream>>>(a->hgb, pb, rows, nk, dk);
             else ada_gather_kernel<float><<<gb, 256, 0, g->stream>>>(a->hg, p, rows, nk, dk);
             LAUNCH_TRY(err, "ada_gather");
-            if (bf ? gpu_linear_bf16_ld(g, a->tail, a->ldt, a->hgb, a->out_w_h[k], nk, dk, Vk, err)
+            if (bf ? gpu_linear_bf16_ld(g, a->tail, a->ldt, a->hgb, a->out_w_h[k], nk, dk, wk, err)
                    : gpu_linear_ld(g, a->tail, a->ldt, a->hg, a->out_w[k], nk, dk, Vk, err))
                 return -1;
             ada_part_kernel<<<dim3((unsigned)nk, (unsigned)C), 256, 0, g->stream>>>(a->tail, a->ldt, Vk, a->out_b[k], a->part,
                                                                                     C, true);
-            ada_target_rows_kernel<<<(nk + 127) / 128, 128, 0, g->stream>>>(tl, tgt, rows, a->cnt + (k - 1), a->head, a->ldh,
-                                                                             a->tail, a->ldt, a->out_b[k], a->part, C, lo,
-                                                                             H - k);
+            ada_target_rows_kernel<<<(nk + 127) / 128, 128, 0, g->stream>>>(tl, tgt, rows, NULL, nk, a->head,
+                                                                             a->ldh, a->head_b, a->hlse, a->tail, a->ldt,
+                                                                             a->out_b[k], a->part, C, lo, lo + Vk, H - k);
             LAUNCH_TRY(err, "ada_target");
             continue;
         }
-        if (bf ? gpu_linear_bf16_ld(g, a->tail, a->ldt, pb, a->out_w_h[k], n, a->dim[k], Vk, err)
+        if (bf ? gpu_linear_bf16_ld(g, a->tail, a->ldt, pb, a->out_w_h[k], n, a->dim[k], wk, err)
                : gpu_linear_ld(g, a->tail, a->ldt, p, a->out_w[k], n, a->dim[k], Vk, err))
             return -1;
-        if (tgt) {   /* the tail's partials, and each of its rows' target */
-            const int C = (Vk + ADA_CHUNK - 1) / ADA_CHUNK;
+        if (tgt) {   /* the tail's partials for every row, and the targets of the rows whose target lies in it */
             ada_part_kernel<<<dim3((unsigned)n, (unsigned)C), 256, 0, g->stream>>>(a->tail, a->ldt, Vk, a->out_b[k], a->part, C,
-                                                                                   false);
-            ada_target_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, tgt, a->head, a->ldh, a->tail, a->ldt, a->part, C,
-                                                                       lo, lo + Vk, H - k, n);
+                                                                                   true);
+            ada_target_rows_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, tgt, NULL, NULL, n, a->head, a->ldh, a->head_b,
+                                                                            a->hlse, a->tail, a->ldt, a->out_b[k], a->part,
+                                                                            C, lo, lo + Vk, H - k);
             LAUNCH_TRY(err, "ada_target");
         } else if (ada_lsm(g, g->logits + lo, V, a->tail, a->ldt, Vk, a->out_b[k], a->head, a->ldh, H - k, n, err))
             return -1;

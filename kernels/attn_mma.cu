@@ -1,11 +1,14 @@
 /*
  * attn_mma.cu - the attention of blocks of queries on tensor cores
- * (GPU_BF16, heads of 32 or 64 dims), three kinds (MODE):
- *   MMA_ASPAN  adaptive-span attention (aspan_tile.cu's result, both memory
- *              modes), with persistent memory too (aspan_pers.cu's);
- *   MMA_REL    PAR / Transformer-XL / par-tf relative attention
- *              (rel_tile.cu's, same_length, clamp_len, par-tf's table);
- *   MMA_GPT    the window models' causal attention (gpt_attn.cu's),
+ * (GPU_BF16, heads of 32 or 64 dims), three kinds:
+ *   adaptive-span attention (aspan_tile.cu's result, both memory modes),
+ *     with persistent memory too (aspan_pers.cu's): attn_mma_kernel,
+ *     MMA_ASPAN;
+ *   the window models' causal attention (gpt_attn.cu's): attn_mma_kernel,
+ *     MMA_GPT;
+ *   PAR / Transformer-XL / par-tf relative attention (rel_tile.cu's,
+ *     same_length, clamp_len, par-tf's table): rel_mma_kernel (below, with
+ *     what it does differently),
  * with the products q.k, q.position and p.v as mma.sync.m16n8k16 (bf16
  * inputs, fp32 sums) and a FlashAttention-style online softmax over tiles
  * of keys in fp32.
@@ -18,35 +21,26 @@
  *     window's cache),
  *   - the position rows of the 127 distances d = t - s that the tile and
  *     the block's queries can form (adaptive-span: key_pe's column S - d,
- *     kept transposed and in bf16 by gpu_mma_upload; relative attention:
- *     the r row of distance d, fam_rel.cu's table in bf16), and
- *     adaptive-span's soft mask at those distances (a window model's mask
- *     is by key: its distance from the window's last row).
+ *     kept transposed and in bf16 by gpu_mma_upload), and adaptive-span's
+ *     soft mask at those distances (a window model's mask is by key: its
+ *     distance from the window's last row).
  * Each warp then forms
  *   S = q K^T         (16 x 64: the tile's keys)
  *   P = q band^T      (16 x 80: its 16 queries' distances to the tile)
  * with q the projection's bf16 query as it is; P goes through shared
  * memory so that each score can take its own distance's term:
  *   adaptive-span  score(i, j) = (S[i][j] + P[i][d]) / sqrt(D)
- *   relative       score(i, j) = (S[i][j] + u . k_j + P[i][d] + v . r_d) x scale
  *   window models  score(i, j) = S[i][j] / sqrt(D)   (no position term)
- * (Transformer-XL's (q + u) . k + (q + v) . r_d with the biases u =
- * r_w_bias and v = r_r_bias kept out of the bf16 operands: u . k_j is
- * summed in float for each key of the tile, v . r_d comes from a float
- * table made at load, and r_d is two bf16 rows, hi + lo, two products:
- * a trained model's r rows are large enough that one bf16 rounding of
- * them moved a logprob by 0.2 on the fixture). Persistent vectors are a
- * first tile of keys (the layer's N, in bf16) with no position term and
- * weight 1.
+ * Persistent vectors are a first tile of keys (the layer's N, in bf16)
+ * with no position term and weight 1.
  * Scores outside a query's window are -inf. The running softmax per query
  * row keeps m (the largest score so far), Z = sum exp(s - m), and, with
- * a = exp(s - m) x mask (1 for relative attention and persistent vectors),
- * W = sum a and O = sum a v (the A operand of p.v is a in bf16, straight
- * from the score fragments' registers). At the end out = (O / Z) /
- * (W / Z + 1e-8) (adaptive-span and the window models, the references'
- * a / (sum a + 1e-8) after a softmax over the whole window; without a mask
- * it is O / Z) or O / Z (relative). A long window, or too few blocks to
- * fill the device (one stream, a few heads), is split over several blocks
+ * a = exp(s - m) x mask (1 for persistent vectors), W = sum a and
+ * O = sum a v (the A operand of p.v is a in bf16, straight from the score
+ * fragments' registers). At the end out = (O / Z) / (W / Z + 1e-8) (the
+ * references' a / (sum a + 1e-8) after a softmax over the whole window;
+ * without a mask it is O / Z). A long window, or too few blocks to fill
+ * the device (one stream, a few heads), is split over several blocks
  * (mma_split), whose partial states (m, Z, W, O) in g->tpart
  * aspan_tile.cu's combine kernel meets.
  *
@@ -63,7 +57,7 @@
 #define MMA_PST 84                 /* floats a row of a warp's position scores takes (fewer bank conflicts) */
 #define MMA_CHUNK 1024             /* key positions a block takes before an adaptive-span window is split */
 
-enum { MMA_ASPAN, MMA_REL, MMA_GPT };   /* the attentions (attn_mma_kernel's MODE) */
+enum { MMA_ASPAN, MMA_GPT };   /* attn_mma_kernel's two attentions (its MODE) */
 
 /* ---- mma.sync and its fragments ---- */
 
@@ -83,6 +77,18 @@ static __device__ __forceinline__ void ldsm_x4_trans(unsigned r[4], const bf16 *
 {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* Four 8x8 16-bit matrices from shared memory as they lie: lane L gives the
+ * address of row L % 8 of matrix L / 8 and receives, of each matrix, row
+ * L / 4, columns 2 (L % 4) and 2 (L % 4) + 1 (an mma's B fragments out of
+ * rows that hold its k dimension) */
+static __device__ __forceinline__ void ldsm_x4(unsigned r[4], const void *p)
+{
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a));
 }
@@ -115,9 +121,10 @@ typedef struct {
     float *part;                   /* split: the partial states (NULL: not split) */
     /* relative */
     const float *rwb, *rrb;        /* r_w_bias, r_r_bias of the block: A each */
-    const bf16 *rk, *rk_lo;        /* rk_rows x A: the r row of each distance (par-tf: from roff), hi + lo */
+    const __half *rk;              /* rk_rows x A: the r row of each distance (par-tf: from roff), fp16 */
     const float *vr;               /* rk_rows x K: r_r_bias . r row, per head (gpu_mma_upload) */
     int rk_rows, tf, ML, nl, layer, same_length;
+    int ring_write;                /* the block writes its head's keys and values of the step into the ring */
     int64_t roff_ring;             /* the layer's rings in the memory */
     const int *len;                /* the memory rows each stream's layers hold */
     /* window models (fam_gpt.cu): the group's windows, a block's z its window */
@@ -127,14 +134,11 @@ typedef struct {
     int C;                         /* the window: the cache's rows */
 } mma_args;
 
-/* The block's shared memory; relative attention keeps its r rows as two
- * bf16 tables, hi + lo (band_lo), so that q . r_d loses no more than a
- * float product would. */
-template <int D, bool REL> struct mma_smem {
+/* attn_mma_kernel's shared memory */
+template <int D> struct mma_smem {
     static const int DP = D + 8;   /* bf16 a shared row takes: 16-byte aligned, no bank conflicts */
     static const size_t k = 0, v = k + (size_t)MMA_BK * DP * 2, band = v + (size_t)MMA_BK * DP * 2,
-                        band_lo = band + (size_t)MMA_NB * DP * 2,
-                        mask = band_lo + (REL ? (size_t)MMA_NB * DP * 2 : 0), uk = mask + MMA_NB * 4, pw = uk + MMA_BK * 4,
+                        mask = band + (size_t)MMA_NB * DP * 2, pw = mask + MMA_NB * 4,
                         bytes = pw + (size_t)(MMA_BQ / 16) * 16 * MMA_PST * 4;
 };
 
@@ -165,14 +169,13 @@ static __device__ __forceinline__ void mma_copies_wait(void)
 template <int D, int MODE>
 __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
 {
-    const bool REL = MODE == MMA_REL, GPT = MODE == MMA_GPT;
+    const bool GPT = MODE == MMA_GPT;
     extern __shared__ __align__(16) unsigned char smraw[];
-    typedef mma_smem<D, MODE == MMA_REL> L;
+    typedef mma_smem<D> L;
     const int DP = L::DP;
-    bf16 *ks = (bf16 *)(smraw + L::k), *vs = (bf16 *)(smraw + L::v), *band = (bf16 *)(smraw + L::band),
-         *band_lo = (bf16 *)(smraw + L::band_lo);
-    /* mk: adaptive-span's mask by band distance, v . r_d (relative), or a window model's mask by key; uk: u . k */
-    float *mk = (float *)(smraw + L::mask), *uk = (float *)(smraw + L::uk);
+    bf16 *ks = (bf16 *)(smraw + L::k), *vs = (bf16 *)(smraw + L::v), *band = (bf16 *)(smraw + L::band);
+    /* mk: adaptive-span's mask by band distance, or a window model's mask by key */
+    float *mk = (float *)(smraw + L::mask);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
     float *pw = (float *)(smraw + L::pw) + warp * 16 * MMA_PST;
 
@@ -190,25 +193,14 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
     const bf16 *kb = a.qkv + qbase * stride + A + (size_t)h * D, *vb = kb + A;
 
     /* the window: key positions [slo, shi] of the block; per query, the distances it may see */
-    int kw = 0, r = 0, mlen = 0, mslot = 0, roff = 0, shift = 0;
-    int64_t slo, shi, smin = 0;
+    int kw = 0, r = 0;
+    int64_t slo, shi;
     const bf16 *kr, *vr;
     if (GPT) {   /* window rows 0 .. the block's last query: the cache's below `cached` */
         slo = 0;
         shi = t0 + nq - 1;
         kr = wn.cached ? (const bf16 *)a.ring[b] + a.cache_off + (size_t)h * D : NULL;
         vr = kr ? kr + (size_t)a.C * A : NULL;
-    } else if (REL) {
-        mlen = a.len[(size_t)b * a.nl + a.layer];
-        roff = a.tf ? a.rk_rows - (mlen + M) : 0;
-        const int mask_len = mlen + M - a.ML;
-        shift = mask_len > 0 ? M - mask_len : M;
-        smin = p0 - mlen;
-        slo = smin + (int64_t)sp * a.chunk;
-        shi = min(t0 + nq - 1, slo + a.chunk - 1);
-        kr = a.ring[b] + a.roff_ring + (size_t)h * D;
-        vr = kr + (size_t)a.ML * A;
-        mslot = a.ML > 0 ? (int)((p0 - mlen) % a.ML) : 0;
     } else {
         kw = a.krows[h];
         r = a.reach[h];
@@ -224,10 +216,10 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
         slo = t0 - kw + (int64_t)sp * a.chunk;
         shi = min(t0 + nq - 2, slo + a.chunk - 1);
     }
-    const float *mask = GPT ? (a.wmask ? a.wmask + (size_t)h * a.C : NULL) : REL ? NULL : a.derived + a.mask_off[h];
+    const float *mask = GPT ? (a.wmask ? a.wmask + (size_t)h * a.C : NULL) : a.derived + a.mask_off[h];
 
     /* the queries' A fragments (rows g and g + 8 of the warp, dims 2 c4 + {0, 1, 8, 9} of each 16), the
-     * projection's bf16 as they are: relative attention's biases are added in float, by key and by distance */
+     * projection's bf16 as they are */
     unsigned qa[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
@@ -236,13 +228,8 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             const int row = iw + g + (x & 1) * 8, c = kk * 16 + 2 * c4 + (x >> 1) * 8;
             qa[kk][x] = row < qn ? ld32(a.qkv + (qbase + row) * stride + (size_t)h * D + c) : 0u;
         }
-    /* the first key each of this thread's two rows sees (same_length), and the rows' positions */
+    /* the rows' positions */
     const int64_t tr0 = p0 + iw + g, tr1 = tr0 + 8;
-    int64_t first0 = INT64_MIN, first1 = INT64_MIN;   /* (a window by distance alone: adaptive-span, no same_length) */
-    if (REL && a.same_length) {
-        first0 = smin + (iw + g - shift + 1);
-        first1 = first0 + 8;
-    }
     const bool act0 = iw + g < qn, act1 = iw + g + 8 < qn;
 
     float o[D / 8][4];
@@ -261,11 +248,6 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             if (s > shi) return NULL;
             if (s >= p0) return kb + (size_t)(s - p0) * stride;
             if (GPT) return kr + (size_t)s * A;
-            if (REL) {
-                int sl = mslot + (int)(s - smin);
-                if (sl >= a.ML) sl -= a.ML;
-                return kr + (size_t)sl * A;
-            }
             return kr + (size_t)ring_slot(s, kw) * D;
         });
         copy_rows<D>(vs, MMA_BK, a.qkv, [&](int j) -> const bf16 * {
@@ -274,23 +256,12 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             if (s > shi) return NULL;
             if (s >= p0) return vb + (size_t)(s - p0) * stride;
             if (GPT) return vr + (size_t)s * A;
-            if (REL) {
-                int sl = mslot + (int)(s - smin);
-                if (sl >= a.ML) sl -= a.ML;
-                return vr + (size_t)sl * A;
-            }
             return s >= p0 - r ? vr + (size_t)ring_slot(s, r) * D : NULL;
         });
         if (!pers && !GPT)
             copy_rows<D>(band, MMA_NB, a.qkv, [&](int x) -> const bf16 * {
                 const int64_t d = dmin + x;
-                if (REL) return d >= 0 && roff + d < a.rk_rows ? a.rk + (size_t)(roff + d) * A + (size_t)h * D : NULL;
                 return d >= 1 && d <= kw ? a.pe + (size_t)d * D : NULL;
-            });
-        if (REL)
-            copy_rows<D>(band_lo, MMA_NB, a.qkv, [&](int x) -> const bf16 * {
-                const int64_t d = dmin + x;
-                return d >= 0 && roff + d < a.rk_rows ? a.rk_lo + (size_t)(roff + d) * A + (size_t)h * D : NULL;
             });
         for (int x = threadIdx.x; x < MMA_NB && !pers; x += blockDim.x) {
             if (GPT) {   /* by key: the mask at the key's distance from the window's last row */
@@ -299,29 +270,14 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
                 continue;
             }
             const int64_t d = dmin + x;
-            if (REL) mk[x] = d >= 0 && roff + d < a.rk_rows ? __ldg(a.vr + (size_t)(roff + d) * K + h) : 0.0f;
-            else mk[x] = d >= 1 && d <= r ? __ldg(mask + d - 1) : 0.0f;
+            mk[x] = d >= 1 && d <= r ? __ldg(mask + d - 1) : 0.0f;
         }
         mma_copies_wait();
         __syncthreads();
-        if (REL) {   /* u . k of each key of the tile, in float */
-            if (threadIdx.x < MMA_BK) {
-                const bf16 *kj = ks + (size_t)threadIdx.x * DP;
-                const float *u = a.rwb + (size_t)h * D;
-                float acc = 0.0f;
-#pragma unroll 8
-                for (int c = 0; c < D; c += 2) {
-                    const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)(kj + c));
-                    acc = fmaf(f.x, __ldg(u + c), fmaf(f.y, __ldg(u + c + 1), acc));
-                }
-                uk[threadIdx.x] = acc;
-            }
-            __syncthreads();
-        }
 
         /* P = q band^T over the warp's 80 distances (band rows 16 warp ..), into pw */
         if (!pers && !GPT) {
-            const bf16 *bw = band + (size_t)warp * 16 * DP, *bl = band_lo + (size_t)warp * 16 * DP;
+            const bf16 *bw = band + (size_t)warp * 16 * DP;
 #pragma unroll
             for (int n = 0; n < MMA_PW / 8; n++) {
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -329,10 +285,6 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
                 for (int kk = 0; kk < D / 16; kk++) {
                     const bf16 *row = bw + (size_t)(n * 8 + g) * DP + kk * 16 + 2 * c4;
                     mma16816(acc, qa[kk], ld32(row), ld32(row + 8));
-                    if (REL) {
-                        const bf16 *lo = bl + (size_t)(n * 8 + g) * DP + kk * 16 + 2 * c4;
-                        mma16816(acc, qa[kk], ld32(lo), ld32(lo + 8));
-                    }
                 }
                 *(float2 *)(pw + g * MMA_PST + n * 8 + 2 * c4) = make_float2(acc[0], acc[1]);
                 *(float2 *)(pw + (g + 8) * MMA_PST + n * 8 + 2 * c4) = make_float2(acc[2], acc[3]);
@@ -360,11 +312,8 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
                 const int rr = g + (x >> 1) * 8, j = n * 8 + 2 * c4 + (x & 1);   /* row in the warp, key in the tile */
                 const int64_t sk = s0 + j, t = (x >> 1) ? tr1 : tr0, d = t - sk;
                 const bool ok = ((x >> 1) ? act1 : act0) &&
-                                (pers ? sk < a.pers_n
-                                      : sk <= shi && sk >= ((x >> 1) ? first1 : first0) &&
-                                            (REL || GPT ? d >= 0 : d >= 1 && d <= kw));
+                                (pers ? sk < a.pers_n : sk <= shi && (GPT ? d >= 0 : d >= 1 && d <= kw));
                 float v = s[n][x] + (pers || GPT ? 0.0f : pw[rr * MMA_PST + rr - j + MMA_BK - 1]);
-                if (REL) v += uk[j] + mk[warp * 16 + rr - j + MMA_BK - 1];
                 v = ok ? v * a.scale : -INFINITY;
                 s[n][x] = v;
                 if (x >> 1) tm1 = fmaxf(tm1, v);
@@ -394,7 +343,7 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             for (int x = 0; x < 4; x++) {
                 const int rr = g + (x >> 1) * 8, j = n * 8 + 2 * c4 + (x & 1);
                 const float p = s[n][x] == -INFINITY ? 0.0f : __expf(s[n][x] - ((x >> 1) ? mx1 : mx0));
-                const float wt = REL || pers ? p : p * mk[GPT ? j : warp * 16 + rr - j + MMA_BK - 1];
+                const float wt = pers ? p : p * mk[GPT ? j : warp * 16 + rr - j + MMA_BK - 1];
                 if (x >> 1) z1 += p, w1 += wt;
                 else z0 += p, w0 += wt;
                 e[x] = wt;
@@ -414,7 +363,7 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
                 mma16816(o[n + 1], pa[kk], vf[2], vf[3]);
             }
     };
-    if (!REL && sp == 0)   /* (the first range of a split window takes the persistent vectors) */
+    if (sp == 0)   /* (the first range of a split window takes the persistent vectors) */
         for (int64_t s0 = 0; s0 < a.pers_n; s0 += MMA_BK) tile(s0, true);
     for (int64_t s0 = slo; s0 <= shi; s0 += MMA_BK) tile(s0, false);
 
@@ -442,7 +391,7 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             }
             continue;
         }
-        const float den = REL ? z : z * (w / z + 1e-8f);
+        const float den = z * (w / z + 1e-8f);
         bf16 *out = a.attb + nrow * A + (size_t)h * D;
 #pragma unroll
         for (int n = 0; n < D / 8; n++)
@@ -450,10 +399,372 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
     }
 }
 
+/* ---- relative attention (PAR, Transformer-XL, par-tf) ----
+ *
+ * rel_mma_kernel: a block of MMA_BQ queries of one stream and one head, as
+ * attn_mma_kernel, for relative attention alone, with its tiles' copies two
+ * stages deep (tile n + 1 in flight while tile n is computed) and each
+ * score one shared-memory read:
+ *   S = (q + u) K^T    as two products, (q + u) x scale in bf16 hi + lo (the
+ *                      sum in float: no more rounding than q's own), so that
+ *                      u . k needs no pass of its own;
+ *   P = q r_d^T        in fp16 (q x scale: q's bf16 is exact in fp16, and so
+ *                      is its product with a power of two, the scale of heads
+ *                      of 64; the r rows rounded once to fp16's 11 bits: the
+ *                      fixture's worst logprob as with the bf16 hi + lo that
+ *                      it replaces), into pw with v . r_d x scale (the float
+ *                      table vr) added as it is written;
+ *   score(i, j) = S[i][j] + pw[i][63 + i - j],
+ * -inf outside the query's window (its split range, d >= 0, same_length's
+ * first key), a window kept as two bounds a row relative to the tile.
+ * A layer whose r rows do not fit fp16 (|r| > 65000) stays on the CUDA
+ * cores (gpu_mma_upload); a query past fp16's range is clamped to it.
+ */
+#define REL_WARPS 8                /* rel_mma_kernel: 4 groups of 16 queries x 2 halves of a tile's keys */
+#define REL_KW (MMA_BK / 2)        /* keys of a tile a warp takes */
+#define REL_PW 48                  /* distances of one warp's band (16 + 32 - 1, rounded up to the n-tile) */
+#define REL_PST 52                 /* floats a row of a warp's position scores takes */
+
+template <int D> struct rel_smem {
+    static const int DP = D + 8;   /* 16-bit values a shared row takes: 16-byte aligned, no bank conflicts */
+    static const size_t k = 0, v = k + (size_t)MMA_BK * DP * 2, band = v + (size_t)MMA_BK * DP * 2,
+                        vrs = band + (size_t)MMA_NB * DP * 2, stage = vrs + MMA_NB * 4,
+                        pw = 2 * stage, bytes = pw + (size_t)REL_WARPS * 16 * REL_PST * 4;
+};
+
+/* d (16x8 fp32) += a (16x16 fp16, row-major) b (16x8 fp16, column-major) */
+static __device__ __forceinline__ void mma16816_f16(float d[4], const unsigned a[4], unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ unsigned pack_f16(float lo, float hi)
+{
+    const __half2 v = __floats2half2_rn(fminf(fmaxf(lo, -65000.0f), 65000.0f), fminf(fmaxf(hi, -65000.0f), 65000.0f));
+    return *(const unsigned *)&v;
+}
+
+/* 16 bytes from SRC into shared DST, or zeros where SRC is NULL (ZERO: any
+ * valid address); 4 bytes with cp4 */
+static __device__ __forceinline__ void cp16(void *dst, const void *src, const void *zero)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src ? src : zero), "r"(src ? 16 : 0));
+}
+
+static __device__ __forceinline__ void cp4(void *dst, const void *src, const void *zero)
+{
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src ? src : zero), "r"(src ? 4 : 0));
+}
+
+template <int D>
+__global__ static void __launch_bounds__(REL_WARPS * 32, 2) rel_mma_kernel(mma_args a)
+{
+    extern __shared__ __align__(16) unsigned char smraw[];
+    typedef rel_smem<D> L;
+    const int DP = L::DP, PER = D / 8, NT = REL_WARPS * 32;   /* 16-byte pieces a row; threads */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c4 = lane & 3;
+    /* the warp's 16 queries (group qg) and half of each tile's keys (kh): keys kh x 32 .., band rows xb .. */
+    const int qg = warp & 3, kh = warp >> 2, kj0 = kh * REL_KW, xb = (MMA_BK - REL_KW) + 16 * qg - kj0;
+    float *pw = (float *)(smraw + L::pw) + warp * 16 * REL_PST;
+
+    const int nsplit = a.nsplit, h = blockIdx.y, sp = blockIdx.z % nsplit, K = gridDim.y, A = a.A, M = a.M;
+    const int b = blockIdx.z / nsplit, i0 = blockIdx.x * MMA_BQ, nq = min(MMA_BQ, M - i0), iw = i0 + qg * 16;
+    if (nq <= 0) return;
+    const size_t stride = (size_t)3 * A, qbase = (size_t)b * M;
+    const int64_t p0 = a.pos[b];
+    const bf16 *kb = a.qkv + qbase * stride + A + (size_t)h * D, *vb = kb + A;
+    const int mlen = a.len[(size_t)b * a.nl + a.layer], roff = a.tf ? a.rk_rows - (mlen + M) : 0;
+    const int mask_len = mlen + M - a.ML, shift = mask_len > 0 ? M - mask_len : M;
+    /* key positions relative to p0: the block's range [klo, khi] (the memory's first row is -mlen) */
+    const int klo = -mlen + sp * a.chunk, khi = min(i0 + nq - 1, klo + a.chunk - 1);
+    const bf16 *kr = a.ring[b] + a.roff_ring + (size_t)h * D, *vr = kr + (size_t)a.ML * A;
+    const int mslot = a.ML > 0 ? (int)((p0 - mlen) % a.ML) : 0;
+    const __half *rk = a.rk;
+
+    /* the queries' A fragments (rows g and g + 8 of the warp, dims 2 c4 + {0, 1, 8, 9} of each 16): (q + u)
+     * x scale as bf16 hi + lo, and q x scale in fp16 */
+    unsigned qh[D / 16][4], ql[D / 16][4], qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int row = iw + g + (x & 1) * 8, c = kk * 16 + 2 * c4 + (x >> 1) * 8;
+            float2 q = make_float2(0.0f, 0.0f), u = q;
+            if (row < nq + i0) {
+                q = __bfloat1622float2(*(const __nv_bfloat162 *)(a.qkv + (qbase + row) * stride + (size_t)h * D + c));
+                u = make_float2(__ldg(a.rwb + (size_t)h * D + c), __ldg(a.rwb + (size_t)h * D + c + 1));
+            }
+            const float sx = (q.x + u.x) * a.scale, sy = (q.y + u.y) * a.scale;
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(sx, sy);
+            const float2 hf = __bfloat1622float2(hi);
+            qh[kk][x] = *(const unsigned *)&hi;
+            ql[kk][x] = pack_bf16(sx - hf.x, sy - hf.y);
+            qf[kk][x] = pack_f16(q.x * a.scale, q.y * a.scale);
+        }
+    /* each of this thread's two rows: the window as key positions [lo, hi] relative to p0 */
+    int wlo[2], whi[2];
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const int row = iw + g + 8 * x;
+        wlo[x] = a.same_length ? -mlen + row - shift + 1 : INT_MIN / 2;
+        whi[x] = row < i0 + nq ? min(row, khi) : INT_MIN / 2;
+    }
+
+    /* tile T's copies into stage ST: keys and values from s0 = klo + 64 T on, the band of r rows of the
+     * distances dmin.. (dmin = i0 - s0 - 63), v . r of each */
+    auto issue = [&](int t, int st) {
+        unsigned char *sb = smraw + (size_t)st * L::stage;
+        bf16 *ks = (bf16 *)(sb + L::k), *vs = (bf16 *)(sb + L::v);
+        __half *band = (__half *)(sb + L::band);
+        float *vrs = (float *)(sb + L::vrs);
+        const int s0 = klo + t * MMA_BK, dmin = i0 - s0 - (MMA_BK - 1), c = (threadIdx.x % PER) * 8;
+#pragma unroll
+        for (int y = 0; y < MMA_BK * PER / NT; y++) {
+            const int j = threadIdx.x / PER + y * (NT / PER), s = s0 + j;
+            const bf16 *kp = NULL, *vp = NULL;
+            if (s <= khi) {
+                if (s >= 0) kp = kb + (size_t)s * stride, vp = vb + (size_t)s * stride;
+                else {
+                    int sl = mslot + (s + mlen);
+                    if (sl >= a.ML) sl -= a.ML;
+                    kp = kr + (size_t)sl * A, vp = vr + (size_t)sl * A;
+                }
+            }
+            cp16(ks + j * DP + c, kp ? kp + c : NULL, a.qkv);
+            cp16(vs + j * DP + c, vp ? vp + c : NULL, a.qkv);
+        }
+        const __half *rkh = rk + (size_t)(roff + dmin) * A + (size_t)h * D + c;   /* band row 0's (may lie before) */
+#pragma unroll
+        for (int y = 0; y < MMA_NB * PER / NT; y++) {
+            const int x = threadIdx.x / PER + y * (NT / PER), d = dmin + x;
+            cp16(band + x * DP + c, d >= 0 && roff + d < a.rk_rows ? rkh + (size_t)x * A : NULL, a.qkv);
+        }
+        if (threadIdx.x < MMA_NB) {
+            const int x = threadIdx.x, d = dmin + x;
+            cp4(vrs + x, d >= 0 && roff + d < a.rk_rows ? a.vr + (size_t)(roff + d) * K + h : NULL, a.qkv);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float mx0 = -INFINITY, mx1 = -INFINITY, z0 = 0.0f, z1 = 0.0f;
+
+    const int ntiles = khi >= klo ? (khi - klo) / MMA_BK + 1 : 0;
+    if (ntiles) issue(0, 0);
+    for (int t = 0; t < ntiles; t++) {
+        if (t + 1 < ntiles) {
+            issue(t + 1, (t + 1) & 1);
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();   /* tile t is in its stage */
+        const unsigned char *sb = smraw + (size_t)(t & 1) * L::stage;
+        const bf16 *ks = (const bf16 *)(sb + L::k), *vs = (const bf16 *)(sb + L::v);
+        const __half *band = (const __half *)(sb + L::band);
+        const float *vrs = (const float *)(sb + L::vrs);
+        const int s0 = klo + t * MMA_BK;
+
+        /* the B fragments of two n-tiles (rows R0 .. R0 + 15 of a table of DP a row, dims kk x 16 ..) by one
+         * ldmatrix: lane L's row and column */
+        const int lr = (lane >> 4) * 8 + (lane & 7), lc = ((lane >> 3) & 1) * 8;
+        /* P = q band^T over the warp's 48 distances (band rows xb ..) + v . r_d, into pw */
+#pragma unroll
+        for (int n = 0; n < REL_PW / 8; n += 2) {
+            float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                unsigned bf[4];
+                ldsm_x4(bf, band + (size_t)(xb + n * 8 + lr) * DP + kk * 16 + lc);
+                mma16816_f16(acc[0], qf[kk], bf[0], bf[1]);
+                mma16816_f16(acc[1], qf[kk], bf[2], bf[3]);
+            }
+#pragma unroll
+            for (int y = 0; y < 2; y++) {
+                const float2 vv = *(const float2 *)(vrs + xb + (n + y) * 8 + 2 * c4);
+                *(float2 *)(pw + g * REL_PST + (n + y) * 8 + 2 * c4) = make_float2(acc[y][0] + vv.x, acc[y][1] + vv.y);
+                *(float2 *)(pw + (g + 8) * REL_PST + (n + y) * 8 + 2 * c4) =
+                    make_float2(acc[y][2] + vv.x, acc[y][3] + vv.y);
+            }
+        }
+        /* S = (q + u) K^T over the warp's 32 keys */
+        float s[REL_KW / 8][4];
+#pragma unroll
+        for (int n = 0; n < REL_KW / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < REL_KW / 8; n += 2)
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                unsigned bf[4];
+                ldsm_x4(bf, ks + (size_t)(kj0 + n * 8 + lr) * DP + kk * 16 + lc);
+                mma16816(s[n], qh[kk], bf[0], bf[1]);
+                mma16816(s[n], ql[kk], bf[0], bf[1]);
+                mma16816(s[n + 1], qh[kk], bf[2], bf[3]);
+                mma16816(s[n + 1], ql[kk], bf[2], bf[3]);
+            }
+        __syncwarp();   /* pw is written */
+
+        /* the scores: + the position term of each one's distance (both already scaled), -inf outside the
+         * windows (a tile inside every window of the warp's rows, the most of them, checks nothing); key j
+         * of the tile (kj0 + jl) at distance column 31 + i - jl of row i's pw */
+        float tm0 = -INFINITY, tm1 = -INFINITY;
+        const int lo0 = wlo[0] - s0, hi0 = whi[0] - s0, lo1 = wlo[1] - s0, hi1 = whi[1] - s0;
+        const float *p0r = pw + g * (REL_PST + 1) + (REL_KW - 1), *p1r = p0r + 8 * (REL_PST + 1);
+        if (__all_sync(0xffffffffu, lo0 <= kj0 && lo1 <= kj0 && hi0 >= kj0 + REL_KW - 1 && hi1 >= kj0 + REL_KW - 1)) {
+#pragma unroll
+            for (int n = 0; n < REL_KW / 8; n++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int jl = n * 8 + 2 * c4 + (x & 1);
+                    const float v = s[n][x] + ((x >> 1) ? p1r : p0r)[-jl];
+                    s[n][x] = v;
+                    if (x >> 1) tm1 = fmaxf(tm1, v);
+                    else tm0 = fmaxf(tm0, v);
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < REL_KW / 8; n++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    const int jl = n * 8 + 2 * c4 + (x & 1), j = kj0 + jl;   /* key in the warp's half, in the tile */
+                    const bool r1 = x >> 1;
+                    const bool ok = r1 ? (j >= lo1 && j <= hi1) : (j >= lo0 && j <= hi0);
+                    const float v = ok ? s[n][x] + (r1 ? p1r : p0r)[-jl] : -INFINITY;
+                    s[n][x] = v;
+                    if (r1) tm1 = fmaxf(tm1, v);
+                    else tm0 = fmaxf(tm0, v);
+                }
+        }
+        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
+        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
+        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+        __syncwarp();   /* pw is read before the next tile's writes */
+        /* (warp-wide: mma.sync and ldmatrix need every lane) */
+        if (__any_sync(0xffffffffu, tm0 != -INFINITY || tm1 != -INFINITY)) {
+            const float n0 = fmaxf(mx0, tm0), n1 = fmaxf(mx1, tm1);
+            if (__any_sync(0xffffffffu, n0 != mx0 || n1 != mx1)) {   /* (a larger score: the sums so far rescaled) */
+                const float f0 = n0 == -INFINITY ? 1.0f : __expf(mx0 - n0), f1 = n1 == -INFINITY ? 1.0f : __expf(mx1 - n1);
+                mx0 = n0;
+                mx1 = n1;
+                z0 *= f0, z1 *= f1;
+#pragma unroll
+                for (int n = 0; n < D / 8; n++) o[n][0] *= f0, o[n][1] *= f0, o[n][2] *= f1, o[n][3] *= f1;
+            }
+            unsigned pa[REL_KW / 16][4];
+#pragma unroll
+            for (int n = 0; n < REL_KW / 8; n++) {
+                float e[4];
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    e[x] = s[n][x] == -INFINITY ? 0.0f : __expf(s[n][x] - ((x >> 1) ? mx1 : mx0));
+                    if (x >> 1) z1 += e[x];
+                    else z0 += e[x];
+                }
+                pa[n >> 1][(n & 1) * 2] = pack_bf16(e[0], e[1]);
+                pa[n >> 1][(n & 1) * 2 + 1] = pack_bf16(e[2], e[3]);
+            }
+#pragma unroll
+            for (int kk = 0; kk < REL_KW / 16; kk++)
+#pragma unroll
+                for (int n = 0; n < D / 8; n += 2) {
+                    unsigned vf[4];
+                    const int mi = lane >> 3, key = kj0 + kk * 16 + (lane & 7) + (mi & 1) * 8, dim = n * 8 + (mi >> 1) * 8;
+                    ldsm_x4_trans(vf, vs + (size_t)key * DP + dim);
+                    mma16816(o[n], pa[kk], vf[0], vf[1]);
+                    mma16816(o[n + 1], pa[kk], vf[2], vf[3]);
+                }
+        }
+        __syncthreads();   /* the stage is read before tile t + 2's copies overwrite it */
+    }
+
+    /* the ring writes (gpu_par_ring_write's, this head's dims): the block is the only reader of its head's
+     * dims of the slots the step's rows replace, and every read of them is done (the loop's last barrier;
+     * a.ring_write: one block of queries a stream, not split) */
+    if (a.ring_write && a.ML > 0)
+        for (int e = threadIdx.x; e < M * PER; e += NT) {
+            const int i = e / PER, c = (e % PER) * 8;
+            if (i < M - a.ML) continue;
+            const int sl = (int)((p0 + i) % a.ML);
+            *(uint4 *)(const_cast<bf16 *>(kr) + (size_t)sl * A + c) = *(const uint4 *)(kb + (size_t)i * stride + c);
+            *(uint4 *)(const_cast<bf16 *>(vr) + (size_t)sl * A + c) = *(const uint4 *)(vb + (size_t)i * stride + c);
+        }
+#pragma unroll
+    for (int k = 1; k <= 2; k <<= 1) {
+        z0 += __shfl_xor_sync(0xffffffffu, z0, k);
+        z1 += __shfl_xor_sync(0xffffffffu, z1, k);
+    }
+    /* the two halves of each query group meet: the second's state (m, Z, O of its rows) through the first
+     * stage's memory (free after the loop's last barrier), into the first's */
+    float *xs = (float *)smraw + (size_t)qg * 16 * (D + 2);
+    if (kh == 1) {
+#pragma unroll
+        for (int x = 0; x < 2; x++) {
+            float *r = xs + (size_t)(g + 8 * x) * (D + 2);
+            if (c4 == 0) r[D] = x ? mx1 : mx0, r[D + 1] = x ? z1 : z0;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) r[n * 8 + 2 * c4] = o[n][2 * x], r[n * 8 + 2 * c4 + 1] = o[n][2 * x + 1];
+        }
+    }
+    __syncthreads();
+    if (kh == 1) return;
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const float *r = xs + (size_t)(g + 8 * x) * (D + 2);
+        const float m1 = r[D], ma = x ? mx1 : mx0, mm = fmaxf(ma, m1);
+        const float fa = mm == -INFINITY ? 0.0f : __expf(ma - mm), fb = mm == -INFINITY ? 0.0f : __expf(m1 - mm);
+        if (x) mx1 = mm, z1 = z1 * fa + r[D + 1] * fb;
+        else mx0 = mm, z0 = z0 * fa + r[D + 1] * fb;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][2 * x] = o[n][2 * x] * fa + r[n * 8 + 2 * c4] * fb;
+            o[n][2 * x + 1] = o[n][2 * x + 1] * fa + r[n * 8 + 2 * c4 + 1] * fb;
+        }
+    }
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+        const int row = iw + g + 8 * x;
+        if (row >= i0 + nq) continue;
+        const size_t nrow = qbase + row;
+        const float z = x ? z1 : z0, m = x ? mx1 : mx0;
+        if (a.part) {   /* split: the partial state (W = Z: no mask), met by aspan_tile.cu's combine */
+            float *rec = a.part + ((nrow * K + h) * nsplit + sp) * (D + 3);
+            if (c4 == 0) rec[0] = m, rec[1] = z, rec[2] = z;
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                rec[3 + n * 8 + 2 * c4] = o[n][2 * x];
+                rec[3 + n * 8 + 2 * c4 + 1] = o[n][2 * x + 1];
+            }
+            continue;
+        }
+        bf16 *out = a.attb + nrow * A + (size_t)h * D;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            *(__nv_bfloat162 *)(out + n * 8 + 2 * c4) = __floats2bfloat162_rn(o[n][2 * x] / z, o[n][2 * x + 1] / z);
+    }
+}
+
+template <int D> static int rel_launch(gpu_model *g, const mma_args &a, int B, int nsplit, char *err)
+{
+    const size_t smem = rel_smem<D>::bytes;
+    CU_TRY(cudaFuncSetAttribute(rel_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+           "rel_mma: shared memory");
+    dim3 grid((unsigned)((a.M + MMA_BQ - 1) / MMA_BQ), (unsigned)(a.A / D), (unsigned)(B * nsplit));
+    rel_mma_kernel<D><<<grid, REL_WARPS * 32, smem, g->stream>>>(a);
+    LAUNCH_TRY(err, "rel_mma");
+    return 0;
+}
+
 /* B x NSPLIT blocks of the M queries' tiles a head (a window model: B windows of up to M rows) */
 template <int D, int MODE> static int mma_launch(gpu_model *g, const mma_args &a, int B, int nsplit, char *err)
 {
-    const size_t smem = mma_smem<D, MODE == MMA_REL>::bytes;
+    const size_t smem = mma_smem<D>::bytes;
     CU_TRY(cudaFuncSetAttribute(attn_mma_kernel<D, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
            "attn_mma: shared memory");
     dim3 grid((unsigned)((a.M + MMA_BQ - 1) / MMA_BQ), (unsigned)(a.A / D), (unsigned)(B * nsplit));
@@ -539,7 +850,7 @@ int gpu_rel_mma(gpu_model *g, int l, int B, int M, char *err)
     const model_t *m = g->m;
     const int D = m->d_head, K = m->n_head;
     const gpu_layer *y = &g->L[l];
-    if (!mma_fits(g, M, REL_TILE_MIN_M) || !y->rk_h || g->h_off[l] % 8) return 0;
+    if (!mma_fits(g, M, REL_TILE_MIN_M) || !y->rk16 || g->h_off[l] % 8) return 0;
     mma_args a = {};
     a.attb = g->attb;
     a.qkv = g->qkvb;
@@ -550,8 +861,7 @@ int gpu_rel_mma(gpu_model *g, int l, int B, int M, char *err)
     a.scale = gpu_rel_scale(m);
     a.rwb = y->rwb;
     a.rrb = y->rrb;
-    a.rk = y->rk_h;
-    a.rk_lo = y->rk_h + (size_t)y->rk_rows * a.A;
+    a.rk = y->rk16;
     a.vr = y->vr;
     a.rk_rows = y->rk_rows;
     a.tf = m->tf_attn;
@@ -568,8 +878,12 @@ int gpu_rel_mma(gpu_model *g, int l, int B, int M, char *err)
     a.nsplit = nsplit;
     a.chunk = chunk;
     a.part = nsplit > 1 ? g->tpart : NULL;
-    if (D == 64 ? mma_launch<64, MMA_REL>(g, a, B, nsplit, err) : mma_launch<32, MMA_REL>(g, a, B, nsplit, err)) return -1;
+    /* one block of queries a stream and head, not split: it writes the rings itself (fam_rel.cu then
+     * launches no ring kernel) */
+    a.ring_write = nsplit == 1 && M <= MMA_BQ;
+    if (D == 64 ? rel_launch<64>(g, a, B, nsplit, err) : rel_launch<32>(g, a, B, nsplit, err)) return -1;
     if (nsplit > 1 && gpu_aspan_tile_combine(g, NULL, 0, B, M, nsplit, err)) return -1;
+    g->ring_fused = a.ring_write;
     return 1;
 }
 
@@ -605,25 +919,27 @@ __global__ static void pe_table_kernel(bf16 *pe, const float *key_pe, int S, int
     }
 }
 
-/* x = hi + lo in bf16: hi = bf16(x), lo = bf16(x - hi) */
-__global__ static void hilo_kernel(bf16 *hi, bf16 *lo, const float *x, size_t n)
+/* y = fp16(x); *BIG set where some |x| is past 65000 (the layer then stays
+ * on the CUDA cores) */
+__global__ static void f16_kernel(__half *y, const float *x, size_t n, int *big)
 {
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        const bf16 h = __float2bfloat16(x[e]);
-        hi[e] = h;
-        lo[e] = __float2bfloat16(x[e] - __bfloat162float(h));
+        const float v = x[e];
+        if (!(fabsf(v) <= 65000.0f)) *big = 1;
+        y[e] = __float2half_rn(fminf(fmaxf(v, -65000.0f), 65000.0f));
     }
 }
 
-/* vr[t][h] = r_r_bias_h . rk[t][h's dims], in double */
-__global__ static void vr_table_kernel(float *vr, const float *rk, const float *rrb, int rows, int K, int D)
+/* vr[t][h] = (r_r_bias_h . rk[t][h's dims]) x scale, in double (the
+ * scores' scale: rel_mma_kernel adds it to scaled products) */
+__global__ static void vr_table_kernel(float *vr, const float *rk, const float *rrb, int rows, int K, int D, double scale)
 {
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= rows * K) return;
     const int t = e / K, h = e % K;
     double acc = 0.0;
     for (int c = 0; c < D; c++) acc += (double)rrb[h * D + c] * rk[(size_t)t * K * D + (size_t)h * D + c];
-    vr[e] = (float)acc;
+    vr[e] = (float)(acc * scale);
 }
 
 int gpu_mma_upload(gpu_model *g, char *err)
@@ -636,7 +952,7 @@ int gpu_mma_upload(gpu_model *g, char *err)
     const size_t np = (size_t)m->n_head * m->pers * D;   /* a layer's persistent keys (values as many) */
     size_t n = aspan ? (size_t)(m->span + 1) * D + (size_t)m->n_layers * 2 * np : 0;
     for (int l = 0; rel && l < m->n_layers; l++)
-        if (g->L[l].rk) n += (size_t)2 * g->L[l].rk_rows * A;
+        if (g->L[l].rk) n += (size_t)g->L[l].rk_rows * A;
     if (n == 0) return 0;
     CU_TRY(cudaMalloc(&g->mma_tab, n * sizeof(bf16)), err, "cudaMalloc (the tensor-core attention's tables)");
     g->weight_bytes += n * sizeof(bf16);
@@ -661,19 +977,37 @@ int gpu_mma_upload(gpu_model *g, char *err)
         g->weight_bytes += nv * sizeof(float);
     }
     float *vt = g->mma_vr;
+    /* a flag a layer: some r row past fp16's range */
+    const size_t nl = (size_t)m->n_layers;
+    int *big = NULL, *h_big = rel ? (int *)calloc(nl, sizeof(int)) : NULL;
+    if (rel && !h_big) return err_set(err, "out of memory");
+    if (rel && (cudaMalloc(&big, nl * sizeof(int)) != cudaSuccess ||
+                cudaMemsetAsync(big, 0, nl * sizeof(int), g->stream) != cudaSuccess)) {
+        free(h_big);
+        cudaFree(big);
+        return err_set(err, "cudaMalloc (the r tables' range)");
+    }
     for (int l = 0; rel && l < m->n_layers; l++)
         if (g->L[l].rk) {
             const int rows = g->L[l].rk_rows;
-            hilo_kernel<<<256, 256, 0, g->stream>>>(at, at + (size_t)rows * A, g->L[l].rk, (size_t)rows * A);
-            LAUNCH_TRY(err, "attn_mma: r tables");
-            g->L[l].rk_h = at;   /* hi, then lo */
-            at += (size_t)2 * rows * A;
+            f16_kernel<<<256, 256, 0, g->stream>>>((__half *)at, g->L[l].rk, (size_t)rows * A, big + l);
+            g->L[l].rk16 = (const __half *)at;
+            at += (size_t)rows * A;
             vr_table_kernel<<<(rows * m->n_head + 255) / 256, 256, 0, g->stream>>>(vt, g->L[l].rk, g->L[l].rrb, rows,
-                                                                                    m->n_head, D);
-            LAUNCH_TRY(err, "attn_mma: r_r_bias . r table");
-            g->L[l].vr = vt;
+                                                                                    m->n_head, D, gpu_rel_scale(m));
+            g->L[l].vr = vt;   /* (the launches' errors: cudaGetLastError below) */
             vt += (size_t)rows * m->n_head;
         }
+    if (big) {   /* a layer with an r row past fp16's range keeps the CUDA-core kernels */
+        cudaError_t e = cudaGetLastError();
+        if (e == cudaSuccess) e = cudaMemcpyAsync(h_big, big, nl * sizeof(int), cudaMemcpyDeviceToHost, g->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+        cudaFree(big);
+        for (size_t l = 0; e == cudaSuccess && l < nl; l++)
+            if (h_big[l]) g->L[l].rk16 = NULL;
+        free(h_big);
+        CU_TRY(e, err, "building the tensor-core attention's tables");
+    }
     CU_TRY(cudaStreamSynchronize(g->stream), err, "building the tensor-core attention's tables");
     return 0;
 }

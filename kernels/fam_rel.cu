@@ -146,9 +146,10 @@ static int rel_attend(gpu_model *g, int l, int B, int M, char *err)
     if (m->tf_attn && m->mem_len + M > g->L[l].rk_rows)   /* the seed's table ends there (core/par.c) */
         return err_set(err, "a block of %d tokens after %d rows of memory is over the model's max_position %d", M,
                        m->mem_len, m->max_position);
+    g->ring_fused = 0;
     if (gpu_rel_attn(g, l, B, M, err)) return -1;
     gpu_mark(g, OP_ATTN);
-    if (gpu_par_ring_write(g, l, B, M, err)) return -1;
+    if (!g->ring_fused && gpu_par_ring_write(g, l, B, M, err)) return -1;
     gpu_mark(g, OP_RING);
     return 0;
 }

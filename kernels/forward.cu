@@ -159,7 +159,8 @@ static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
     if (m->pre_lnorm && g->prec == GPU_BF16 && gpu_to_bf16(g, g->xb, g->x, (size_t)N * m->d_model, err)) return -1;
     /* targets only: an adaptive softmax writes each row's target's logprob into g->tl, no logits */
     if (g->ada)
-        return OP(OP_OUT, gpu_ada_logprobs(g, g->x, g->xb, N, targets_only ? stage_tgt(g, g->d_stage) : NULL, g->tl, err))
+        return OP(OP_OUT, gpu_ada_logprobs(g, g->x, g->xb, N, targets_only ? stage_tgt(g, g->d_stage) : NULL,
+                                           targets_only ? stage_tgt(g, g->h_stage) : NULL, g->tl, err))
                    ? -1 : 0;
     if (OP(OP_OUT, linear(g, g->logits, g->x, g->xb, g->out_w, g->out_h, N, m->d_model, m->V, err)) ||
         OP(OP_LOGSOFTMAX, gpu_log_softmax(g, g->logits, g->out_b, N, m->V, err)))

@@ -14,6 +14,7 @@
  * bfloat16 copy of mem_t's rings.
  */
 #include "gpu_internal.cuh"
+#include <cuda_profiler_api.h>
 
 extern "C" {
 #include "family.h"   /* the family's name and memory slots */
@@ -138,6 +139,7 @@ void gpu_model_free(gpu_model *g)
     cudaFree(g->ada_mem);
     cudaFree(g->tl);
     if (g->ada && g->ada->h_cnt) cudaFreeHost(g->ada->h_cnt);
+    if (g->ada && g->ada->h_rows) cudaFreeHost(g->ada->h_rows);
     free(g->ada);
     gpu_gpt_free(g->gpt);
     if (g->h_tl) cudaFreeHost(g->h_tl);
@@ -211,7 +213,8 @@ static int upload_ada(gpu_model *g, char *err)
     const size_t nhead = align16(N * d->ldh), nhp = align16(N * (size_t)d->dmax), ntail = a->n > 1 ? align16(N * d->ldt) : 0;
     const size_t npart = align16(N * (size_t)((vmax + 4095) / 4096) * 4);   /* 2 doubles a chunk */
     const size_t nrows = align16(N * (size_t)a->n + 16);   /* the tail clusters' row lists and counts (ints) */
-    nf += nhead + nhp + ntail + npart + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
+    const size_t nlse = align16(N * 2);                     /* the head's log-sum-exp a row (doubles) */
+    nf += nhead + nhp + ntail + npart + nlse + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     nf += nrows + nhp + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     CU_TRY(cudaMalloc(&g->ada_mem, nf * sizeof(float)), err, "cudaMalloc (adaptive softmax)");
     float *at = g->ada_mem;
@@ -234,17 +237,18 @@ static int upload_ada(gpu_model *g, char *err)
     d->hp = at + nhead;
     d->tail = d->hp + nhp;
     d->part = (double *)(d->tail + ntail);
-    float *after = d->tail + ntail + npart;
+    d->hlse = (double *)(d->tail + ntail + npart);
+    float *after = d->tail + ntail + npart + nlse;
     if (g->prec == GPU_BF16) {
         d->hpb = (bf16 *)after;
         after += align16((nhp + 1) / 2);
     }
     d->rows = (int *)after;
-    d->cnt = d->rows + N * (size_t)a->n;
     d->hg = after + nrows;
     if (g->prec == GPU_BF16) d->hgb = (bf16 *)(d->hg + nhp);
-    d->step_floats = nhead + nhp + ntail + npart + (g->prec == GPU_BF16 ? 2 * align16((nhp + 1) / 2) : 0) + nrows + nhp;
+    d->step_floats = nhead + nhp + ntail + npart + nlse + (g->prec == GPU_BF16 ? 2 * align16((nhp + 1) / 2) : 0) + nrows + nhp;
     CU_TRY(cudaMallocHost(&d->h_cnt, ADA_MAX_CLUSTERS * sizeof(int)), err, "cudaMallocHost (adaptive softmax)");
+    CU_TRY(cudaMallocHost(&d->h_rows, ((size_t)N * a->n + 16) * sizeof(int)), err, "cudaMallocHost (adaptive softmax)");
     return 0;
 }
 
@@ -257,9 +261,12 @@ static int upload_bf16(gpu_model *g, char *err)
     const size_t Dm = m->d_model, I = m->d_inner, A = (size_t)m->n_head * m->d_head;
     const gpu_ada *a = g->ada;
     size_t n = a ? 0 : (size_t)m->V * Dm;
+    /* an adaptive softmax's head and tail clusters with their rows rounded up to 8 (zeros past the last):
+     * a GEMM of an odd width leaves cuBLAS only its slowest kernels (adaptive.cu computes the padded width
+     * and reads the real one) */
     for (int k = 0; a && k < a->n; k++)
-        n += (size_t)(a->proj_t[k] ? a->dim[k] * Dm : 0) + (size_t)(a->cut[k + 1] - a->cut[k]) * a->dim[k];
-    if (a) n += (size_t)a->H * a->dim[0];
+        n += (size_t)(a->proj_t[k] ? a->dim[k] * Dm : 0) + (size_t)(k ? ada_pad8(a->cut[k + 1] - a->cut[k]) : 0) * a->dim[k];
+    if (a) n += (size_t)ada_pad8(a->H) * a->dim[0];
     for (int l = 0; l < m->n_layers; l++) {
         const gpu_layer *d = &g->L[l];
         if (d->wqkv) n += 3 * A * Dm + Dm * A;
@@ -269,14 +276,26 @@ static int upload_bf16(gpu_model *g, char *err)
     CU_TRY(cudaMalloc(&g->wbf, n * sizeof(bf16)), err, "cudaMalloc (bf16 weights)");
     bf16 *at = g->wbf;
 #define TO_BF16(dst, src, count)                                                                                           do {                                                                                                                       if (gpu_to_bf16(g, at, (src), (count), err)) return -1;                                                                (dst) = at;                                                                                                            at += (count);                                                                                                     } while (0)
+/* zero rows after a matrix of ROWS rows of DIM, up to ada_pad8(ROWS) */
+#define PAD_ROWS(rows, dim)                                                                                            \
+    do {                                                                                                               \
+        const size_t pad_ = (size_t)(ada_pad8((int)(rows)) - (rows)) * (dim);                                          \
+        CU_TRY(cudaMemsetAsync(at, 0, pad_ * sizeof(bf16), g->stream), err, "cudaMemset (padded rows)");               \
+        at += pad_;                                                                                                    \
+    } while (0)
     if (!a) TO_BF16(g->out_h, g->out_w, (size_t)m->V * Dm);
     else {
         gpu_ada *w = g->ada;
         for (int k = 0; k < a->n; k++) {
             if (a->proj_t[k]) TO_BF16(w->proj_t_h[k], a->proj_t[k], (size_t)a->dim[k] * Dm);
-            if (k) TO_BF16(w->out_w_h[k], a->out_w[k], (size_t)(a->cut[k + 1] - a->cut[k]) * a->dim[k]);
+            if (k) {
+                const size_t rows = (size_t)(a->cut[k + 1] - a->cut[k]);
+                TO_BF16(w->out_w_h[k], a->out_w[k], rows * a->dim[k]);
+                PAD_ROWS(rows, a->dim[k]);
+            }
         }
         TO_BF16(w->head_w_h, a->head_w, (size_t)a->H * a->dim[0]);
+        PAD_ROWS((size_t)a->H, a->dim[0]);
     }
     for (int l = 0; l < m->n_layers; l++) {
         gpu_layer *d = &g->L[l];
@@ -294,6 +313,7 @@ static int upload_bf16(gpu_model *g, char *err)
         }
     }
 #undef TO_BF16
+#undef PAD_ROWS
     CU_TRY(cudaStreamSynchronize(g->stream), err, "converting the weights to bf16");
     return 0;
 }
@@ -662,6 +682,12 @@ int gpu_profile_read(gpu_model *g, const char **names, double *ms, long *calls, 
     memset(g->prof_ms, 0, sizeof g->prof_ms);
     memset(g->prof_calls, 0, sizeof g->prof_calls);
     return n;
+}
+
+void gpu_profiler_range(int on)
+{
+    if (on) cudaProfilerStart();
+    else cudaProfilerStop();
 }
 
 /* ------------------------------------------------------------ timers */

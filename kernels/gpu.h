@@ -155,6 +155,10 @@ const float *gpu_logprobs_device(const gpu_model *g);
 int gpu_profile(gpu_model *g, int on, char *err);
 int gpu_profile_read(gpu_model *g, const char **names, double *ms, long *calls, int cap);
 
+/* Starts (ON) or stops the profiler's capture (cudaProfilerStart/Stop:
+ * `ncu --profile-from-start off` then profiles only the kernels between). */
+void gpu_profiler_range(int on);
+
 /* Wall time between two marks on the model's stream, measured with CUDA
  * events (for benchmarks). */
 typedef struct gpu_timer gpu_timer;

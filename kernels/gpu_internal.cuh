@@ -12,6 +12,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -137,8 +138,8 @@ typedef struct {
     /* GPU_BF16: the linear layers' weights in bfloat16 (NULL in GPU_FP32) */
     const bf16 *wqkv_h, *wo_h, *fc1_h, *fc2_h;
     const bf16 *fc1_bh;           /* GPU_BF16: fc1_b in bfloat16, for cublasLt's epilogue where it wants D's type */
-    const bf16 *rk_h;             /* GPU_BF16, relative attention: rk as bfloat16 hi, then lo, for attn_mma.cu
-                                   * (or NULL), */
+    const __half *rk16;           /* GPU_BF16, relative attention: rk in fp16 for attn_mma.cu (or NULL: an r
+                                   * row past fp16's range), */
     const float *vr;              /* and r_r_bias . rk per row and head (rk_rows x n_head) */
     const bf16 *pk_h, *pv_h;      /* GPU_BF16, persistent memory: pk and pv in bfloat16 for attn_mma.cu (or NULL) */
 } gpu_layer;
@@ -146,6 +147,10 @@ typedef struct {
 /* The word-level Transformer-XL's adaptive input and softmax on the device
  * (adaptive.cu; core/adaptive.h has the math); par-tf's adaptive softmax
  * (biased projections) after a plain embedding (gpu_model.emb set). */
+/* ROWS rounded up to 8: the rows of an adaptive softmax's bf16 head and tail
+ * matrices (the padding zeros), the width of their GEMMs */
+static inline int ada_pad8(int rows) { return (rows + 7) & ~7; }
+
 typedef struct {
     int n, H, dmax;               /* clusters (the shortlist one of them); head columns; widest d_i */
     int cut[ADA_MAX_CLUSTERS + 1], dim[ADA_MAX_CLUSTERS];
@@ -158,12 +163,14 @@ typedef struct {
     float *head, *hp, *tail;      /* step buffers: N x ldh, N x dmax, N x ldt */
     int ldh, ldt;                 /* head and tail rows: H and the widest tail cluster, rounded up to 8 */
     double *part;                 /* the log-softmaxes' chunk partials (adaptive.cu): N x chunks x 2 */
+    double *hlse;                 /* a step of targets only: each row's head log-sum-exp (N) */
     size_t step_floats;           /* floats of those step buffers */
     bf16 *hpb;                    /* GPU_BF16: N x dmax */
     /* a step of targets only: each tail cluster's rows (those whose target
-     * lies in it) in order, (n - 1) x N, their counts (device, pinned host),
-     * and those rows' inputs gathered (N x dmax, bf16 in GPU_BF16) */
-    int *rows, *cnt, *h_cnt;
+     * lies in it) in order, (n - 1) x N, then their counts (device; made on
+     * the host in h_rows, pinned, and h_cnt), and those rows' inputs
+     * gathered (N x dmax, bf16 in GPU_BF16) */
+    int *rows, *h_rows, *h_cnt;
     float *hg;
     bf16 *hgb;
 } gpu_ada;
@@ -224,6 +231,8 @@ struct gpu_model {
     int gemv_on;                  /* a few rows go through matmul.cu's gemv_kernel (SPANSERVE_GPU_GEMV=0: cuBLAS) */
     int tile_on;                  /* blocks of queries go through aspan_tile.cu (gpu_tiles) */
     int tc_on;                    /* bf16 tiles on tensor cores (gpu_tensor_cores) */
+    int ring_fused;               /* the last relative attention wrote the step's keys and values into the
+                                   * rings itself (attn_mma.cu), so no ring launch follows it */
     int n_sm;                     /* the device's multiprocessors */
     size_t ring_elem;             /* bytes of a memory element: 4 or 2 */
     char device[256];
@@ -384,7 +393,8 @@ int gpu_add_residual(gpu_model *g, float *x, bf16 *xb, const float *r, const flo
 /* adaptive.cu: x[n] = the adaptive input of tok[n] (and into xb); the
  * adaptive softmax of x (xb) into g->logits, whole rows */
 int gpu_ada_embed(gpu_model *g, float *x, bf16 *xb, const int32_t *tok, int n, char *err);
-int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const int32_t *tgt, float *tl, char *err);
+int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const int32_t *tgt, const int32_t *htgt, float *tl,
+                     char *err);
 /* (TGT: every row's target id on the device: only tl[r], its logprob, is written) */
 /* aspan_attn.cu: one layer's span-limited attention for B streams x M
  * queries, into g->att (GPU_FP32) or g->attb (GPU_BF16); the rings are read

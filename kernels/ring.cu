@@ -61,6 +61,25 @@ int gpu_aspan_ring_write(gpu_model *g, int l, int B, int M, char *err)
     return 0;
 }
 
+/* The same in 16-byte pieces (A x sizeof(RT) a multiple of 16, the rings'
+ * offsets too): a warp a row, 8 rows a block */
+template <typename RT>
+__global__ static void __launch_bounds__(256)
+    par_ring16_kernel(const RT *qkv, int n, int M, int A, int ML, int64_t off, RT *const *ring, const int64_t *pos)
+{
+    const int r = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= n) return;
+    const int b = r / M, i = r % M;
+    if (i < M - ML) return;
+    const int sl = (int)((pos[b] + i) % ML), w = A * (int)sizeof(RT) / 16;
+    const uint4 *k = (const uint4 *)(qkv + (size_t)r * 3 * A + A), *v = (const uint4 *)(qkv + (size_t)r * 3 * A + 2 * A);
+    uint4 *kd = (uint4 *)(ring[b] + off + (size_t)sl * A), *vd = (uint4 *)(ring[b] + off + (size_t)ML * A + (size_t)sl * A);
+    for (int c = lane; c < w; c += 32) {
+        kd[c] = k[c];
+        vd[c] = v[c];
+    }
+}
+
 int gpu_par_ring_write(gpu_model *g, int l, int B, int M, char *err)
 {
     const model_t *m = g->m;
@@ -68,6 +87,17 @@ int gpu_par_ring_write(gpu_model *g, int l, int B, int M, char *err)
     if (m->mem_len <= 0) return 0;
     const unsigned nb = (unsigned)(B * M), T = A < 256 ? A : 256;
     const int64_t off = (int64_t)g->h_off[l], *pos = stage_pos(g, g->d_stage);
+    const int es = g->prec == GPU_BF16 ? 2 : 4, n = B * M;
+    if ((A * es) % 16 == 0 && (off * es) % 16 == 0) {   /* (the rings and the step's buffers: cudaMalloc's) */
+        if (g->prec == GPU_BF16)
+            par_ring16_kernel<<<(unsigned)((n + 7) / 8), 256, 0, g->stream>>>(g->qkvb, n, M, A, m->mem_len, off,
+                                                                              (bf16 *const *)stage_ring(g, g->d_stage), pos);
+        else
+            par_ring16_kernel<<<(unsigned)((n + 7) / 8), 256, 0, g->stream>>>(g->qkv, n, M, A, m->mem_len, off,
+                                                                              stage_ring(g, g->d_stage), pos);
+        LAUNCH_TRY(err, "par_ring_write");
+        return 0;
+    }
     if (g->prec == GPU_BF16)
         par_ring_kernel<<<nb, T, 0, g->stream>>>(g->qkvb, M, A, m->mem_len, off, (bf16 *const *)stage_ring(g, g->d_stage), pos);
     else

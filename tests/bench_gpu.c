@@ -288,7 +288,7 @@ static double rate(gpu_model *g, gpu_timer *t, gpu_mem **mems, int B, int M, int
     return (double)B * M / (r[RUNS / 2] / 1000.0);
 }
 
-static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const char *what);
+static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const char *what, const int32_t *tg, float *lp);
 
 /* Tokens/s of scoring B streams x M tokens with targets (only their
  * logprobs come to the host), as rate(). */
@@ -307,20 +307,27 @@ static int32_t zipf_draw(const double *cdf, int V, rm_rng *rng)
     return lo;
 }
 
+/* N target ids (the caller frees): by Zipf's law (ZIPF), else uniform over
+ * the vocabulary */
+static int32_t *draw_targets(int V, int n, rm_rng *rng, int zipf)
+{
+    int32_t *tg = malloc(sizeof(int32_t) * (size_t)n);
+    double *cdf = zipf ? malloc(sizeof(double) * (size_t)V) : NULL;
+    for (int v = 0; cdf && v < V; v++) cdf[v] = (v ? cdf[v - 1] : 0.0) + 1.0 / (v + 1);
+    for (int i = 0; i < n; i++) tg[i] = cdf ? zipf_draw(cdf, V, rng) : (int32_t)(rm_next(rng) % (uint64_t)V);
+    free(cdf);
+    return tg;
+}
+
 /* (ZIPF: the targets by Zipf's law, else uniform over the vocabulary) */
 static double rate_targets(gpu_model *g, gpu_timer *t, gpu_mem **mems, int B, int M, int steps, float *lp, rm_rng *rng,
                            int zipf)
 {
     char err[ERR_LEN];
     const int V = gpu_model_host(g)->V;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * M), *tg = malloc(sizeof(int32_t) * (size_t)B * M);
-    double r[RUNS], *cdf = zipf ? malloc(sizeof(double) * (size_t)V) : NULL;
-    for (int v = 0; cdf && v < V; v++) cdf[v] = (v ? cdf[v - 1] : 0.0) + 1.0 / (v + 1);
-    for (int i = 0; i < B * M; i++) {
-        tok[i] = (int32_t)(rm_next(rng) % (uint64_t)V);
-        tg[i] = cdf ? zipf_draw(cdf, V, rng) : (int32_t)(rm_next(rng) % (uint64_t)V);
-    }
-    free(cdf);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * M), *tg = draw_targets(V, B * M, rng, zipf);
+    double r[RUNS];
+    for (int i = 0; i < B * M; i++) tok[i] = (int32_t)(rm_next(rng) % (uint64_t)V);
     if (gpu_forward_targets(g, mems, B, tok, M, tg, lp, err)) { printf("FAIL: %s\n", err); free(tok); free(tg); return 0; }
     for (int k = 0; k < RUNS; k++) {
         gpu_timer_start(t);
@@ -376,9 +383,12 @@ static int bench_txl(const model_t *m, int prec, char *line, size_t cap)
     const char *why = "";
     gpu_graph_status(g, &launches, &captured, &why);
     printf("  graphs: %d captured, %ld steps%s%s\n", captured, launches, why[0] ? ", off: " : "", why);
-    profile(g, mems, 32, Q, 2, "scoring 32x64");
-    profile(g, mems, 1, 1, 20, "decode 1");
-    profile(g, mems, NS, 1, 5, "decode 64");
+    int32_t *tz = draw_targets(m->V, 32 * Q, &rng, 1);
+    profile(g, mems, 32, Q, 2, "scoring 32x64 (whole rows)", NULL, NULL);
+    profile(g, mems, 32, Q, 2, "scoring 32x64 (Zipf targets)", tz, lp);
+    free(tz);
+    profile(g, mems, 1, 1, 20, "decode 1", NULL, NULL);
+    profile(g, mems, NS, 1, 5, "decode 64", NULL, NULL);
     fflush(stdout);
     free(lp);
     for (int s = 0; s < NS; s++) gpu_mem_free(mems[s]);
@@ -387,9 +397,40 @@ static int bench_txl(const model_t *m, int prec, char *line, size_t cap)
     return 0;
 }
 
+/* `bench_gpu txl-ncu`: one bf16 step of txl-wt103 scoring 32 x 64 with
+ * Zipf targets between cudaProfilerStart and Stop, after warm-up, for
+ * `ncu --profile-from-start off` (each kernel of the step, timed alone). */
+static int bench_txl_ncu(const model_t *m)
+{
+    char err[ERR_LEN];
+    const int B = 32, Q = m->block_len;
+    gpu_model *g = gpu_model_new(m, B, Q, GPU_BF16, err);
+    if (!g) { printf("FAIL txl-ncu: %s\n", err); return 1; }
+    gpu_mem *mems[32];
+    for (int s = 0; s < B; s++)
+        if (!(mems[s] = gpu_mem_new(g, err))) { printf("FAIL txl-ncu: %s\n", err); return 1; }
+    float *lp = malloc(sizeof(float) * (size_t)B * Q * m->V);
+    rm_rng rng = {7};
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)B * Q), *tg = draw_targets(m->V, B * Q, &rng, 1);
+    for (int i = 0; i < B * Q; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)m->V);
+    int rc = 0;
+    for (int k = 0; k < m->mem_len / Q + 3 && rc == 0; k++) rc = gpu_forward_targets(g, mems, B, tok, Q, tg, lp, err);
+    gpu_profiler_range(1);
+    if (rc == 0) rc = gpu_forward_targets(g, mems, B, tok, Q, tg, lp, err);
+    gpu_profiler_range(0);
+    if (rc) printf("FAIL txl-ncu: %s\n", err);
+    free(tok);
+    free(tg);
+    free(lp);
+    for (int s = 0; s < B; s++) gpu_mem_free(mems[s]);
+    gpu_model_free(g);
+    return rc ? 1 : 0;
+}
+
 /* Device time per operation over STEPS steps of B x M (gpu_profile), in ms
- * a step, largest first. */
-static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const char *what)
+ * a step, largest first: whole rows, or with TG the targets' logprobs only
+ * (into LP, as the server scores). */
+static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const char *what, const int32_t *tg, float *lp)
 {
     char err[ERR_LEN];
     const int V = gpu_model_host(g)->V;
@@ -401,7 +442,7 @@ static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const
     gpu_profile(g, 1, err);
     gpu_profile_read(g, names, ms, calls, 32);
     for (int i = 0; i < steps; i++)
-        if (gpu_forward(g, mems, B, tok, M, NULL, err)) { printf("FAIL: %s\n", err); break; }
+        if (gpu_forward_targets(g, mems, B, tok, M, tg, tg ? lp : NULL, err)) { printf("FAIL: %s\n", err); break; }
     int n = gpu_profile_read(g, names, ms, calls, 32);
     gpu_profile(g, 0, err);
     free(tok);
@@ -497,9 +538,9 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     if (row->sc16_cc > 0) printf("; 16x%d with the tiles on CUDA cores: %.0f tok/s", BLOCK, row->sc16_cc);
     printf("\n");
     /* (the profile launches one by one: its events sit between the launches) */
-    profile(g, mems, 1, 1, 20, "decode 1");
-    profile(g, mems, SESSIONS, 1, 5, "decode 64");
-    profile(g, mems, 16, BLOCK, 2, "scoring 16x512");
+    profile(g, mems, 1, 1, 20, "decode 1", NULL, NULL);
+    profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
+    profile(g, mems, 16, BLOCK, 2, "scoring 16x512", NULL, NULL);
     fflush(stdout);
     free(lp);
     for (int s = 0; s < SESSIONS; s++) gpu_mem_free(mems[s]);
@@ -539,6 +580,11 @@ static int bench_main(int argc, char **argv)
         model_t *mt = model_load(pt, err);
         unlink(pt);
         if (!mt) { printf("FAIL: %s\n", err); return 1; }
+        if (argc > 1 && strcmp(argv[1], "txl-ncu") == 0) {
+            const int rc = bench_txl_ncu(mt);
+            model_free(mt);
+            return rc;
+        }
         for (int prec = GPU_FP32; prec <= GPU_BF16; prec++) bench_txl(mt, prec, txl_rows[prec == GPU_BF16], sizeof txl_rows[0]);
         model_free(mt);
         printf("\ncard: %s; tokens/s (median of %d runs)\n", card, RUNS);
