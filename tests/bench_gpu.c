@@ -45,6 +45,11 @@
  * past a head's reach count (the reference computes them), a tile of keys
  * a kernel computes and masks does not.
  *
+ * `bench_gpu txl` runs the word-level model alone; `bench_gpu txl-ncu` runs
+ * one bf16 step of it (32 x 64, Zipf targets) between cudaProfilerStart and
+ * Stop, after warm-up, for `ncu --profile-from-start off` (README "Scoring
+ * on tensor cores" has the kernels it timed).
+ *
  * `bench_gpu write-models DIR` writes the two models (the same random
  * weights, aspan-enwik8 with the spans of span-profile.json) to
  * DIR/aspan-enwik8.safetensors and DIR/par-base.safetensors, with a
