@@ -14,6 +14,8 @@
 
 #include <jansson.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 /* Feeds the fixture's token blocks and compares every logprob. */
@@ -82,6 +84,22 @@ static void check_vectors(const char *name)
     model_free(m);
 }
 
+/* The predictions a full evaluation of WANT makes: all of them, or under
+ * the sanitizers (`make asan` sets SPANSERVE_SANITIZED=1) the first
+ * SANITIZED_EVAL, checked only for their count and a sane bpc: the same
+ * code as the whole, whose 100,000 predictions a fixture took most of this
+ * test's four minutes there (make test compares the whole with the
+ * reference). */
+#define SANITIZED_EVAL 4096
+static long eval_len(long want, const char *what)
+{
+    const char *v = getenv("SPANSERVE_SANITIZED");
+    if (!v || strcmp(v, "1") != 0 || want <= SANITIZED_EVAL) return want;
+    printf("note: %s under the sanitizers: the first %d of %ld predictions (make test compares all of them with the "
+           "reference)\n", what, SANITIZED_EVAL, want);
+    return SANITIZED_EVAL;
+}
+
 /* expected.json's val_bpc_full_eval: the validation text truncated to
  * val_tokens_scored + 1 tokens, scored block by block from a fresh memory. */
 static void check_bpc(const char *name, mem_mode mode, double tol)
@@ -99,11 +117,13 @@ static void check_bpc(const char *name, mem_mode mode, double tol)
         mem_t *s = mem_new(m);
         fwd_ws *ws = ws_new();
         score_t sc = {0, 0};
-        CHECK(infer_score(m, s, ws, t, (size_t)want + 1, &sc, NULL, err) == 0, "%s", err);
+        const long len = eval_len(want, name);
+        CHECK(infer_score(m, s, ws, t, (size_t)len + 1, &sc, NULL, err) == 0, "%s", err);
         double bpc = sc.nll_sum / sc.tokens / log(2.0), ref = json_real_value(json_object_get(e, "val_bpc_full_eval"));
         printf("%s (%s memory): bpc %.7f, reference %.7f\n", name, mode == MEM_EXACT ? "exact" : "span", bpc, ref);
-        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
-        CHECK_NEAR(bpc, ref, tol, "val_bpc_full_eval");
+        CHECK(sc.tokens == len, "%ld predictions, expected %ld", sc.tokens, len);
+        if (len == want) CHECK_NEAR(bpc, ref, tol, "val_bpc_full_eval");
+        else CHECK(bpc > 0 && bpc < 2 * ref, "bpc %.7f of a prefix, the whole's reference %.7f", bpc, ref);
         mem_free(s);
         ws_free(ws);
     }
@@ -550,11 +570,13 @@ static void check_gpt(const char *name)
         score_t sc = {0, 0};
         mem_reset(s);
         mem_windows(s, 0);
-        CHECK(infer_score(m, s, ws, t, (size_t)want + 1, &sc, NULL, err) == 0, "%s", err);
+        const long len = eval_len(want, name);
+        CHECK(infer_score(m, s, ws, t, (size_t)len + 1, &sc, NULL, err) == 0, "%s", err);
         double bpc = sc.nll_sum / sc.tokens / log(2.0), r = json_real_value(json_object_get(e, "val_bpc_windows"));
         printf("%s: windows bpc %.7f, reference %.7f (%ld predictions)\n", name, bpc, r, sc.tokens);
-        CHECK(sc.tokens == want, "%ld predictions, expected %ld", sc.tokens, want);
-        CHECK_NEAR(bpc, r, 1e-4, "val_bpc_windows");
+        CHECK(sc.tokens == len, "%ld predictions, expected %ld", sc.tokens, len);
+        if (len == want) CHECK_NEAR(bpc, r, 1e-4, "val_bpc_windows");
+        else CHECK(bpc > 0 && bpc < 2 * r, "windows bpc %.7f of a prefix, the whole's reference %.7f", bpc, r);
     }
     free(t);
     free(lp);
