@@ -142,9 +142,9 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
     return 0;
 }
 
-/* Every launch of a step of B streams x M tokens, after its inputs are on
- * the device: the embedding, the layers, the output layer and log-softmax. */
-static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
+/* The launches of a step of B streams x M tokens up to the output layer,
+ * after its inputs are on the device: the embedding and the layers. */
+static int launch_layers(gpu_model *g, int B, int M, char *err)
 {
     const model_t *m = g->m;
     const int N = B * M;
@@ -157,6 +157,13 @@ static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
         return -1;
     if (run_layers(g, B, M, err)) return -1;
     if (m->pre_lnorm && g->prec == GPU_BF16 && gpu_to_bf16(g, g->xb, g->x, (size_t)N * m->d_model, err)) return -1;
+    return 0;
+}
+
+/* The output layer and log-softmax of a step of N rows */
+static int launch_out(gpu_model *g, int N, int targets_only, char *err)
+{
+    const model_t *m = g->m;
     /* targets only: an adaptive softmax writes each row's target's logprob into g->tl, no logits */
     if (g->ada)
         return OP(OP_OUT, gpu_ada_logprobs(g, g->x, g->xb, N, targets_only ? stage_tgt(g, g->d_stage) : NULL,
@@ -166,6 +173,53 @@ static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
         OP(OP_LOGSOFTMAX, gpu_log_softmax(g, g->logits, g->out_b, N, m->V, err)))
         return -1;
     return 0;
+}
+
+/* Every launch of a step of B streams x M tokens */
+static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
+{
+    return launch_layers(g, B, M, err) || launch_out(g, B * M, targets_only, err) ? -1 : 0;
+}
+
+/* The graph of a scoring step's layers (B x M, M > 1), the last
+ * GPU_LAYER_GRAPHS shapes kept (a text scored in blocks repeats its shape;
+ * the output layer runs outside it: an adaptive softmax's tail clusters
+ * take a step's own row counts). A failed capture turns graphs off, as
+ * decode_graph's. */
+static cudaGraphExec_t layers_graph(gpu_model *g, int B, int M)
+{
+    for (int i = 0; i < GPU_LAYER_GRAPHS; i++)
+        if (g->lgraph[i] && g->lgraph_b[i] == B && g->lgraph_m[i] == M) return g->lgraph[i];
+    char err[ERR_LEN] = "";
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeRelaxed);
+    if (e == cudaSuccess) {
+        int rc = launch_layers(g, B, M, err);
+        e = cudaStreamEndCapture(g->stream, &graph);
+        if (rc == 0 && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+        if (rc && !err[0]) snprintf(err, sizeof err, "a launch failed while capturing");
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess || !exec) {
+        cudaGetLastError();
+        snprintf(g->graph_why, sizeof g->graph_why, "capturing the layers of a step of %d x %d: %s", B, M,
+                 err[0] ? err : cudaGetErrorString(e));
+        g->graphs_on = 0;
+        if (exec) cudaGraphExecDestroy(exec);
+        return NULL;
+    }
+    const int i = g->lgraph_next;
+    g->lgraph_next = (i + 1) % GPU_LAYER_GRAPHS;
+    if (g->lgraph[i]) {
+        cudaStreamSynchronize(g->stream);   /* (the graph it replaces may still run) */
+        cudaGraphExecDestroy(g->lgraph[i]);
+    }
+    g->lgraph[i] = exec;
+    g->lgraph_b[i] = B;
+    g->lgraph_m[i] = M;
+    g->graphs_captured++;
+    return exec;
 }
 
 /* The graph of a decode step of B streams: captured from launch_step. A
@@ -261,6 +315,14 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
     }
     if (g->prof_on) cudaEventRecord(g->prof_ev[0], g->stream);
     if (g->fam->step) return g->fam->step(g, mems, B, tokens, M, err);
+    /* a scoring step: its layers as one graph (launched one by one, a step's ~10 launches a layer each
+     * paid a gap on the device) */
+    cudaGraphExec_t lg = M > 1 && g->graphs_on && !g->prof_on ? layers_graph(g, B, M) : NULL;
+    if (lg) {
+        CU_TRY(cudaGraphLaunch(lg, g->stream), err, "launching the step's layers' graph");
+        g->graph_launches++;
+        return launch_out(g, B * M, want_lp && *any_tg && !*any_rows, err);
+    }
     return launch_step(g, B, M, want_lp && *any_tg && !*any_rows, err);
 }
 

@@ -74,12 +74,16 @@ void gpu_graphs(gpu_model *g, int on)
 /* The decode graphs captured so far (they hold the kernels chosen then). */
 static void drop_graphs(gpu_model *g)
 {
-    if (!g->graph) return;
     cudaStreamSynchronize(g->stream);
-    for (int b = 0; b < g->max_batch; b++)
+    for (int b = 0; g->graph && b < g->max_batch; b++)
         if (g->graph[b]) {
             cudaGraphExecDestroy(g->graph[b]);
             g->graph[b] = NULL;
+        }
+    for (int i = 0; i < GPU_LAYER_GRAPHS; i++)
+        if (g->lgraph[i]) {
+            cudaGraphExecDestroy(g->lgraph[i]);
+            g->lgraph[i] = NULL;
         }
 }
 
@@ -122,6 +126,8 @@ void gpu_model_free(gpu_model *g)
             if (g->graph[b]) cudaGraphExecDestroy(g->graph[b]);
         free(g->graph);
     }
+    for (int i = 0; i < GPU_LAYER_GRAPHS; i++)
+        if (g->lgraph[i]) cudaGraphExecDestroy(g->lgraph[i]);
     cudaFree(g->arena);
     cudaFree(g->wbf);
     cudaFree(g->derived);

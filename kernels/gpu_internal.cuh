@@ -151,6 +151,8 @@ typedef struct {
  * matrices (the padding zeros), the width of their GEMMs */
 static inline int ada_pad8(int rows) { return (rows + 7) & ~7; }
 
+#define GPU_LAYER_GRAPHS 8
+
 typedef struct {
     int n, H, dmax;               /* clusters (the shortlist one of them); head columns; widest d_i */
     int cut[ADA_MAX_CLUSTERS + 1], dim[ADA_MAX_CLUSTERS];
@@ -297,6 +299,10 @@ struct gpu_model {
     size_t step_bytes, weight_bytes;
     /* decode steps as CUDA graphs: graph[B-1] for B streams x 1 token */
     cudaGraphExec_t *graph;
+    /* the layers of a step of B x M tokens (M > 1: scoring) as CUDA graphs,
+     * the last GPU_LAYER_GRAPHS shapes (forward.cu) */
+    cudaGraphExec_t lgraph[GPU_LAYER_GRAPHS];
+    int lgraph_b[GPU_LAYER_GRAPHS], lgraph_m[GPU_LAYER_GRAPHS], lgraph_next;
     int graphs_on, graphs_captured;
     long graph_launches;
     char graph_why[200];
