@@ -93,6 +93,46 @@ static __device__ __forceinline__ void ldsm_x4(unsigned r[4], const void *p)
                  : "r"(a));
 }
 
+/* O += a V over KEYS keys of a tile from KEY0 (V's rows DP apart in shared
+ * memory; A's fragments in PA): V's B fragments transposed out of its rows */
+template <int D, int KEYS>
+static __device__ __forceinline__ void mma_pv(float (&o)[D / 8][4], const unsigned (&pa)[KEYS / 16][4], const bf16 *vs,
+                                              int dp, int key0, int lane)
+{
+#pragma unroll
+    for (int kk = 0; kk < KEYS / 16; kk++)
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            unsigned vf[4];
+            const int mi = lane >> 3, key = key0 + kk * 16 + (lane & 7) + (mi & 1) * 8, dim = n * 8 + (mi >> 1) * 8;
+            ldsm_x4_trans(vf, vs + (size_t)key * dp + dim);
+            mma16816(o[n], pa[kk], vf[0], vf[1]);
+            mma16816(o[n + 1], pa[kk], vf[2], vf[3]);
+        }
+}
+
+/* the largest of V over the four lanes that hold a row of a fragment */
+static __device__ __forceinline__ float quad_max(float v)
+{
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+/* The running softmax of a warp's rows g and g + 8 (m, Z, W where there is
+ * one, O's fragments) rescaled to the rows' new maxima N0 and N1 */
+template <int D>
+static __device__ __forceinline__ void mma_rescale(float n0, float n1, float &mx0, float &mx1, float &z0, float &z1,
+                                                   float *w0, float *w1, float (&o)[D / 8][4])
+{
+    const float f0 = n0 == -INFINITY ? 1.0f : __expf(mx0 - n0), f1 = n1 == -INFINITY ? 1.0f : __expf(mx1 - n1);
+    mx0 = n0;
+    mx1 = n1;
+    z0 *= f0, z1 *= f1;
+    if (w0) *w0 *= f0, *w1 *= f1;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] *= f0, o[n][1] *= f0, o[n][2] *= f1, o[n][3] *= f1;
+}
+
 static __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
 {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -133,6 +173,29 @@ typedef struct {
     size_t cache_off;              /* the layer's cache in a stream's ring (K rows, then V rows C x A later) */
     int C;                         /* the window: the cache's rows */
 } mma_args;
+
+/* Row g + 8 X of a warp's fragments out (step row NROW, head H of K): the
+ * partial state (m, Z, W, O) that aspan_tile.cu's combine meets where the
+ * window is split (range SP), else O / DEN in bf16 */
+template <int D>
+static __device__ __forceinline__ void mma_row_out(const mma_args &a, size_t nrow, int h, int K, int sp, int x, float m,
+                                                   float z, float w, float den, const float (&o)[D / 8][4], int c4)
+{
+    if (a.part) {
+        float *rec = a.part + ((nrow * K + h) * a.nsplit + sp) * (D + 3);
+        if (c4 == 0) rec[0] = m, rec[1] = z, rec[2] = w;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            rec[3 + n * 8 + 2 * c4] = o[n][2 * x];
+            rec[3 + n * 8 + 2 * c4 + 1] = o[n][2 * x + 1];
+        }
+        return;
+    }
+    bf16 *out = a.attb + nrow * a.A + (size_t)h * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+        *(__nv_bfloat162 *)(out + n * 8 + 2 * c4) = __floats2bfloat162_rn(o[n][2 * x] / den, o[n][2 * x + 1] / den);
+}
 
 /* attn_mma_kernel's shared memory */
 template <int D> struct mma_smem {
@@ -319,20 +382,12 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
                 if (x >> 1) tm1 = fmaxf(tm1, v);
                 else tm0 = fmaxf(tm0, v);
             }
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+        tm0 = quad_max(tm0);
+        tm1 = quad_max(tm1);
         __syncwarp();   /* pw is read before the next tile's writes */
         /* none of the warp's queries sees the tile (warp-wide: mma.sync and ldmatrix need every lane) */
         if (!__any_sync(0xffffffffu, tm0 != -INFINITY || tm1 != -INFINITY)) return;
-        const float n0 = fmaxf(mx0, tm0), n1 = fmaxf(mx1, tm1);
-        const float f0 = n0 == -INFINITY ? 1.0f : __expf(mx0 - n0), f1 = n1 == -INFINITY ? 1.0f : __expf(mx1 - n1);
-        mx0 = n0;
-        mx1 = n1;
-        z0 *= f0, w0 *= f0, z1 *= f1, w1 *= f1;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) o[n][0] *= f0, o[n][1] *= f0, o[n][2] *= f1, o[n][3] *= f1;
+        mma_rescale<D>(fmaxf(mx0, tm0), fmaxf(mx1, tm1), mx0, mx1, z0, z1, &w0, &w1, o);
 
         /* a = exp(s - m) x mask: Z, W, and the A fragments of p.v */
         unsigned pa[MMA_BK / 16][4];
@@ -351,17 +406,7 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
             pa[n >> 1][(n & 1) * 2] = pack_bf16(e[0], e[1]);
             pa[n >> 1][(n & 1) * 2 + 1] = pack_bf16(e[2], e[3]);
         }
-        /* O += a V: B fragments of V (keys x dims) transposed out of its rows */
-#pragma unroll
-        for (int kk = 0; kk < MMA_BK / 16; kk++)
-#pragma unroll
-            for (int n = 0; n < D / 8; n += 2) {
-                unsigned vf[4];
-                const int mi = lane >> 3, key = kk * 16 + (lane & 7) + (mi & 1) * 8, dim = n * 8 + (mi >> 1) * 8;
-                ldsm_x4_trans(vf, vs + (size_t)key * DP + dim);
-                mma16816(o[n], pa[kk], vf[0], vf[1]);
-                mma16816(o[n + 1], pa[kk], vf[2], vf[3]);
-            }
+        mma_pv<D, MMA_BK>(o, pa, vs, DP, 0, lane);   /* O += a V */
     };
     if (sp == 0)   /* (the first range of a split window takes the persistent vectors) */
         for (int64_t s0 = 0; s0 < a.pers_n; s0 += MMA_BK) tile(s0, true);
@@ -379,23 +424,8 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
     for (int x = 0; x < 2; x++) {
         const int row = iw + g + 8 * x;
         if (row >= qn) continue;
-        const size_t nrow = qbase + row;
         const float z = x ? z1 : z0, w = x ? w1 : w0, m = x ? mx1 : mx0;
-        if (a.part) {   /* split: the partial state, met by aspan_tile.cu's combine */
-            float *rec = a.part + ((nrow * K + h) * nsplit + sp) * (D + 3);
-            if (c4 == 0) rec[0] = m, rec[1] = z, rec[2] = w;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                rec[3 + n * 8 + 2 * c4] = o[n][2 * x];
-                rec[3 + n * 8 + 2 * c4 + 1] = o[n][2 * x + 1];
-            }
-            continue;
-        }
-        const float den = z * (w / z + 1e-8f);
-        bf16 *out = a.attb + nrow * A + (size_t)h * D;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            *(__nv_bfloat162 *)(out + n * 8 + 2 * c4) = __floats2bfloat162_rn(o[n][2 * x] / den, o[n][2 * x + 1] / den);
+        mma_row_out<D>(a, qbase + row, h, K, sp, x, m, z, w, z * (w / z + 1e-8f), o, c4);
     }
 }
 
@@ -641,22 +671,14 @@ __global__ static void __launch_bounds__(REL_WARPS * 32, 2) rel_mma_kernel(mma_a
                     else tm0 = fmaxf(tm0, v);
                 }
         }
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 1));
-        tm0 = fmaxf(tm0, __shfl_xor_sync(0xffffffffu, tm0, 2));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 1));
-        tm1 = fmaxf(tm1, __shfl_xor_sync(0xffffffffu, tm1, 2));
+        tm0 = quad_max(tm0);
+        tm1 = quad_max(tm1);
         __syncwarp();   /* pw is read before the next tile's writes */
         /* (warp-wide: mma.sync and ldmatrix need every lane) */
         if (__any_sync(0xffffffffu, tm0 != -INFINITY || tm1 != -INFINITY)) {
             const float n0 = fmaxf(mx0, tm0), n1 = fmaxf(mx1, tm1);
-            if (__any_sync(0xffffffffu, n0 != mx0 || n1 != mx1)) {   /* (a larger score: the sums so far rescaled) */
-                const float f0 = n0 == -INFINITY ? 1.0f : __expf(mx0 - n0), f1 = n1 == -INFINITY ? 1.0f : __expf(mx1 - n1);
-                mx0 = n0;
-                mx1 = n1;
-                z0 *= f0, z1 *= f1;
-#pragma unroll
-                for (int n = 0; n < D / 8; n++) o[n][0] *= f0, o[n][1] *= f0, o[n][2] *= f1, o[n][3] *= f1;
-            }
+            if (__any_sync(0xffffffffu, n0 != mx0 || n1 != mx1))   /* (a larger score: the sums so far rescaled) */
+                mma_rescale<D>(n0, n1, mx0, mx1, z0, z1, NULL, NULL, o);
             unsigned pa[REL_KW / 16][4];
 #pragma unroll
             for (int n = 0; n < REL_KW / 8; n++) {
@@ -670,16 +692,7 @@ __global__ static void __launch_bounds__(REL_WARPS * 32, 2) rel_mma_kernel(mma_a
                 pa[n >> 1][(n & 1) * 2] = pack_bf16(e[0], e[1]);
                 pa[n >> 1][(n & 1) * 2 + 1] = pack_bf16(e[2], e[3]);
             }
-#pragma unroll
-            for (int kk = 0; kk < REL_KW / 16; kk++)
-#pragma unroll
-                for (int n = 0; n < D / 8; n += 2) {
-                    unsigned vf[4];
-                    const int mi = lane >> 3, key = kj0 + kk * 16 + (lane & 7) + (mi & 1) * 8, dim = n * 8 + (mi >> 1) * 8;
-                    ldsm_x4_trans(vf, vs + (size_t)key * DP + dim);
-                    mma16816(o[n], pa[kk], vf[0], vf[1]);
-                    mma16816(o[n + 1], pa[kk], vf[2], vf[3]);
-                }
+            mma_pv<D, REL_KW>(o, pa, vs, DP, kj0, lane);
         }
         __syncthreads();   /* the stage is read before tile t + 2's copies overwrite it */
     }
@@ -731,22 +744,8 @@ __global__ static void __launch_bounds__(REL_WARPS * 32, 2) rel_mma_kernel(mma_a
     for (int x = 0; x < 2; x++) {
         const int row = iw + g + 8 * x;
         if (row >= i0 + nq) continue;
-        const size_t nrow = qbase + row;
         const float z = x ? z1 : z0, m = x ? mx1 : mx0;
-        if (a.part) {   /* split: the partial state (W = Z: no mask), met by aspan_tile.cu's combine */
-            float *rec = a.part + ((nrow * K + h) * nsplit + sp) * (D + 3);
-            if (c4 == 0) rec[0] = m, rec[1] = z, rec[2] = z;
-#pragma unroll
-            for (int n = 0; n < D / 8; n++) {
-                rec[3 + n * 8 + 2 * c4] = o[n][2 * x];
-                rec[3 + n * 8 + 2 * c4 + 1] = o[n][2 * x + 1];
-            }
-            continue;
-        }
-        bf16 *out = a.attb + nrow * A + (size_t)h * D;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++)
-            *(__nv_bfloat162 *)(out + n * 8 + 2 * c4) = __floats2bfloat162_rn(o[n][2 * x] / z, o[n][2 * x + 1] / z);
+        mma_row_out<D>(a, qbase + row, h, K, sp, x, m, z, z, z, o, c4);   /* (W = Z: no mask) */
     }
 }
 
