@@ -174,16 +174,16 @@ __global__ static void ada_head_target_kernel(float *tl, double *hlse, const int
 }
 
 /* A tail cluster's rows: row i of TAIL is step row rows[i] (or i where rows
- * is NULL; i < *nrows), its logits without their bias; the target's logprob
+ * is NULL; i < n), its logits without their bias; the target's logprob
  * is the head's column COL for the cluster (less the head's log-sum-exp)
  * plus the target's logit less the tail's log-sum-exp. */
-__global__ static void ada_target_rows_kernel(float *tl, const int32_t *tgt, const int *rows, const int *nrows, int n,
+__global__ static void ada_target_rows_kernel(float *tl, const int32_t *tgt, const int *rows, int n,
                                               const float *head, int ldh, const float *hb, const double *hlse,
                                               const float *tail, int ldt, const float *bias, const double *part, int C,
                                               int lo, int hi, int col)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (nrows ? *nrows : n)) return;
+    if (i >= n) return;
     const int r = rows ? rows[i] : i, t = tgt[r];
     if (t < lo || t >= hi) return;
     const float hc = (float)((double)(head[(size_t)r * ldh + col] + hb[col]) - hlse[r]);
@@ -286,7 +286,7 @@ int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const 
                 return -1;
             ada_part_kernel<<<dim3((unsigned)nk, (unsigned)C), 256, 0, g->stream>>>(a->tail, a->ldt, Vk, a->out_b[k], a->part,
                                                                                     C, true);
-            ada_target_rows_kernel<<<(nk + 127) / 128, 128, 0, g->stream>>>(tl, tgt, rows, NULL, nk, a->head,
+            ada_target_rows_kernel<<<(nk + 127) / 128, 128, 0, g->stream>>>(tl, tgt, rows, nk, a->head,
                                                                              a->ldh, a->head_b, a->hlse, a->tail, a->ldt,
                                                                              a->out_b[k], a->part, C, lo, lo + Vk, H - k);
             LAUNCH_TRY(err, "ada_target");
@@ -298,7 +298,7 @@ int gpu_ada_logprobs(gpu_model *g, const float *x, const bf16 *xb, int n, const 
         if (tgt) {   /* the tail's partials for every row, and the targets of the rows whose target lies in it */
             ada_part_kernel<<<dim3((unsigned)n, (unsigned)C), 256, 0, g->stream>>>(a->tail, a->ldt, Vk, a->out_b[k], a->part, C,
                                                                                    true);
-            ada_target_rows_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, tgt, NULL, NULL, n, a->head, a->ldh, a->head_b,
+            ada_target_rows_kernel<<<(n + 127) / 128, 128, 0, g->stream>>>(tl, tgt, NULL, n, a->head, a->ldh, a->head_b,
                                                                             a->hlse, a->tail, a->ldt, a->out_b[k], a->part,
                                                                             C, lo, lo + Vk, H - k);
             LAUNCH_TRY(err, "ada_target");
