@@ -118,13 +118,30 @@ static __device__ __forceinline__ float quad_max(float v)
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/* 2^x (ex2.approx.ftz: a result below 2^-126 is 0; no range fix-up around
+ * it, which __expf spends a dozen instructions on) */
+static __device__ __forceinline__ float ex2_ftz(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#define MMA_LOG2E 1.4426950408889634f
+
+/* a row's maximum M in base 2, what a score's exponent subtracts: exp(s - m)
+ * = 2^(s log2(e) - l), one FFMA and one ex2 (0 while no score is there, so
+ * that every -inf gives exp 0) */
+static __device__ __forceinline__ float mma_l2max(float m) { return m == -INFINITY ? 0.0f : m * MMA_LOG2E; }
+
 /* The running softmax of a warp's rows g and g + 8 (m, Z, W where there is
  * one, O's fragments) rescaled to the rows' new maxima N0 and N1 */
 template <int D>
 static __device__ __forceinline__ void mma_rescale(float n0, float n1, float &mx0, float &mx1, float &z0, float &z1,
                                                    float *w0, float *w1, float (&o)[D / 8][4])
 {
-    const float f0 = n0 == -INFINITY ? 1.0f : __expf(mx0 - n0), f1 = n1 == -INFINITY ? 1.0f : __expf(mx1 - n1);
+    const float f0 = n0 == -INFINITY ? 1.0f : ex2_ftz((mx0 - n0) * MMA_LOG2E),
+                f1 = n1 == -INFINITY ? 1.0f : ex2_ftz((mx1 - n1) * MMA_LOG2E);
     mx0 = n0;
     mx1 = n1;
     z0 *= f0, z1 *= f1;
@@ -205,6 +222,13 @@ template <int D> struct mma_smem {
                         bytes = pw + (size_t)(MMA_BQ / 16) * 16 * MMA_PST * 4;
 };
 
+/* N (16 or 0) bytes from SRC into the shared address DST, the rest of its
+ * 16 zeros (cp.async) */
+static __device__ __forceinline__ void cp16n(unsigned dst, const void *src, int n)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
 /* Copies ROWS rows of D bf16 into shared memory (row stride DP) in 16-byte
  * pieces, asynchronously (cp.async: every piece of the tile in flight at
  * once, no registers on the way): row j from src(j), or zeros where src(j)
@@ -217,9 +241,7 @@ static __device__ __forceinline__ void copy_rows(bf16 *dst, int rows, const bf16
     for (int e = threadIdx.x; e < rows * per; e += blockDim.x) {
         const int j = e / per, c = (e % per) * 8;
         const bf16 *s = src(j);
-        const unsigned d = (unsigned)__cvta_generic_to_shared(dst + j * (D + 8) + c);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(s ? s + c : zero_src),
-                     "r"(s ? 16 : 0));
+        cp16n((unsigned)__cvta_generic_to_shared(dst + j * (D + 8) + c), s ? s + c : zero_src, s ? 16 : 0);
     }
 }
 
@@ -391,13 +413,14 @@ __global__ static void __launch_bounds__(MMA_BQ * 2) attn_mma_kernel(mma_args a)
 
         /* a = exp(s - m) x mask: Z, W, and the A fragments of p.v */
         unsigned pa[MMA_BK / 16][4];
+        const float l0 = mma_l2max(mx0), l1 = mma_l2max(mx1);
 #pragma unroll
         for (int n = 0; n < MMA_BK / 8; n++) {
             float e[4];
 #pragma unroll
             for (int x = 0; x < 4; x++) {
                 const int rr = g + (x >> 1) * 8, j = n * 8 + 2 * c4 + (x & 1);
-                const float p = s[n][x] == -INFINITY ? 0.0f : __expf(s[n][x] - ((x >> 1) ? mx1 : mx0));
+                const float p = ex2_ftz(fmaf(s[n][x], MMA_LOG2E, -((x >> 1) ? l1 : l0)));
                 const float wt = pers ? p : p * mk[GPT ? j : warp * 16 + rr - j + MMA_BK - 1];
                 if (x >> 1) z1 += p, w1 += wt;
                 else z0 += p, w0 += wt;
@@ -477,20 +500,6 @@ static __device__ __forceinline__ unsigned pack_f16(float lo, float hi)
     return *(const unsigned *)&v;
 }
 
-/* 16 bytes from SRC into shared DST, or zeros where SRC is NULL (ZERO: any
- * valid address); 4 bytes with cp4 */
-static __device__ __forceinline__ void cp16(void *dst, const void *src, const void *zero)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src ? src : zero), "r"(src ? 16 : 0));
-}
-
-static __device__ __forceinline__ void cp4(void *dst, const void *src, const void *zero)
-{
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src ? src : zero), "r"(src ? 4 : 0));
-}
-
 template <int D>
 __global__ static void __launch_bounds__(REL_WARPS * 32, 2) rel_mma_kernel(mma_args a)
 {
@@ -546,37 +555,40 @@ __global__ static void __launch_bounds__(REL_WARPS * 32, 2) rel_mma_kernel(mma_a
     }
 
     /* tile T's copies into stage ST: keys and values from s0 = klo + 64 T on, the band of r rows of the
-     * distances dmin.. (dmin = i0 - s0 - 63), v . r of each */
+     * distances dmin.. (dmin = i0 - s0 - 63), v . r of each. A thread copies the 16 bytes at dims cc.. of
+     * rows cr, cr + NT / PER, ..; a piece outside the window or the table is a copy of 0 bytes (zeros) from
+     * a valid address. */
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(smraw);
+    const int cc = (threadIdx.x % PER) * 8, cr = threadIdx.x / PER;
+    const unsigned st32 = (unsigned)stride;   /* (32-bit offsets from the block's bases: gpu_rel_mma checks the sizes) */
+    const __half *rkh = rk + (size_t)h * D;
+    const float *vrh = a.vr + h;
     auto issue = [&](int t, int st) {
-        unsigned char *sb = smraw + (size_t)st * L::stage;
-        bf16 *ks = (bf16 *)(sb + L::k), *vs = (bf16 *)(sb + L::v);
-        __half *band = (__half *)(sb + L::band);
-        float *vrs = (float *)(sb + L::vrs);
-        const int s0 = klo + t * MMA_BK, dmin = i0 - s0 - (MMA_BK - 1), c = (threadIdx.x % PER) * 8;
+        const unsigned sb = sm0 + (unsigned)(st * L::stage);
+        const int s0 = klo + t * MMA_BK, dmin = i0 - s0 - (MMA_BK - 1);
 #pragma unroll
         for (int y = 0; y < MMA_BK * PER / NT; y++) {
-            const int j = threadIdx.x / PER + y * (NT / PER), s = s0 + j;
-            const bf16 *kp = NULL, *vp = NULL;
-            if (s <= khi) {
-                if (s >= 0) kp = kb + (size_t)s * stride, vp = vb + (size_t)s * stride;
-                else {
-                    int sl = mslot + (s + mlen);
-                    if (sl >= a.ML) sl -= a.ML;
-                    kp = kr + (size_t)sl * A, vp = vr + (size_t)sl * A;
-                }
-            }
-            cp16(ks + j * DP + c, kp ? kp + c : NULL, a.qkv);
-            cp16(vs + j * DP + c, vp ? vp + c : NULL, a.qkv);
+            const int j = cr + y * (NT / PER), s = s0 + j;
+            int sl = mslot + (s + mlen);
+            if (sl >= a.ML) sl -= a.ML;
+            const bool direct = s >= 0, in = s <= khi;
+            const unsigned off = !in ? cc : direct ? (unsigned)s * st32 + cc : (unsigned)sl * A + cc;
+            const bf16 *kbase = direct || !in ? kb : kr, *vbase = direct || !in ? vb : vr;
+            const unsigned dst = sb + (unsigned)((j * DP + cc) * 2);
+            cp16n(dst + (unsigned)L::k, kbase + off, in ? 16 : 0);
+            cp16n(dst + (unsigned)L::v, vbase + off, in ? 16 : 0);
         }
-        const __half *rkh = rk + (size_t)(roff + dmin) * A + (size_t)h * D + c;   /* band row 0's (may lie before) */
 #pragma unroll
         for (int y = 0; y < MMA_NB * PER / NT; y++) {
-            const int x = threadIdx.x / PER + y * (NT / PER), d = dmin + x;
-            cp16(band + x * DP + c, d >= 0 && roff + d < a.rk_rows ? rkh + (size_t)x * A : NULL, a.qkv);
+            const int x = cr + y * (NT / PER), d = roff + dmin + x;
+            const bool ok = d >= roff && d < a.rk_rows;
+            cp16n(sb + (unsigned)L::band + (unsigned)((x * DP + cc) * 2), rkh + (ok ? (unsigned)d * A + cc : cc), ok ? 16 : 0);
         }
         if (threadIdx.x < MMA_NB) {
-            const int x = threadIdx.x, d = dmin + x;
-            cp4(vrs + x, d >= 0 && roff + d < a.rk_rows ? a.vr + (size_t)(roff + d) * K + h : NULL, a.qkv);
+            const int d = roff + dmin + (int)threadIdx.x;
+            const bool ok = d >= roff && d < a.rk_rows;
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sb + (unsigned)L::vrs + threadIdx.x * 4),
+                         "l"(vrh + (ok ? (unsigned)d * K : 0u)), "r"(ok ? 4 : 0));
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
@@ -680,12 +692,13 @@ __global__ static void __launch_bounds__(REL_WARPS * 32, 2) rel_mma_kernel(mma_a
             if (__any_sync(0xffffffffu, n0 != mx0 || n1 != mx1))   /* (a larger score: the sums so far rescaled) */
                 mma_rescale<D>(n0, n1, mx0, mx1, z0, z1, NULL, NULL, o);
             unsigned pa[REL_KW / 16][4];
+            const float l0 = mma_l2max(mx0), l1 = mma_l2max(mx1);
 #pragma unroll
             for (int n = 0; n < REL_KW / 8; n++) {
                 float e[4];
 #pragma unroll
                 for (int x = 0; x < 4; x++) {
-                    e[x] = s[n][x] == -INFINITY ? 0.0f : __expf(s[n][x] - ((x >> 1) ? mx1 : mx0));
+                    e[x] = ex2_ftz(fmaf(s[n][x], MMA_LOG2E, -((x >> 1) ? l1 : l0)));
                     if (x >> 1) z1 += e[x];
                     else z0 += e[x];
                 }
@@ -850,6 +863,9 @@ int gpu_rel_mma(gpu_model *g, int l, int B, int M, char *err)
     const int D = m->d_head, K = m->n_head;
     const gpu_layer *y = &g->L[l];
     if (!mma_fits(g, M, REL_TILE_MIN_M) || !y->rk16 || g->h_off[l] % 8) return 0;
+    /* rel_mma_kernel's copies take 32-bit offsets from a stream's first row, its ring and the r table */
+    const size_t A = (size_t)K * D, lim = (size_t)1 << 31;
+    if ((size_t)M * 3 * A >= lim || (size_t)m->mem_len * A >= lim || (size_t)y->rk_rows * A >= lim) return 0;
     mma_args a = {};
     a.attb = g->attb;
     a.qkv = g->qkvb;
