@@ -24,8 +24,9 @@
  * GPU_BF16: each linear layer reads a bfloat16 copy of its input, written by
  * the operation before it (embedding, LayerNorm, attention, ReLU), and its
  * bfloat16 weights; the projections write queries, keys and values in
- * bfloat16 (what the rings keep); the other outputs, the residual stream,
- * the softmaxes and LayerNorm stay float32.
+ * bfloat16 (what the rings keep), and with post-LN Wo and fc2 write their
+ * output in bfloat16 for the residual's LayerNorm (out_bf16); the other
+ * outputs, the residual stream, the softmaxes and LayerNorm stay float32.
  *
  * Decode steps (M = 1) are launch-bound: about ten launches a layer of a few
  * microseconds each. The first step of B streams is captured as a CUDA graph
@@ -74,12 +75,30 @@ static int sublayer_in(gpu_model *g, const float *w, const float *b, int N, cons
 
 /* The sublayer's output R (+ RB) into the residual stream: x = LN(x + r),
  * or x + r with pre_lnorm (xb, which then holds LN(x), kept for the next
- * sublayer's LN to write). */
-static int sublayer_out(gpu_model *g, const float *r, const float *rb, const float *w, const float *b, int N, char *err)
+ * sublayer's LN to write). RH: R in bfloat16 instead (out_bf16). */
+static int sublayer_out(gpu_model *g, const float *r, const bf16 *rh, const float *rb, const float *w, const float *b, int N,
+                        char *err)
 {
     const int Dm = g->m->d_model;
     if (g->m->pre_lnorm) return OP(OP_LN, gpu_add_residual(g, g->x, NULL, r, rb, N, Dm, err)) ? -1 : 0;
+    if (rh) return OP(OP_LN, gpu_add_layernorm_b(g, g->x, g->xb, rh, rb, w, b, N, Dm, err)) ? -1 : 0;
     return OP(OP_LN, gpu_add_layernorm(g, g->x, g->xb, r, rb, w, b, N, Dm, err)) ? -1 : 0;
+}
+
+/* GPU_BF16 with post-LN: Wo's and fc2's outputs are written in bfloat16
+ * (g->tmpb) and the residual's LayerNorm reads them so: the sum in float,
+ * rounded once, as every bf16 linear layer's input already is; half the
+ * bytes written and read again (a word model's step: 32 LayerNorms of
+ * 2,048 x 512). Pre-LN adds r to the float residual stream unrounded, and
+ * par-tf's Wo has its ReLU after it. */
+static bool out_bf16(const gpu_model *g) { return g->prec == GPU_BF16 && !g->m->pre_lnorm; }
+
+/* r = in W^T into the sublayer's output: g->tmpb (out_bf16) or g->tmp */
+static int sublayer_linear(gpu_model *g, const float *in, const bf16 *inb, const float *W, const bf16 *Wb, int n, int din,
+                           int dout, bool bf_out, char *err)
+{
+    return bf_out ? gpu_linear_bf16_out(g, g->tmpb, inb, Wb, n, din, dout, err)
+                  : linear(g, g->tmp, in, inb, W, Wb, n, din, dout, err);
 }
 
 static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
@@ -100,8 +119,9 @@ static int ffn(gpu_model *g, const gpu_layer *d, int N, char *err)
     else if (OP(OP_FC1, linear(g, g->ff, in, g->xb, d->fc1_w, d->fc1_h, N, Dm, I, err)) ||
              OP(OP_RELU, gpu_bias_relu(g, g->ff, g->ffb, d->fc1_b, N, I, err)))
         return -1;
-    if (OP(OP_FC2, linear(g, g->tmp, g->ff, g->ffb, d->fc2_w, d->fc2_h, N, I, Dm, err)) ||
-        sublayer_out(g, g->tmp, d->fc2_b, d->ln2_w, d->ln2_b, N, err))
+    const bool bo = out_bf16(g);
+    if (OP(OP_FC2, sublayer_linear(g, g->ff, g->ffb, d->fc2_w, d->fc2_h, N, I, Dm, bo, err)) ||
+        sublayer_out(g, g->tmp, bo ? g->tmpb : NULL, d->fc2_b, d->ln2_w, d->ln2_b, N, err))
         return -1;
     return 0;
 }
@@ -132,9 +152,10 @@ static int run_layers(gpu_model *g, int B, int M, char *err)
             if (sublayer_in(g, d->ln1_w, d->ln1_b, N, &in, err)) return -1;
             if (qkv_proj(g, d, in, N, err) || g->fam->attend(g, l, B, M, err)) return -1;
             /* par-tf: a = ReLU(att Wo^T + bo), then the residual and LayerNorm as PAR's */
-            if (OP(OP_WO, linear(g, g->tmp, g->att, g->attb, d->wo, d->wo_h, N, A, Dm, err)) ||
+            const bool bo = out_bf16(g) && !m->tf_attn;
+            if (OP(OP_WO, sublayer_linear(g, g->att, g->attb, d->wo, d->wo_h, N, A, Dm, bo, err)) ||
                 (m->tf_attn && OP(OP_RELU, gpu_bias_relu(g, g->tmp, NULL, d->wo_b, N, Dm, err))) ||
-                sublayer_out(g, g->tmp, m->tf_attn ? NULL : d->wo_b, d->ln1_w, d->ln1_b, N, err))
+                sublayer_out(g, g->tmp, bo ? g->tmpb : NULL, m->tf_attn ? NULL : d->wo_b, d->ln1_w, d->ln1_b, N, err))
                 return -1;
         }
         if ((sub & GPU_SUB_FFN) && ffn(g, d, N, err)) return -1;
@@ -181,34 +202,45 @@ static int launch_step(gpu_model *g, int B, int M, int targets_only, char *err)
     return launch_layers(g, B, M, err) || launch_out(g, B * M, targets_only, err) ? -1 : 0;
 }
 
-/* The graph of a scoring step's layers (B x M, M > 1), the last
- * GPU_LAYER_GRAPHS shapes kept (a text scored in blocks repeats its shape;
- * the output layer runs outside it: an adaptive softmax's tail clusters
- * take a step's own row counts). A failed capture turns graphs off, as
- * decode_graph's. */
-static cudaGraphExec_t layers_graph(gpu_model *g, int B, int M)
+/* LAUNCH (the launches of a step, a launcher taking err and returning 0 or
+ * -1) captured as a graph. A failed capture turns graphs off, saying why
+ * (WHAT: the step), and gives NULL: the step then launches one by one. */
+template <typename F> static cudaGraphExec_t capture_graph(gpu_model *g, const char *what, F launch)
 {
-    for (int i = 0; i < GPU_LAYER_GRAPHS; i++)
-        if (g->lgraph[i] && g->lgraph_b[i] == B && g->lgraph_m[i] == M) return g->lgraph[i];
     char err[ERR_LEN] = "";
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     cudaError_t e = cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeRelaxed);
     if (e == cudaSuccess) {
-        int rc = launch_layers(g, B, M, err);
+        int rc = launch(err);
         e = cudaStreamEndCapture(g->stream, &graph);
         if (rc == 0 && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
         if (rc && !err[0]) snprintf(err, sizeof err, "a launch failed while capturing");
     }
     if (graph) cudaGraphDestroy(graph);
     if (e != cudaSuccess || !exec) {
-        cudaGetLastError();
-        snprintf(g->graph_why, sizeof g->graph_why, "capturing the layers of a step of %d x %d: %s", B, M,
-                 err[0] ? err : cudaGetErrorString(e));
+        cudaGetLastError();   /* the failed capture's error is not the next launch's */
+        snprintf(g->graph_why, sizeof g->graph_why, "capturing %s: %s", what, err[0] ? err : cudaGetErrorString(e));
         g->graphs_on = 0;
         if (exec) cudaGraphExecDestroy(exec);
         return NULL;
     }
+    g->graphs_captured++;
+    return exec;
+}
+
+/* The graph of a scoring step's layers (B x M, M > 1), the last
+ * GPU_LAYER_GRAPHS shapes kept (a text scored in blocks repeats its shape;
+ * the output layer runs outside it: an adaptive softmax's tail clusters
+ * take a step's own row counts). */
+static cudaGraphExec_t layers_graph(gpu_model *g, int B, int M)
+{
+    for (int i = 0; i < GPU_LAYER_GRAPHS; i++)
+        if (g->lgraph[i] && g->lgraph_b[i] == B && g->lgraph_m[i] == M) return g->lgraph[i];
+    char what[64];
+    snprintf(what, sizeof what, "the layers of a step of %d x %d", B, M);
+    cudaGraphExec_t exec = capture_graph(g, what, [&](char *err) { return launch_layers(g, B, M, err); });
+    if (!exec) return NULL;
     const int i = g->lgraph_next;
     g->lgraph_next = (i + 1) % GPU_LAYER_GRAPHS;
     if (g->lgraph[i]) {
@@ -218,36 +250,17 @@ static cudaGraphExec_t layers_graph(gpu_model *g, int B, int M)
     g->lgraph[i] = exec;
     g->lgraph_b[i] = B;
     g->lgraph_m[i] = M;
-    g->graphs_captured++;
     return exec;
 }
 
-/* The graph of a decode step of B streams: captured from launch_step. A
- * capture that fails turns graphs off (the step then launches one by one)
- * and keeps the reason. */
+/* The graph of a decode step of B streams: captured from launch_step */
 static cudaGraphExec_t decode_graph(gpu_model *g, int B)
 {
     if (g->graph[B - 1]) return g->graph[B - 1];
-    char err[ERR_LEN] = "";
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    cudaError_t e = cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeRelaxed);
-    if (e == cudaSuccess) {
-        int rc = launch_step(g, B, 1, 0, err);
-        e = cudaStreamEndCapture(g->stream, &graph);
-        if (rc == 0 && e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
-        if (rc && !err[0]) snprintf(err, sizeof err, "a launch failed while capturing");
-    }
-    if (graph) cudaGraphDestroy(graph);
-    if (e != cudaSuccess || !exec) {
-        cudaGetLastError();   /* the failed capture's error is not the next launch's */
-        snprintf(g->graph_why, sizeof g->graph_why, "capturing a decode step of %d streams: %s", B,
-                 err[0] ? err : cudaGetErrorString(e));
-        g->graphs_on = 0;
-        if (exec) cudaGraphExecDestroy(exec);
-        return NULL;
-    }
-    g->graphs_captured++;
+    char what[64];
+    snprintf(what, sizeof what, "a decode step of %d streams", B);
+    cudaGraphExec_t exec = capture_graph(g, what, [&](char *err) { return launch_step(g, B, 1, 0, err); });
+    if (!exec) return NULL;
     return g->graph[B - 1] = exec;
 }
 

@@ -476,8 +476,9 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
         size_t nx = align16(NR * Dm), nqkv = align16(NR * 3 * A), natt = align16(NR * A), nff = align16(NR * m->d_inner),
                nlog = align16(N * m->V);
         /* GPU_BF16: the bfloat16 inputs of the linear layers after them
-         * (x, att, relu(ff): half a float each, rounded up to whole floats) */
-        size_t nb = precision == GPU_BF16 ? align16((nx + 1) / 2) + align16((natt + 1) / 2) + align16((nff + 1) / 2) +
+         * (x, att, relu(ff): half a float each, rounded up to whole floats),
+         * the projections' output and tmp's bfloat16 twin */
+        size_t nb = precision == GPU_BF16 ? 2 * align16((nx + 1) / 2) + align16((natt + 1) / 2) + align16((nff + 1) / 2) +
                                                 align16((nqkv + 1) / 2)
                                           : 0;
         size_t total = 2 * nx + nqkv + natt + nff + nlog + nb;
@@ -494,6 +495,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                 g->attb = g->xb + 2 * align16((nx + 1) / 2);
                 g->ffb = g->attb + 2 * align16((natt + 1) / 2);
                 g->qkvb = g->ffb + 2 * align16((nff + 1) / 2);
+                g->tmpb = g->qkvb + 2 * align16((nqkv + 1) / 2);
             }
             g->step_bytes = total * sizeof(float);
             if (g->ada) g->step_bytes += g->ada->step_floats * sizeof(float);   /* upload_ada's step buffers */

@@ -274,6 +274,9 @@ struct gpu_model {
      * and the projections' output (queries, keys, values) in bfloat16, the
      * rings' type */
     bf16 *xb, *attb, *ffb, *qkvb;
+    /* GPU_BF16, post-LN: the output of the attention's Wo and of fc2 in
+     * bfloat16 (tmpb), which the residual's LayerNorm reads (forward.cu) */
+    bf16 *tmpb;
     gpu_gpt *gpt;                 /* window models: fam_gpt.cu's step state */
     /* aspan decode: the partial results of a query's key splits
      * (ASPAN_SPLIT_BLOCKS records of d_head + 4 floats), NULL for par */
@@ -374,6 +377,9 @@ int gpu_bias_relu(gpu_model *g, float *y, bf16 *yb, const float *b, int n, int d
  * (bfloat16) if not NULL */
 int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const float *rb, const float *w,
                       const float *b, int n, int d, char *err);
+/* the same with r in bfloat16 (GPU_BF16: a linear layer's output rounded once) */
+int gpu_add_layernorm_b(gpu_model *g, float *x, bf16 *xb, const bf16 *r, const float *rb, const float *w, const float *b,
+                        int n, int d, char *err);
 /* logsoftmax.cu: y = log_softmax(y + b), rows of d (b may be NULL) */
 int gpu_log_softmax(gpu_model *g, float *y, const float *b, int n, int d, char *err);
 /* logsoftmax.cu: tl[n] = y[n * d + tgt[n]] for the rows whose tgt is >= 0 */

@@ -5,9 +5,10 @@
  *
  * with the biased variance, eps the model's (model_t.ln_eps: PyTorch's 1e-5,
  * Keras' 1e-3 for par-transformer-xl-tf); rb (the second linear layer's
- * bias) may be NULL.
+ * bias) may be NULL; r float, or bfloat16 (gpu_add_layernorm_b: a bf16
+ * step's Wo and fc2 output).
  * The mean and the variance are summed in double as core's
- * ops_add_layernorm does. Rows of 128 to 1024 floats (a multiple of 128,
+ * ops_add_layernorm does (in float in GPU_BF16's warp kernel). Rows of 128 to 1024 floats (a multiple of 128,
  * the rows 16-byte aligned; the weights and biases any float's alignment,
  * as they lie in the model's file) take a warp each, the row in registers (float4 loads,
  * warp shuffles, no shared memory); others a block each. In GPU_BF16 the
@@ -16,15 +17,27 @@
 #include "gpu_internal.cuh"
 #include "reduce.cuh"
 
-__global__ static void add_layernorm_kernel(float *x, bf16 *xb, const float *r, const float *rb, const float *w,
-                                            const float *b, int d, double eps)
+/* the residual's element: float, or bfloat16 (gpu_add_layernorm_b) */
+static __device__ __forceinline__ float ln_ld1(const float *p) { return *p; }
+static __device__ __forceinline__ float ln_ld1(const bf16 *p) { return __bfloat162float(*p); }
+static __device__ __forceinline__ float4 ln_ld4(const float *p) { return *(const float4 *)p; }
+static __device__ __forceinline__ float4 ln_ld4(const bf16 *p)
+{
+    const uint2 u = *(const uint2 *)p;
+    const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <typename R>
+__global__ static void add_layernorm_kernel(float *x, bf16 *xb, const R *r, const float *rb, const float *w, const float *b,
+                                            int d, double eps)
 {
     __shared__ double scratch[32];
     float *row = x + (size_t)blockIdx.x * d;
-    const float *rr = r + (size_t)blockIdx.x * d;
+    const R *rr = r + (size_t)blockIdx.x * d;
     double s = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float t = rb ? rr[j] + rb[j] : rr[j];
+        float t = rb ? ln_ld1(rr + j) + rb[j] : ln_ld1(rr + j);
         float u = row[j] + t;
         row[j] = u;
         s += u;
@@ -55,23 +68,28 @@ static __device__ __forceinline__ float4 ldg4(const float *p, int c)
 #define LN_ROWS 4   /* rows a block of ln_warp_kernel (a warp each) */
 
 /* A warp a row of d = 128 NV floats: lane L holds the float4s L + 32 k. With
- * R NULL it is LayerNorm alone (layernorm_to), from X into Y (may be X). */
-template <int NV>
+ * R NULL it is LayerNorm alone (layernorm_to), from X into Y (may be X).
+ * The weights, biases and rb are read before the sums, off their path. S:
+ * the sums' type, double (float32 steps, as core) or float (GPU_BF16, whose
+ * output is rounded to bfloat16 for the next layer: the double sums' chain
+ * of dependent adds, square root and division was the kernel's time). */
+template <int NV, typename S, typename R>
 __global__ static void __launch_bounds__(LN_ROWS * 32)
-    ln_warp_kernel(float *y, bf16 *yb, const float *x, const float *r, const float *rb, const float *w, const float *b,
-                   int n, double eps, bool keep_sum)
+    ln_warp_kernel(float *y, bf16 *yb, const float *x, const R *r, const float *rb, const float *w, const float *b, int n,
+                   double eps, bool keep_sum)
 {
     const int row = blockIdx.x * LN_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31, d = 128 * NV;
     if (row >= n) return;
     const float4 *xr = (const float4 *)(x + (size_t)row * d);
-    float4 u[NV];
-    double s = 0;
+    float4 u[NV], ww[NV], bv[NV];
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int c = lane + 32 * k;
+        ww[k] = ldg4(w, c);
+        bv[k] = b ? ldg4(b, c) : make_float4(0, 0, 0, 0);
         float4 v = xr[c];
         if (r) {
-            float4 t = ((const float4 *)(r + (size_t)row * d))[c];
+            float4 t = ln_ld4(r + (size_t)row * d + 4 * c);
             if (rb) {
                 const float4 q = ldg4(rb, c);
                 t.x += q.x, t.y += q.y, t.z += q.z, t.w += q.w;
@@ -79,26 +97,27 @@ __global__ static void __launch_bounds__(LN_ROWS * 32)
             v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
         }
         u[k] = v;
-        s += (double)v.x + (double)v.y + (double)v.z + (double)v.w;
     }
-    const double mean = warp_sum(s) / d;
-    double q = 0;
+    S s = 0;
+#pragma unroll
+    for (int k = 0; k < NV; k++) s += (S)u[k].x + (S)u[k].y + (S)u[k].z + (S)u[k].w;
+    const S mean = warp_sum(s) / d;
+    S q = 0;
 #pragma unroll
     for (int k = 0; k < NV; k++) {
-        const double a = u[k].x - mean, bb = u[k].y - mean, c = u[k].z - mean, e = u[k].w - mean;
+        const S a = u[k].x - mean, bb = u[k].y - mean, c = u[k].z - mean, e = u[k].w - mean;
         q += a * a + bb * bb + c * c + e * e;
     }
-    const double inv = 1.0 / sqrt(warp_sum(q) / d + eps);
+    const S inv = (S)1 / sqrt(warp_sum(q) / d + (S)eps);
     float4 *yr = (float4 *)(y + (size_t)row * d);
 #pragma unroll
     for (int k = 0; k < NV; k++) {
         const int c = lane + 32 * k;
-        const float4 ww = ldg4(w, c), bv = b ? ldg4(b, c) : make_float4(0, 0, 0, 0);
         float4 o;
-        o.x = (float)((u[k].x - mean) * inv) * ww.x + bv.x;
-        o.y = (float)((u[k].y - mean) * inv) * ww.y + bv.y;
-        o.z = (float)((u[k].z - mean) * inv) * ww.z + bv.z;
-        o.w = (float)((u[k].w - mean) * inv) * ww.w + bv.w;
+        o.x = (float)((u[k].x - mean) * inv) * ww[k].x + bv[k].x;
+        o.y = (float)((u[k].y - mean) * inv) * ww[k].y + bv[k].y;
+        o.z = (float)((u[k].z - mean) * inv) * ww[k].z + bv[k].z;
+        o.w = (float)((u[k].w - mean) * inv) * ww[k].w + bv[k].w;
         if (keep_sum || !yb) yr[c] = o;
         if (yb) {
             __nv_bfloat162 *p = (__nv_bfloat162 *)(yb + (size_t)row * d + 4 * c);
@@ -111,18 +130,22 @@ __global__ static void __launch_bounds__(LN_ROWS * 32)
 static bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* The warp kernel when the shapes allow it: 1 if it ran. */
-static int ln_warp(gpu_model *g, float *y, bf16 *yb, const float *x, const float *r, const float *rb, const float *w,
+template <typename R>
+static int ln_warp(gpu_model *g, float *y, bf16 *yb, const float *x, const R *r, const float *rb, const float *w,
                    const float *b, int n, int d, bool keep_sum, char *err)
 {
     /* (the weights and rb: any float's alignment, read a float at a time) */
-    if (d % 128 || d > 1024 || !al16(y) || !al16(x) || !al16(r) || ((uintptr_t)yb & 7))
+    if (d % 128 || d > 1024 || !al16(y) || !al16(x) || ((uintptr_t)r & (4 * sizeof(R) - 1)) || ((uintptr_t)yb & 7))
         return 0;
     const unsigned grid = (unsigned)((n + LN_ROWS - 1) / LN_ROWS);
     const double eps = g->m->ln_eps;
     switch (d / 128) {
 #define LN_CASE(k)                                                                                                     \
     case k:                                                                                                            \
-        ln_warp_kernel<k><<<grid, LN_ROWS * 32, 0, g->stream>>>(y, yb, x, r, rb, w, b, n, eps, keep_sum);                    \
+        if (g->prec == GPU_BF16)                                                                                       \
+            ln_warp_kernel<k, float, R><<<grid, LN_ROWS * 32, 0, g->stream>>>(y, yb, x, r, rb, w, b, n, eps, keep_sum); \
+        else                                                                                                           \
+            ln_warp_kernel<k, double, R><<<grid, LN_ROWS * 32, 0, g->stream>>>(y, yb, x, r, rb, w, b, n, eps, keep_sum);\
         break;
         LN_CASE(1) LN_CASE(2) LN_CASE(3) LN_CASE(4) LN_CASE(5) LN_CASE(6) LN_CASE(7) LN_CASE(8)
 #undef LN_CASE
@@ -131,15 +154,28 @@ static int ln_warp(gpu_model *g, float *y, bf16 *yb, const float *x, const float
     return 1;
 }
 
+template <typename R>
+static int add_layernorm(gpu_model *g, float *x, bf16 *xb, const R *r, const float *rb, const float *w, const float *b,
+                         int n, int d, char *err)
+{
+    const int wr = ln_warp<R>(g, x, xb, x, r, rb, w, b, n, d, true, err);
+    if (wr) return wr < 0 ? -1 : 0;
+    int threads = d >= 512 ? 256 : d >= 128 ? 128 : 64;
+    add_layernorm_kernel<R><<<n, threads, 0, g->stream>>>(x, xb, r, rb, w, b, d, g->m->ln_eps);
+    LAUNCH_TRY(err, "add_layernorm");
+    return 0;
+}
+
 int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const float *rb, const float *w,
                       const float *b, int n, int d, char *err)
 {
-    const int wr = ln_warp(g, x, xb, x, r, rb, w, b, n, d, true, err);
-    if (wr) return wr < 0 ? -1 : 0;
-    int threads = d >= 512 ? 256 : d >= 128 ? 128 : 64;
-    add_layernorm_kernel<<<n, threads, 0, g->stream>>>(x, xb, r, rb, w, b, d, g->m->ln_eps);
-    LAUNCH_TRY(err, "add_layernorm");
-    return 0;
+    return add_layernorm<float>(g, x, xb, r, rb, w, b, n, d, err);
+}
+
+int gpu_add_layernorm_b(gpu_model *g, float *x, bf16 *xb, const bf16 *r, const float *rb, const float *w, const float *b,
+                        int n, int d, char *err)
+{
+    return add_layernorm<bf16>(g, x, xb, r, rb, w, b, n, d, err);
 }
 
 /* pre-LN (a word-level Transformer-XL with pre_lnorm, the GPT window
@@ -172,7 +208,7 @@ int gpu_layernorm_to(gpu_model *g, float *y, bf16 *yb, const float *x, const flo
                      char *err)
 {
     /* (r NULL: aligned; yb set: y is not written, as the block kernel) */
-    const int wr = ln_warp(g, y, yb, x, NULL, NULL, w, b, n, d, false, err);
+    const int wr = ln_warp<float>(g, y, yb, x, NULL, NULL, w, b, n, d, false, err);
     if (wr) return wr < 0 ? -1 : 0;
     int threads = d >= 512 ? 256 : d >= 128 ? 128 : 64;
     layernorm_to_kernel<<<n, threads, 0, g->stream>>>(y, yb, x, w, b, d, g->m->ln_eps);
