@@ -209,17 +209,19 @@ static int upload_ada(gpu_model *g, char *err)
             (a->out_proj_b[k] && !d->proj_b[k]))
             return err_set(err, "%s: cluster %d: a weight lies outside the model's arena", m->path, k);
         if (a->out_proj_t[k]) nf += align16(dim * D);
+        if (k > 0) nf += align16(rows);   /* the tail's bias, 16-byte aligned (adaptive.cu reads it 4 floats at a time) */
     }
     d->cut[a->n] = a->cut[a->n];
-    int vmax = d->H, tmax = 1;   /* the longest segment a log-softmax chunks (adaptive.cu, 4096 a chunk) */
+    int vmax = d->H, tmax = 1;   /* the longest segment a log-softmax chunks (adaptive.cu, 8192 a chunk) */
     for (int k = 1; k < a->n; k++) tmax = a->cut[k + 1] - a->cut[k] > tmax ? a->cut[k + 1] - a->cut[k] : tmax;
     vmax = tmax > vmax ? tmax : vmax;
     d->ldh = (d->H + 7) & ~7;
     d->ldt = (tmax + 7) & ~7;
     const size_t nhead = align16(N * d->ldh), nhp = align16(N * (size_t)d->dmax), ntail = a->n > 1 ? align16(N * d->ldt) : 0;
-    const size_t npart = align16(N * (size_t)((vmax + 4095) / 4096) * 4);   /* 2 doubles a chunk */
+    const size_t npart = align16(N * (size_t)((vmax + 8191) / 8192) * 4);   /* 2 doubles a chunk */
     const size_t nrows = align16(N * (size_t)a->n + 16);   /* the tail clusters' row lists and counts (ints) */
-    const size_t nlse = align16(N * 2);                     /* the head's log-sum-exp a row (doubles) */
+    /* a step of targets: each row's logprob of each tail cluster, and the target's logit a row of a cluster */
+    const size_t nlse = align16(N * (size_t)ADA_MAX_CLUSTERS) + align16(N);
     nf += nhead + nhp + ntail + npart + nlse + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     nf += nrows + nhp + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     CU_TRY(cudaMalloc(&g->ada_mem, nf * sizeof(float)), err, "cudaMalloc (adaptive softmax)");
@@ -238,12 +240,19 @@ static int upload_ada(gpu_model *g, char *err)
             d->proj_t[k] = at;
             at += align16((size_t)a->dim[k] * D);
         }
+    for (int k = 1; k < a->n; k++) {   /* (out_b stays the arena's until here, where its row count is read) */
+        const size_t rows = (size_t)(a->cut[k + 1] - a->cut[k]);
+        CU_TRY(cudaMemcpy(at, a->out_b[k], rows * sizeof(float), cudaMemcpyHostToDevice), err, "cudaMemcpy (adaptive bias)");
+        d->out_b[k] = at;
+        at += align16(rows);
+    }
     g->derived_floats += at - g->ada_mem;   /* weights, as the rk tables */
     d->head = at;
     d->hp = at + nhead;
     d->tail = d->hp + nhp;
     d->part = (double *)(d->tail + ntail);
-    d->hlse = (double *)(d->tail + ntail + npart);
+    d->hcol = d->tail + ntail + npart;
+    d->tval = d->hcol + align16(N * (size_t)ADA_MAX_CLUSTERS);
     float *after = d->tail + ntail + npart + nlse;
     if (g->prec == GPU_BF16) {
         d->hpb = (bf16 *)after;

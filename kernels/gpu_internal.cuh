@@ -165,7 +165,10 @@ typedef struct {
     float *head, *hp, *tail;      /* step buffers: N x ldh, N x dmax, N x ldt */
     int ldh, ldt;                 /* head and tail rows: H and the widest tail cluster, rounded up to 8 */
     double *part;                 /* the log-softmaxes' chunk partials (adaptive.cu): N x chunks x 2 */
-    double *hlse;                 /* a step of targets only: each row's head log-sum-exp (N) */
+    /* a step of targets only (adaptive.cu): each row's logprob of each tail
+     * cluster k (hcol[r * ADA_MAX_CLUSTERS + k], from the head's pass), and
+     * the target's logit + bias of a tail cluster's row i (tval[i]) */
+    float *hcol, *tval;
     size_t step_floats;           /* floats of those step buffers */
     bf16 *hpb;                    /* GPU_BF16: N x dmax */
     /* a step of targets only: each tail cluster's rows (those whose target

@@ -1531,7 +1531,11 @@ static void check_par_tf_fixture(void)
             CHECK(worst_cpu <= tol && worst_mem <= (prec == GPU_FP32 ? 1e-4 : 0.5), "par-tf (%s%s) vs CPU: %.3g, "
                   "memories %.3g", gpu_precision_name(prec), how, worst_cpu, worst_mem);
             CHECK(same, "par-tf: targets beside rows, positions or lengths differ");
-            CHECK(worst_tg <= (prec == GPU_FP32 ? 1e-6 : 1e-3), "par-tf targets-only step: %.3g", worst_tg);
+            /* fp32: a step of targets only runs each tail cluster's GEMM over the rows whose target lies in it,
+             * a step of rows over all of them, and cuBLAS may sum the two shapes in different orders (a float's
+             * last bits); bf16: the step of targets keeps its adaptive softmax's logits in bf16 (adaptive.cu),
+             * the step of rows in float, 8 bits of a logit's mantissa apart */
+            CHECK(worst_tg <= (prec == GPU_FP32 ? 1e-5 : 0.05), "par-tf targets-only step: %.3g", worst_tg);
             if (prec == GPU_FP32) note_worst(worst_cpu);
             /* greedy, 40 tokens after stream 0's first segment: device picks and host picks of the same rows */
             if (tiles == 1) {
