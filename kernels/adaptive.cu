@@ -234,10 +234,11 @@ static int ada_lsm(gpu_model *g, float *dst, int ldd, float *src, int lds, int l
 }
 
 /* Scoring (every row wants only its target's logprob), the head's pass
- * over N rows, a warp a row: each row's log-sum-exp from its chunks' partials; a target T
- * in the shortlist has the logprob head[r][T] + b[T] - lse, and the row's
- * logprob of tail cluster k (its head column H - k, k = 1 .. NT) goes to
- * hcol[r][k] (ADA_MAX_CLUSTERS a row) for the tails' pass. */
+ * over N rows, a warp a row: the row's log-sum-exp from its chunks'
+ * partials; a target T in the shortlist has the logprob head[r][T] + b[T]
+ * - lse, and the row's logprob of tail cluster k (its head column H - k,
+ * k = 1 .. NT) goes to hcol[r][k] (ADA_MAX_CLUSTERS a row) for the tails'
+ * pass. */
 template <typename T>
 __global__ static void ada_head_target_kernel(float *tl, float *hcol, const int32_t *tgt, const T *head, int ldh,
                                               const float *hb, const double *part, int C, int c1, int H, int nt, int n)
