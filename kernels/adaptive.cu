@@ -16,8 +16,9 @@
  *     (the k-th from the end). A segment is cut in chunks of ADA_CHUNK, one
  *     thread block each (a decode step has one row: a block a row would
  *     leave the device idle, waiting on one SM's loads): each chunk's max
- *     and sum of exp (double), then each chunk's block meets its row's
- *     partials into the log-sum-exp and writes its chunk.
+ *     and sum of exp (float in a warp, double across them), then each
+ *     chunk's block meets its row's partials into the log-sum-exp (a warp's
+ *     sum in double) and writes its chunk.
  * GPU_BF16: the projections write bfloat16, the GEMMs read bfloat16 weights
  * and sum in float32 (as every linear layer of the bf16 step).
  *
@@ -94,7 +95,9 @@ static __device__ __forceinline__ float ada_ex2(float x)
 }
 #define ADA_LOG2E 1.4426950408889634f
 
-/* The logits' element: float, or (GPU_BF16, a step of targets) bfloat16 */
+/* The logits' element: float, or (GPU_BF16, a step of targets) bfloat16.
+ * Plain loads, not gpu_internal.cuh's ldf / unpack16 (the read-only path):
+ * ada_lsm's partials rewrite their float chunk in place. */
 static __device__ __forceinline__ float ada_ld1(const float *p) { return *p; }
 static __device__ __forceinline__ float ada_ld1(const bf16 *p) { return __bfloat162float(*p); }
 /* 16 bytes at P (aligned): 4 floats or 8 bfloat16 into X */

@@ -221,8 +221,8 @@ static int upload_ada(gpu_model *g, char *err)
     const size_t npart = align16(N * (size_t)((vmax + 8191) / 8192) * 4);   /* 2 doubles a chunk */
     const size_t nrows = align16(N * (size_t)a->n + 16);   /* the tail clusters' row lists and counts (ints) */
     /* a step of targets: each row's logprob of each tail cluster, and the target's logit a row of a cluster */
-    const size_t nlse = align16(N * (size_t)ADA_MAX_CLUSTERS) + align16(N);
-    nf += nhead + nhp + ntail + npart + nlse + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
+    const size_t ntgt = align16(N * (size_t)ADA_MAX_CLUSTERS) + align16(N);
+    nf += nhead + nhp + ntail + npart + ntgt + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     nf += nrows + nhp + (g->prec == GPU_BF16 ? align16((nhp + 1) / 2) : 0);
     CU_TRY(cudaMalloc(&g->ada_mem, nf * sizeof(float)), err, "cudaMalloc (adaptive softmax)");
     float *at = g->ada_mem;
@@ -240,7 +240,7 @@ static int upload_ada(gpu_model *g, char *err)
             d->proj_t[k] = at;
             at += align16((size_t)a->dim[k] * D);
         }
-    for (int k = 1; k < a->n; k++) {   /* (out_b stays the arena's until here, where its row count is read) */
+    for (int k = 1; k < a->n; k++) {   /* the tails' biases, aligned (the arena's out_b above checked only that it is there) */
         const size_t rows = (size_t)(a->cut[k + 1] - a->cut[k]);
         CU_TRY(cudaMemcpy(at, a->out_b[k], rows * sizeof(float), cudaMemcpyHostToDevice), err, "cudaMemcpy (adaptive bias)");
         d->out_b[k] = at;
@@ -253,7 +253,7 @@ static int upload_ada(gpu_model *g, char *err)
     d->part = (double *)(d->tail + ntail);
     d->hcol = d->tail + ntail + npart;
     d->tval = d->hcol + align16(N * (size_t)ADA_MAX_CLUSTERS);
-    float *after = d->tail + ntail + npart + nlse;
+    float *after = d->tail + ntail + npart + ntgt;
     if (g->prec == GPU_BF16) {
         d->hpb = (bf16 *)after;
         after += align16((nhp + 1) / 2);
@@ -261,7 +261,7 @@ static int upload_ada(gpu_model *g, char *err)
     d->rows = (int *)after;
     d->hg = after + nrows;
     if (g->prec == GPU_BF16) d->hgb = (bf16 *)(d->hg + nhp);
-    d->step_floats = nhead + nhp + ntail + npart + nlse + (g->prec == GPU_BF16 ? 2 * align16((nhp + 1) / 2) : 0) + nrows + nhp;
+    d->step_floats = nhead + nhp + ntail + npart + ntgt + (g->prec == GPU_BF16 ? 2 * align16((nhp + 1) / 2) : 0) + nrows + nhp;
     CU_TRY(cudaMallocHost(&d->h_cnt, ADA_MAX_CLUSTERS * sizeof(int)), err, "cudaMallocHost (adaptive softmax)");
     CU_TRY(cudaMallocHost(&d->h_rows, ((size_t)N * a->n + 16) * sizeof(int)), err, "cudaMallocHost (adaptive softmax)");
     return 0;

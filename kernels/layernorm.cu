@@ -8,18 +8,18 @@
  * bias) may be NULL; r float, or bfloat16 (gpu_add_layernorm_b: a bf16
  * step's Wo and fc2 output).
  * The mean and the variance are summed in double as core's
- * ops_add_layernorm does (in float in GPU_BF16's warp kernel). Rows of 128 to 1024 floats (a multiple of 128,
- * the rows 16-byte aligned; the weights and biases any float's alignment,
- * as they lie in the model's file) take a warp each, the row in registers (float4 loads,
- * warp shuffles, no shared memory); others a block each. In GPU_BF16 the
+ * ops_add_layernorm does (in float in GPU_BF16's warp kernel). Rows of 128
+ * to 1024 floats (a multiple of 128, the rows 16-byte aligned; the weights
+ * and biases any float's alignment, as they lie in the model's file) take
+ * a warp each, the row in registers (float4 loads, warp shuffles, no shared
+ * memory); others a block each. In GPU_BF16 the
  * result is also written, rounded, to xb: the next linear layer's input.
  */
 #include "gpu_internal.cuh"
 #include "reduce.cuh"
 
-/* the residual's element: float, or bfloat16 (gpu_add_layernorm_b) */
-static __device__ __forceinline__ float ln_ld1(const float *p) { return *p; }
-static __device__ __forceinline__ float ln_ld1(const bf16 *p) { return __bfloat162float(*p); }
+/* 4 of the residual's elements (float, or bfloat16: gpu_add_layernorm_b;
+ * one at a time: gpu_internal.cuh's ldf) */
 static __device__ __forceinline__ float4 ln_ld4(const float *p) { return *(const float4 *)p; }
 static __device__ __forceinline__ float4 ln_ld4(const bf16 *p)
 {
@@ -37,7 +37,7 @@ __global__ static void add_layernorm_kernel(float *x, bf16 *xb, const R *r, cons
     const R *rr = r + (size_t)blockIdx.x * d;
     double s = 0;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        float t = rb ? ln_ld1(rr + j) + rb[j] : ln_ld1(rr + j);
+        float t = rb ? ldf(rr + j) + rb[j] : ldf(rr + j);
         float u = row[j] + t;
         row[j] = u;
         s += u;
