@@ -319,6 +319,13 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
            "copying the step's inputs");
 
     g->prof_n = 0;
+    /* a decode step of a few streams: one kernel (decode_step.cu; profiling times the launches one by one) */
+    *graph = NULL;
+    if (gpu_mk_takes(g, B, M) && !g->prof_on) {
+        if (gpu_mk_step(g, B, err)) return -1;
+        g->mk_steps++;
+        return 0;
+    }
     /* (a family's own step plans its launches from the memories every time: no graph) */
     *graph = M == 1 && g->graphs_on && !g->prof_on && !g->fam->step ? decode_graph(g, B) : NULL;
     if (*graph) {

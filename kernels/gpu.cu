@@ -99,6 +99,15 @@ void gpu_tensor_cores(gpu_model *g, int on)
     g->tc_on = on;
 }
 
+void gpu_decode_kernel(gpu_model *g, int on) { g->mk_on = on; }
+
+int gpu_decode_kernel_status(const gpu_model *g, long *steps, const char **why)
+{
+    if (steps) *steps = g->mk_steps;
+    if (why) *why = g->mk ? "" : g->mk_why;
+    return g->mk != NULL;
+}
+
 void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why)
 {
     if (launches) *launches = g->graph_launches;
@@ -148,6 +157,7 @@ void gpu_model_free(gpu_model *g)
     if (g->ada && g->ada->h_rows) cudaFreeHost(g->ada->h_rows);
     free(g->ada);
     gpu_gpt_free(g->gpt);
+    gpu_mk_free(g->mk);
     if (g->h_tl) cudaFreeHost(g->h_tl);
     cudaFree(g->d_pq);
     cudaFree(g->d_po);
@@ -531,6 +541,11 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
         g->step_bytes += g->stage_bytes;
     }
     g->weight_bytes = (g->arena_floats + g->derived_floats) * sizeof(float) + g->wbf_elems * sizeof(bf16);
+    /* the one-kernel decode step is planned where the shapes allow, and taken only when asked for (it is not
+     * yet faster than the graphs: README "Decode as one kernel") */
+    const char *mk = getenv("SPANSERVE_GPU_DECODE_KERNEL");
+    g->mk_on = mk && strcmp(mk, "1") == 0;
+    if (rc == 0) rc = gpu_mk_plan(g, g->mk_why, sizeof g->mk_why, err);
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess) rc = err_set(err, "loading on the device failed");
     if (rc) {
         gpu_model_free(g);

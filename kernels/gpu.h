@@ -103,6 +103,21 @@ void gpu_tiles(gpu_model *g, int on);
  * relative attention, the window models): ON 1 (the default), 0 the
  * CUDA-core kernels (to compare). GPU_FP32 always keeps its exact kernels. */
 void gpu_tensor_cores(gpu_model *g, int on);
+/* In GPU_BF16 a decode step of up to 8 streams can run as one persistent
+ * kernel (kernels/decode_step.cu), planned at load where the model's shapes
+ * allow it (adaptive-span and PAR, heads of 32 or 64 dims:
+ * gpu_decode_kernel_status gives 1, else 0 and *WHY the reason). ON 1 takes
+ * it for the model's decode steps, 0 the graphs' launches (the default:
+ * the kernel is not yet faster; SPANSERVE_GPU_DECODE_KERNEL=1 turns it on
+ * at load). *STEPS: the steps it ran. */
+void gpu_decode_kernel(gpu_model *g, int on);
+int gpu_decode_kernel_status(const gpu_model *g, long *steps, const char **why);
+/* With ON, the decode kernel's steps record when each block reaches each
+ * of its grid barriers (-1 without a decode kernel); after a step,
+ * gpu_decode_trace_report writes that step's time by phase (the slowest
+ * block's work, the barrier's wait) into OUT. For make bench. */
+int gpu_decode_trace(gpu_model *g, int on, char *err);
+int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err);
 /* Steps run as a graph so far, and graphs captured; *WHY (may be NULL) is
  * the reason graphs went off, or "". */
 void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why);

@@ -222,6 +222,17 @@ extern const gpu_family gpu_family_aspan, gpu_family_rel, gpu_family_gpt;
 typedef struct gpu_gpt gpu_gpt;
 void gpu_gpt_free(gpu_gpt *t);
 
+/* decode_step.cu: a decode step of up to a few streams as one persistent
+ * kernel (its plan made at load, freed with the model) */
+typedef struct gpu_mk gpu_mk;
+void gpu_mk_free(gpu_mk *k);
+/* the plan, where the model's shapes allow it (else WHY says why, and
+ * g->mk stays NULL); -1 only on an error */
+int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err);
+/* whether a step of B streams x M tokens takes it; its launch */
+int gpu_mk_takes(const gpu_model *g, int B, int M);
+int gpu_mk_step(gpu_model *g, int B, char *err);
+
 struct gpu_model {
     const model_t *m;
     const gpu_family *fam;
@@ -281,6 +292,12 @@ struct gpu_model {
      * bfloat16 (tmpb), which the residual's LayerNorm reads (forward.cu) */
     bf16 *tmpb;
     gpu_gpt *gpt;                 /* window models: fam_gpt.cu's step state */
+    /* decode_step.cu: decode steps as one kernel (NULL: not planned, mk_why
+     * says why), on unless gpu_decode_kernel turned it off; its steps */
+    gpu_mk *mk;
+    int mk_on;
+    long mk_steps;
+    char mk_why[160];
     /* aspan decode: the partial results of a query's key splits
      * (ASPAN_SPLIT_BLOCKS records of d_head + 4 floats), NULL for par */
     float *part;

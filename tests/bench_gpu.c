@@ -193,6 +193,10 @@ typedef struct {
     const char *name, *mode;
     int prec;
     double dec1, dec1_lp, dec1_ng, dec64, dec64_nt, sc1, sc16, sc16_nt, ms1;
+    /* decode_step.cu's one kernel a step (bf16; 0: not planned): 1 session sampled on the device (as the server
+     * generates), 8 sessions; decode 1 through the graphs instead; the step's floor in ms (weights and memory read
+     * once at the card's bandwidth) */
+    double dec1_mk, dec1_pick, dec8, dec1_graph, dec8_graph, floor1, floor8;
     size_t bytes, ref_bytes, full_bytes;
     double sc16_cc;     /* bf16: 16x512 with the tiles on CUDA cores (gpu_tensor_cores 0); 0: not measured */
     double sc_long;     /* 1 x LONG_BLOCK (aspan-enwik8); 0: not measured */
@@ -486,6 +490,34 @@ static double rate_long(const model_t *m, int prec, rm_rng *rng, size_t *step_by
     return r;
 }
 
+/* The card's memory bandwidth in TB/s (../shared/bench/README.md's
+ * datasheet figures: H100 SXM 3.35, H200 4.8; SPANSERVE_PEAK_TBS sets it),
+ * 0: unknown */
+static double peak_tbs(const char *card)
+{
+    const char *e = getenv("SPANSERVE_PEAK_TBS");
+    if (e && atof(e) > 0) return atof(e);
+    if (strstr(card, "H200")) return 4.8;
+    if (strstr(card, "H100") && !strstr(card, "PCIe") && !strstr(card, "NVL")) return 3.35;
+    return 0;
+}
+
+/* Bytes a decode step of B streams reads at the least: every weight of a
+ * linear layer once (bf16: 2 bytes, fp32: 4), the B embedding rows, and
+ * each stream's memory (the rings the attention reads: all of them) */
+static double decode_floor_bytes(const model_t *m, const gpu_model *g, int prec, int B)
+{
+    const double D = m->d_model, I = m->d_inner, A = (double)m->n_head * m->d_head, w = prec == GPU_BF16 ? 2 : 4;
+    double n = (double)m->V * D;   /* the output layer */
+    for (int l = 0; l < m->n_layers; l++) {
+        const int aspan = strcmp(model_family_name(m), "adaptive-span") == 0;
+        const int attn = aspan || m->layers[l].kind == BLK_ATTN, ffn = aspan ? !m->pers : m->layers[l].kind == BLK_FFN;
+        n += attn ? 4 * D * A : 0;
+        n += ffn ? 2 * D * I : 0;
+    }
+    return n * w + B * (D * 4 + (double)gpu_mem_bytes(g));
+}
+
 static int bench_model(const model_t *m, const char *name, const char *mode, int prec, int long_block, double peak,
                        row_t *row)
 {
@@ -503,11 +535,52 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     row->name = name;
     row->mode = mode;
     row->prec = prec;
+    gpu_decode_kernel(g, 0);   /* the graphs (the default), then decode_step.cu's one kernel */
     row->dec1 = rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, &row->ms1);
     row->dec1_lp = rate(g, t, mems, 1, 1, 200, 20, lp, NULL, &rng, NULL);
+    const char *mk_why = "";
+    const int mk = gpu_decode_kernel_status(g, NULL, &mk_why);
+    row->dec8_graph = mk ? rate(g, t, mems, 8, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
     gpu_graphs(g, 0);
     row->dec1_ng = rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, NULL);
     gpu_graphs(g, 1);
+    const sample_params top_p = {1.0, 0, 0.9};
+    double ms_mk = 0;
+    row->dec1_graph = row->dec1;
+    gpu_decode_kernel(g, 1);
+    row->dec1_mk = mk ? rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, &ms_mk) : 0;
+    row->dec1_pick = mk ? rate(g, t, mems, 1, 1, 200, 20, NULL, &top_p, &rng, NULL) : 0;
+    row->dec8 = mk ? rate(g, t, mems, 8, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
+    const double tbs = peak_tbs(gpu_model_device_name(g));
+    row->floor1 = tbs > 0 ? decode_floor_bytes(m, g, prec, 1) / (tbs * 1e12) * 1e3 : 0;
+    row->floor8 = tbs > 0 ? decode_floor_bytes(m, g, prec, 8) / (tbs * 1e12) * 1e3 : 0;
+    if (mk)
+        printf("%-13s %-5s %s decode, one kernel a step: 1 session %.0f tok/s (%.1f us a step; floor %.1f us at %.2f TB/s: "
+               "%.0f%% of it), sampled on the device %.0f tok/s; 8 sessions %.0f tok/s (%.1f us a step; floor %.1f us: "
+               "%.0f%%); graphs instead: 1 session %.0f tok/s, 8 sessions %.0f tok/s\n",
+               name, mode, gpu_precision_name(prec), row->dec1_mk, 1e3 * ms_mk, 1e3 * row->floor1, tbs,
+               row->floor1 > 0 ? 100 * row->floor1 / ms_mk : 0, row->dec1_pick, row->dec8, 8e6 / row->dec8,
+               1e3 * row->floor8, row->floor8 > 0 ? 100 * row->floor8 * row->dec8 / 8e3 : 0, row->dec1_graph,
+               row->dec8_graph);
+    else
+        printf("%-13s %-5s %s decode: no decode kernel (%s)\n", name, mode, gpu_precision_name(prec), mk_why);
+    for (int B = 1; mk && B <= 8; B += 7) {   /* where a step's time goes: one traced step of 1 and of 8 sessions */
+        char rep[1024];
+        if (gpu_decode_trace(g, 1, err) || step(g, mems, B, (const int32_t[8]){1, 2, 3, 4, 5, 6, 7, 8}, 1, NULL, NULL,
+                                                 &rng, err) ||
+            gpu_decode_trace_report(g, rep, sizeof rep, err) || gpu_decode_trace(g, 0, err))
+            printf("FAIL decode trace: %s\n", err);
+        else
+            printf("  decode %d, one traced step: %s\n", B, rep);
+    }
+    gpu_decode_kernel(g, 0);
+    if (getenv("SPANSERVE_BENCH_DECODE_ONLY")) {
+        free(lp);
+        for (int s = 0; s < SESSIONS; s++) gpu_mem_free(mems[s]);
+        gpu_timer_free(t);
+        gpu_model_free(g);
+        return 0;
+    }
     row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
     row->sc1 = rate(g, t, mems, 1, BLOCK, 10, 2, NULL, NULL, &rng, NULL);
     row->sc16 = rate(g, t, mems, 16, BLOCK, 4, 1, NULL, NULL, &rng, NULL);
@@ -578,7 +651,9 @@ static int bench_main(int argc, char **argv)
     row_t rows[6];
     int nrows = 0;
     char txl_rows[2][512] = {"", ""};
-    {
+    /* SPANSERVE_BENCH_DECODE_ONLY=1: the bf16 decode figures of aspan-enwik8 and par-base alone */
+    const int dec_only = getenv("SPANSERVE_BENCH_DECODE_ONLY") != NULL;
+    if (!dec_only) {
         const char *pt = "/tmp/spanserve-bench-txl-wt103.safetensors";
         rm_txl w = {267735, 512, 8, 64, 2048, 16, 512, 1, 3, {20000, 40000, 200000}, 1, 0, 0, 0, 64, 640, -1, 1, 1};
         if (rm_write_txl(pt, &w, 3, err)) { printf("FAIL: %s\n", err); return 1; }
@@ -609,7 +684,7 @@ static int bench_main(int argc, char **argv)
     for (int mode = 0; mode < 2; mode++) {
         model_t *m = model_load_mode(pa, mode ? MEM_SPAN : MEM_EXACT, err);
         if (!m) { printf("FAIL: %s\n", err); return 1; }
-        for (int prec = GPU_FP32; prec <= GPU_BF16; prec++)
+        for (int prec = dec_only ? GPU_BF16 : GPU_FP32; prec <= GPU_BF16; prec++)
             if (bench_model(m, "aspan-enwik8", mode ? "span" : "exact", prec, 1, peak, &rows[nrows]) == 0) nrows++;
         model_free(m);
     }
@@ -618,10 +693,11 @@ static int bench_main(int argc, char **argv)
     if (write_par_base(pp, err)) { printf("FAIL: %s\n", err); return 1; }
     model_t *m = model_load(pp, err);
     if (!m) { printf("FAIL: %s\n", err); return 1; }
-    for (int prec = GPU_FP32; prec <= GPU_BF16; prec++)
+    for (int prec = dec_only ? GPU_BF16 : GPU_FP32; prec <= GPU_BF16; prec++)
         if (bench_model(m, "par-base", "-", prec, 0, peak, &rows[nrows]) == 0) nrows++;
     model_free(m);
     unlink(pp);
+    if (dec_only) return nrows == 3 ? 0 : 1;
 
     printf("\ncard: %s; float32: %s; tokens/s (median of %d runs, CUDA events, after warm-up); TFLOP/s (MFU) of the "
            "model FLOPs of bench_gpu.c's header, MFU of ", card, math, RUNS);

@@ -417,6 +417,7 @@ static void graphs_vs_launches(const model_t *m, const char *name, int prec)
         a[s] = gpu_mem_new(g, err);
         b[s] = gpu_mem_new(g, err);
     }
+    if (g) gpu_decode_kernel(g, 0);   /* (bf16 decode steps: decode_step.cu's one kernel, below) */
     float *la = malloc(sizeof(float) * NS * V), *lb = malloc(sizeof(float) * NS * V);
     int32_t tok[64 * 3];
     rm_rng rng = {21};
@@ -458,6 +459,105 @@ static void check_graphs(const char *name, int prec)
     model_t *m = model_load(fx(name, "model.safetensors"), err);
     CHECK(m != NULL, "%s", err);
     if (m) graphs_vs_launches(m, name, prec);
+    model_free(m);
+}
+
+/* bf16 decode steps as one persistent kernel (decode_step.cu) against the
+ * graphs' launches, each against float32 (the CPU's to float rounding): NS
+ * streams at different positions (past the windows and memories), 60
+ * steps. The kernel rounds to bf16 where the graphs do, but sums in
+ * another order, so a rounding may fall the other way: its distance from
+ * float32 must be the graphs' own (at most 1.5 times theirs, or 0.02), the
+ * two within 0.1 of each other, and a clear greedy winner the same. */
+static void check_decode_kernel(const char *name, mem_mode mode, const char *label, int NS)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load_mode(fx(name, "model.safetensors"), mode, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    const int V = m->V, STEPS = 60;
+    gpu_model *g = gpu_model_new(m, NS, m->block_len, GPU_BF16, err);
+    gpu_model *g32 = g ? gpu_model_new(m, NS, m->block_len, GPU_FP32, err) : NULL;
+    CHECK(g && g32, "%s", err);
+    const char *why = "";
+    if (!g || !g32 || !gpu_decode_kernel_status(g, NULL, &why)) {
+        CHECK(!g || !g32, "%s: no decode kernel: %s", label, why);
+        gpu_model_free(g);
+        gpu_model_free(g32);
+        model_free(m);
+        return;
+    }
+    gpu_mem *a[8] = {0}, *b[8] = {0}, *c[8] = {0};
+    for (int s = 0; s < NS; s++) {
+        a[s] = gpu_mem_new(g, err);
+        b[s] = gpu_mem_new(g, err);
+        c[s] = gpu_mem_new(g32, err);
+    }
+    float *la = malloc(sizeof(float) * NS * V), *lb = malloc(sizeof(float) * NS * V), *lc = malloc(sizeof(float) * NS * V);
+    int32_t tok[700 + 8 * 60];
+    rm_rng rng = {77};
+    for (int i = 0; i < (int)(sizeof tok / sizeof *tok); i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+    /* stream s starts at position 0, 3, 130, 700, ...: its own prefix on every copy */
+    const int pre[8] = {0, 3, 130, 700, 17, 64, 1, 300};
+    for (int s = 0; s < NS; s++)
+        for (int at = 0; at < pre[s]; at += m->block_len) {
+            const int k = pre[s] - at < m->block_len ? pre[s] - at : m->block_len;
+            CHECK(gpu_forward(g, &a[s], 1, tok + at, k, NULL, err) == 0, "%s", err);
+            CHECK(gpu_forward(g, &b[s], 1, tok + at, k, NULL, err) == 0, "%s", err);
+            CHECK(gpu_forward(g32, &c[s], 1, tok + at, k, NULL, err) == 0, "%s", err);
+        }
+    double d_ab = 0, d_ac = 0, d_bc = 0;
+    int picks_differ = 0;
+    long before = 0, after = 0;
+    gpu_decode_kernel_status(g, &before, NULL);
+    for (int k = 0; k < STEPS; k++) {
+        const int32_t *t = tok + 700 + NS * k;
+        gpu_decode_kernel(g, 1);
+        CHECK(gpu_forward(g, a, NS, t, 1, la, err) == 0, "%s", err);
+        gpu_decode_kernel(g, 0);
+        CHECK(gpu_forward(g, b, NS, t, 1, lb, err) == 0, "%s", err);
+        CHECK(gpu_forward(g32, c, NS, t, 1, lc, err) == 0, "%s", err);
+        const double x = max_diff(la, lb, (size_t)NS * V), y = max_diff(la, lc, (size_t)NS * V),
+                     z = max_diff(lb, lc, (size_t)NS * V);
+        if (!(x < 1e30) && d_ab < 1e30)   /* the first step that goes wrong, for the log */
+            for (int i = 0; i < NS * V; i++)
+                if (!(fabs(la[i] - lb[i]) < 1e30)) {
+                    printf("%s: step %d, stream %d, token %d: decode kernel %g, graphs %g\n", label, k, i / V, i % V,
+                           la[i], lb[i]);
+                    break;
+                }
+        d_ab = x > d_ab || isnan(x) ? x : d_ab;
+        d_ac = y > d_ac || isnan(y) ? y : d_ac;
+        d_bc = z > d_bc || isnan(z) ? z : d_bc;
+        for (int s = 0; s < NS; s++) {
+            int ba = 0, bb = 0;
+            for (int v = 1; v < V; v++) {
+                if (la[(size_t)s * V + v] > la[(size_t)s * V + ba]) ba = v;
+                if (lb[(size_t)s * V + v] > lb[(size_t)s * V + bb]) bb = v;
+            }
+            /* a near tie may fall either way: only a clear winner must agree */
+            if (ba != bb && fabs(la[(size_t)s * V + ba] - la[(size_t)s * V + bb]) > 0.05) picks_differ++;
+        }
+    }
+    gpu_decode_kernel_status(g, &after, NULL);
+    printf("%s: %d streams, %d bf16 decode steps as one kernel (%ld ran): max logprob diff from fp32 %.3g (the graphs' "
+           "%.3g), from the graphs %.3g; %d clear greedy picks differ\n",
+           label, NS, STEPS, after - before, d_ac, d_bc, d_ab, picks_differ);
+    CHECK(after - before == STEPS, "%s: %ld of %d steps ran as the decode kernel", label, after - before, STEPS);
+    CHECK(d_ac <= 1.5 * d_bc || d_ac <= 0.02, "%s: the decode kernel is %.3g from fp32, the graphs %.3g", label, d_ac,
+          d_bc);
+    CHECK(d_ab < 0.1, "%s: the decode kernel differs from the graphs by %.3g", label, d_ab);
+    CHECK(picks_differ == 0, "%s: %d greedy picks differ", label, picks_differ);
+    for (int s = 0; s < NS; s++) {
+        gpu_mem_free(a[s]);
+        gpu_mem_free(b[s]);
+        gpu_mem_free(c[s]);
+    }
+    free(la);
+    free(lb);
+    free(lc);
+    gpu_model_free(g);
+    gpu_model_free(g32);
     model_free(m);
 }
 
@@ -1699,6 +1799,13 @@ int main(void)
     /* SPANSERVE_GPU_TESTS=gpt: the window models' checks alone; =partf: par-transformer-xl-tf's */
     const char *only = getenv("SPANSERVE_GPU_TESTS");
     const int gpt_only = only && strcmp(only, "gpt") == 0, tf_only = only && strcmp(only, "partf") == 0;
+    if (only && strcmp(only, "decode") == 0) {   /* =decode: decode_step.cu's checks alone */
+        check_decode_kernel("aspan-small", MEM_EXACT, "aspan-small (exact memory)", 8);
+        check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 5);
+        check_decode_kernel("par-small", MEM_EXACT, "par-small", 1);
+        check_decode_kernel("par-small", MEM_EXACT, "par-small", 8);
+        return test_summary("test_gpu");
+    }
     if (!gpt_only && !tf_only) {   /* the families with a memory */
         check_vectors("aspan-small");
         check_vectors("par-small");
@@ -1723,6 +1830,11 @@ int main(void)
         check_graphs("par-small", GPU_FP32);
         check_graphs("aspan-small", GPU_BF16);
         check_graphs("par-small", GPU_BF16);
+        check_decode_kernel("aspan-small", MEM_EXACT, "aspan-small (exact memory)", 1);
+        check_decode_kernel("aspan-small", MEM_EXACT, "aspan-small (exact memory)", 8);
+        check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 5);
+        check_decode_kernel("par-small", MEM_EXACT, "par-small", 1);
+        check_decode_kernel("par-small", MEM_EXACT, "par-small", 8);
         check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
         check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
         check_fixture_random("par-small", MEM_EXACT, "par-small");
