@@ -4,10 +4,12 @@
  * whole step, layer after layer, with a barrier across the grid where
  * kernel boundaries were (issue 17). GPU_BF16 only (fp32 keeps its exact
  * launches): adaptive-span (span or exact memory, no persistent memory) and
- * PAR (relative attention, mem_len + 1 keys within one block), post-LN,
- * heads of 64 dims, widths a multiple of 256 up to 2,048, an output layer
- * with its log-softmax (no adaptive softmax). Everything else, and a step
- * of more streams, takes forward.cu's graphs (gpu_decode_status says why).
+ * PAR (relative attention), post-LN, heads of 32 or 64 dims, a model of a
+ * multiple of 128 up to 512, an output layer with its log-softmax (no
+ * adaptive softmax). Everything else, and a step of more streams, takes
+ * forward.cu's graphs (gpu_decode_kernel_status says why). Off unless asked
+ * for (gpu_decode_kernel): not yet faster than the graphs (README "Decode
+ * as one kernel" has the figures and the profile).
  *
  * A step is a list of sublayers (mk_sub: attention or feed-forward, in the
  * model's order; PAR's skip blocks are none), then the output layer. Each
@@ -34,14 +36,19 @@
  * writes x (float) to the other of two buffers, so no block reads what
  * another writes in a phase. Rounding points are those of forward.cu's
  * bf16 step (qkv, att, r, ff in bf16; the residual stream, LayerNorm and
- * the softmaxes in float), so the two agree to float rounding of the sums.
+ * the softmaxes in float); adaptive-span's position rows are bf16
+ * (attn_mma.cu's key_pe table by distance), where the graphs' decode
+ * kernel reads key_pe in float.
  *
- * The linear layers: a warp a weight row (bf16, 16-byte loads, every load
- * of the row issued before its products), the B inputs from shared memory,
- * float sums. Before each barrier a warp asks L2 for its rows of the next
- * linear layer (prefetch.global.L2), so that after the barrier they come
- * from L2, not from memory. Attention as aspan_decode.cu (a lane a key row,
- * running maxima, value rows only under the mask) and rel_attn.cu.
+ * The linear layers: a warp a weight row (two rows' loads in flight; bf16,
+ * 16-byte loads), the B inputs from shared memory, float sums. Before each
+ * barrier a block asks L2 for what it reads next (the next linear layer's
+ * rows, the attention's ring and position rows and masks, the LayerNorm's
+ * weights: prefetch.global.L2). The attention: a lane takes two keys and
+ * reads their key, position and value rows whole (16-byte loads, all in
+ * flight), weights its value rows in registers, and warp_transpose_sum
+ * sums them over the lanes; value rows are read only under the mask.
+ * Rows written in this kernel are read through L2 (ld.global.cg).
  */
 #include "gpu_internal.cuh"
 #include "reduce.cuh"
@@ -53,7 +60,7 @@
 #define MK_WARPS (MK_THREADS / 32)
 #define MK_MAX_B 8               /* streams a step */
 #define MK_MAX_IN 2048           /* the widest input of a linear layer: 8 loads of 16 bytes a lane */
-#define MK_MAX_D 1024            /* the widest residual stream: 8 float4s a lane */
+#define MK_MAX_D 512             /* the widest residual stream: 4 float4s a lane */
 #define MK_MAX_DH 64             /* head dims: 32 or 64 (a template parameter) */
 #define MK_SPLIT (MK_WARPS * 64) /* keys a block of the attention takes: 64 a warp, two a lane */
 #define MK_MAX_SPLITS 64         /* splits of a head's keys at most */
@@ -79,10 +86,10 @@ typedef struct {
 
 typedef struct {
     const mk_sub *subs;
-    int nsub, B, D, A, I, K, dh, V, S, ML, nl, same_len, nsmax;
+    int nsub, B, D, A, I, K, dh, V, ML, nl, same_len, nsmax;
     float emb_scale, eps, rel_scale;
-    const float *emb, *out_b, *key_pe, *derived;
-    const bf16 *out_h;
+    const float *emb, *out_b, *derived;
+    const bf16 *out_h, *pe_h;   /* pe_h: adaptive-span's key_pe by distance in bf16 (attn_mma.cu's table) */
     float *X0, *X1;              /* the residual stream, two buffers */
     bf16 *qkv, *att, *r, *ff;
     float *logits, *part;
@@ -114,13 +121,6 @@ struct gpu_mk {
 
 /* ------------------------------------------------------------ the barrier */
 
-static __device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long *p)
-{
-    unsigned long long v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
 static __device__ __forceinline__ void red_release_add(unsigned long long *p, unsigned long long v)
 {
     asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
@@ -133,13 +133,22 @@ static __device__ __forceinline__ unsigned long long globaltimer()
     return t;
 }
 
-/* Every block of the grid waits here for all the others: PH barriers of
- * the step passed so far (advanced here). Thread 0 of each block adds its
- * arrival (after the block's writes, which the fence makes visible to the
- * grid) to a count that only grows, and waits until every block's arrival
- * at this barrier is in: nothing is reset between barriers or steps, and
- * no arrival waits for an answer. */
-static __device__ __noinline__ void grid_sync(const mk_args &a, int &ph)
+static __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Every block of the grid waits here for all the others, at the step's
+ * barrier PH (the count of those passed; the next is returned). Thread 0
+ * of each block adds its arrival (after the block's writes, which the
+ * fence makes visible to the grid) to a count that only grows, and polls
+ * it with relaxed loads (an acquiring load would invalidate the SM's L1 at
+ * every poll, the working warps' data with it) until every block's arrival
+ * at this barrier is in, then fences once: nothing is reset between
+ * barriers or steps, and no arrival waits for an answer. */
+static __device__ __noinline__ int grid_sync(const mk_args &a, int ph)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -148,12 +157,12 @@ static __device__ __noinline__ void grid_sync(const mk_args &a, int &ph)
         __threadfence();
         red_release_add(a.bar, 1ull);
         const unsigned long long target = a.bar_base + (unsigned long long)(ph + 1) * gridDim.x;
-        while (ld_acquire(a.bar) < target) {}
-        __threadfence();   /* (as cooperative groups' grid sync) */
+        while (ld_relaxed(a.bar) < target) {}
+        __threadfence();
         if (a.trace && blockIdx.x == 0) a.trace[row + gridDim.x] = globaltimer();
     }
-    ph++;
     __syncthreads();
+    return ph + 1;
 }
 
 static __device__ __forceinline__ void prefetch_l2(const void *p)
@@ -270,67 +279,83 @@ static __device__ __noinline__ void load_rows(float *xs, int ld, const bf16 *src
     }
 }
 
+/* 4 floats at P, any float's alignment (a model's weights lie in its arena
+ * as the file has them) */
+static __device__ __forceinline__ float4 ld4(const float *p)
+{
+    return make_float4(__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3));
+}
+
 /* The input of QKV, FC1 or OUT into shared memory, rounded to bf16 (the
  * linear layers' input type), from the embedding (PREV NULL) or as x =
  * LN(x + r + rb) of the sublayer before; block 0 writes x (float) into XO
- * while every block reads XI. A warp a row (lanes over float4s, two at a
- * time in flight), the row kept in shared memory between the passes. */
+ * while every block reads XI. A warp a row, lane L holding the float4s L
+ * + 32 k; every load of the row (x, r and the LayerNorm's weights, which
+ * the barrier before brought into L2) issued before any arithmetic. */
 static __device__ __noinline__ void mk_input(const mk_args &a, const mk_sub *prev, const float *xi, float *xo, float *xs,
                                              int ld)
 {
+    constexpr int NV = MK_MAX_D / 128;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = a.D;
     for (int b = warp; b < a.B; b += MK_WARPS) {
-        float *row = xs + b * ld;
-        float s = 0.0f;
-        const float *e = prev ? NULL : a.emb + (size_t)__ldg(a.tok + b) * D;
-#pragma unroll 2
-        for (int c = 4 * lane; c < D; c += 128) {
-            float4 v;
-            if (!prev) {
-                v = make_float4(__ldg(e + c) * a.emb_scale, __ldg(e + c + 1) * a.emb_scale, __ldg(e + c + 2) * a.emb_scale,
-                                __ldg(e + c + 3) * a.emb_scale);
-            } else {
-                v = __ldcg((const float4 *)(xi + (size_t)b * D + c));
-                const uint2 rr = __ldcg((const uint2 *)(a.r + (size_t)b * D + c));
-                const float2 r0 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr.x),
-                             r1 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr.y);
-                float4 t = make_float4(r0.x, r0.y, r1.x, r1.y);
-                if (prev->rb) {
-                    const float *q = prev->rb + c;
-                    t.x += __ldg(q), t.y += __ldg(q + 1), t.z += __ldg(q + 2), t.w += __ldg(q + 3);
+        float4 u[NV], w[NV], bb[NV];
+        if (!prev) {
+            const float *e = a.emb + (size_t)__ldg(a.tok + b) * D;
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+                if (128 * k < D) {
+                    const float4 v = ld4(e + 4 * (lane + 32 * k));
+                    u[k] = make_float4(v.x * a.emb_scale, v.y * a.emb_scale, v.z * a.emb_scale, v.w * a.emb_scale);
                 }
-                v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
-            }
-            *(float4 *)(row + c) = v;
-            s += v.x + v.y + v.z + v.w;
-        }
-        if (prev) {
+        } else {
+            float4 t[NV];
+            uint2 rr[NV];
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+                if (128 * k < D) {
+                    const int c = 4 * (lane + 32 * k);
+                    u[k] = __ldcg((const float4 *)(xi + (size_t)b * D + c));
+                    rr[k] = __ldcg((const uint2 *)(a.r + (size_t)b * D + c));
+                    t[k] = prev->rb ? ld4(prev->rb + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    w[k] = ld4(prev->lnw + c);
+                    bb[k] = ld4(prev->lnb + c);
+                }
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+                if (128 * k < D) {
+                    const float2 r0 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr[k].x),
+                                 r1 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr[k].y);
+                    u[k].x += r0.x + t[k].x, u[k].y += r0.y + t[k].y, u[k].z += r1.x + t[k].z, u[k].w += r1.y + t[k].w;
+                    s += u[k].x + u[k].y + u[k].z + u[k].w;
+                }
             const float mean = warp_sum(s) / D;
             float q = 0.0f;
-            for (int c = 4 * lane; c < D; c += 128) {
-                const float4 v = *(const float4 *)(row + c);
-                const float e0 = v.x - mean, e1 = v.y - mean, e2 = v.z - mean, e3 = v.w - mean;
-                q += e0 * e0 + e1 * e1 + e2 * e2 + e3 * e3;
-            }
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+                if (128 * k < D) {
+                    const float e0 = u[k].x - mean, e1 = u[k].y - mean, e2 = u[k].z - mean, e3 = u[k].w - mean;
+                    q += e0 * e0 + e1 * e1 + e2 * e2 + e3 * e3;
+                }
             const float inv = 1.0f / sqrtf(warp_sum(q) / D + a.eps);
-#pragma unroll 2
-            for (int c = 4 * lane; c < D; c += 128) {
-                float4 v = *(const float4 *)(row + c);
-                const float *w = prev->lnw + c, *bb = prev->lnb + c;
-                v.x = (v.x - mean) * inv * __ldg(w) + __ldg(bb);
-                v.y = (v.y - mean) * inv * __ldg(w + 1) + __ldg(bb + 1);
-                v.z = (v.z - mean) * inv * __ldg(w + 2) + __ldg(bb + 2);
-                v.w = (v.w - mean) * inv * __ldg(w + 3) + __ldg(bb + 3);
-                *(float4 *)(row + c) = v;
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+                if (128 * k < D) {
+                    u[k].x = (u[k].x - mean) * inv * w[k].x + bb[k].x;
+                    u[k].y = (u[k].y - mean) * inv * w[k].y + bb[k].y;
+                    u[k].z = (u[k].z - mean) * inv * w[k].z + bb[k].z;
+                    u[k].w = (u[k].w - mean) * inv * w[k].w + bb[k].w;
+                }
+        }
+#pragma unroll
+        for (int k = 0; k < NV; k++)
+            if (128 * k < D) {
+                const int c = 4 * (lane + 32 * k);
+                if (blockIdx.x == 0) *(float4 *)(xo + (size_t)b * D + c) = u[k];
+                *(float4 *)(xs + b * ld + c) =
+                    make_float4(__bfloat162float(__float2bfloat16(u[k].x)), __bfloat162float(__float2bfloat16(u[k].y)),
+                                __bfloat162float(__float2bfloat16(u[k].z)), __bfloat162float(__float2bfloat16(u[k].w)));
             }
-        }
-        for (int c = 4 * lane; c < D; c += 128) {
-            float4 v = *(const float4 *)(row + c);
-            if (blockIdx.x == 0) *(float4 *)(xo + (size_t)b * D + c) = v;
-            v.x = __bfloat162float(__float2bfloat16(v.x)), v.y = __bfloat162float(__float2bfloat16(v.y));
-            v.z = __bfloat162float(__float2bfloat16(v.z)), v.w = __bfloat162float(__float2bfloat16(v.w));
-            *(float4 *)(row + c) = v;
-        }
     }
     __syncthreads();
 }
@@ -467,19 +492,19 @@ static __device__ __noinline__ void att_finish(const mk_args &a, mk_att_sm *sm, 
 
 /* Adaptive-span: one (stream, head, split) item; as aspan_decode.cu:
  * distances d = 1..kw of the head's key rows (the lane's: two of the
- * warp's 64), key_pe column S - d, the mask m(d) up to the reach r,
- * (q.k + q.pe) / sqrt(DH); the new key into the slot of distance kw, the
- * new value into that of distance r. */
-static __device__ __noinline__ void att_aspan(const mk_args &a, const mk_sub &u, mk_att_sm *sm, float *O, int b, int h,
+ * warp's 64), their position rows (key_pe of distance d), the mask m(d)
+ * up to the reach r, q.(k + pe) / sqrt(DH); the new key into the slot of
+ * distance kw, the new value into that of distance r. */
+static __device__ __noinline__ void att_aspan(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O, int b, int h,
                                               int sp)
 {
-    const int DH = a.dh, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, A = a.A, S = a.S;
-    const int kw = __ldg(u.krows + h), r = __ldg(u.reach + h);
+    const int DH = a.dh, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, A = a.A;
+    const int kw = __ldg(u->krows + h), r = __ldg(u->reach + h);
     const int nsplit = kw > 0 ? (kw + MK_SPLIT - 1) / MK_SPLIT : 1;
     const int dlo = 1 + sp * MK_SPLIT, dhi = min(kw, dlo + MK_SPLIT - 1);
     const int64_t t = __ldg(a.pos + b);
     const int kslot = kw > 0 ? ring_slot(t, kw) : 0, vslot = r > 0 ? ring_slot(t, r) : 0;
-    bf16 *const kr = a.ring[b] + __ldg(u.off + h), *const vr = kr + (size_t)kw * DH;
+    bf16 *const kr = a.ring[b] + __ldg(u->off + h), *const vr = kr + (size_t)kw * DH;
     const bf16 *qv = a.qkv + (size_t)b * 3 * A + (size_t)h * DH, *nk = qv + A, *nv = qv + 2 * A;
     bf16 *out = a.att + (size_t)b * A + (size_t)h * DH;
     bf16 *kd = dlo <= kw && kw <= dhi ? kr + (size_t)kslot * DH : NULL;
@@ -493,24 +518,39 @@ static __device__ __noinline__ void att_aspan(const mk_args &a, const mk_sub &u,
     }
     if (threadIdx.x < DH) sm->q[0][threadIdx.x] = __bfloat162float(__ldcg(qv + threadIdx.x));
     __syncthreads();
-    const float *q = sm->q[0], *mask = a.derived + __ldg(u.mask_off + h);
+    const float *q = sm->q[0], *mask = a.derived + __ldg(u->mask_off + h);
     const float scale = sqrtf((float)DH);
     const int da = dlo + 64 * warp + lane, db = da + 32;
     const bool oka = da <= dhi, okb = db <= dhi;
-    /* the two keys' position terms together: their key_pe columns' loads (coalesced over the lanes'
-     * distances) in flight at once */
-    const float *pa = a.key_pe + (S - (oka ? da : 1)), *pb = a.key_pe + (S - (okb ? db : 1));
-    float qpa = 0.0f, qpb = 0.0f;
-#pragma unroll 8
-    for (int c = 0; c < DH; c++) {
-        const float va = oka ? __ldg(pa + (size_t)c * S) : 0.0f, vb = okb ? __ldg(pb + (size_t)c * S) : 0.0f;
-        qpa = fmaf(q[c], va, qpa);
-        qpb = fmaf(q[c], vb, qpb);
-    }
+    /* the lane's two key rows and their position rows (key_pe by distance in bf16, attn_mma.cu's table),
+     * every load in flight at once: s = q . (k + pe) / sqrt(DH) */
     const int ka = kslot - da < 0 ? kslot - da + kw : kslot - da, kb = kslot - db < 0 ? kslot - db + kw : kslot - db;
-    const float s0 = oka ? (dot_row(kr + (size_t)ka * DH, q, DH) + qpa) / scale : -INFINITY;
-    const float s1 = okb ? (dot_row(kr + (size_t)kb * DH, q, DH) + qpb) / scale : -INFINITY;
+    const bf16 *k0 = kr + (size_t)ka * DH, *k1 = kr + (size_t)kb * DH, *p0 = a.pe_h + (size_t)da * DH,
+               *p1 = a.pe_h + (size_t)db * DH;
+    uint4 rk0[MK_MAX_DH / 8], rp0[MK_MAX_DH / 8], rk1[MK_MAX_DH / 8], rp1[MK_MAX_DH / 8];
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int c = 0; c < MK_MAX_DH / 8; c++) {
+        const bool in = 8 * c < DH;
+        rk0[c] = oka && in ? __ldcg((const uint4 *)k0 + c) : z4;
+        rp0[c] = oka && in ? __ldg((const uint4 *)p0 + c) : z4;
+        rk1[c] = okb && in ? __ldcg((const uint4 *)k1 + c) : z4;
+        rp1[c] = okb && in ? __ldg((const uint4 *)p1 + c) : z4;
+    }
     const float m0 = oka && da <= r ? __ldg(mask + da - 1) : 0.0f, m1 = okb && db <= r ? __ldg(mask + db - 1) : 0.0f;
+    float t0 = 0.0f, t1 = 0.0f;
+#pragma unroll
+    for (int c = 0; c < MK_MAX_DH / 8; c++) {
+        if (8 * c >= DH) break;   /* (q past DH is not written: never read it) */
+        float kf[8], pf[8], kg[8], pg[8];
+        bf8(rk0[c], kf), bf8(rp0[c], pf), bf8(rk1[c], kg), bf8(rp1[c], pg);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            t0 = fmaf(q[8 * c + u], kf[u] + pf[u], t0);
+            t1 = fmaf(q[8 * c + u], kg[u] + pg[u], t1);
+        }
+    }
+    const float s0 = oka ? t0 / scale : -INFINITY, s1 = okb ? t1 / scale : -INFINITY;
     const int va = vslot - da < 0 ? vslot - da + r : vslot - da, vb = vslot - db < 0 ? vslot - db + r : vslot - db;
     att_finish(a, sm, O, s0, s1, m0, m1, vr + (size_t)va * DH, vr + (size_t)vb * DH, kd, vd, nk, nv, b, h, sp, nsplit,
                true, out);
@@ -522,20 +562,20 @@ static __device__ __noinline__ void att_aspan(const mk_args &a, const mk_sub &u,
  * to slot p % ML, which memory row 0 holds when the memory is full (then
  * split 0 writes it after its reads), else no key of the step (then the
  * split of the step's own key). */
-static __device__ __noinline__ void att_rel(const mk_args &a, const mk_sub &u, mk_att_sm *sm, float *O, int b, int h, int sp)
+static __device__ __noinline__ void att_rel(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O, int b, int h, int sp)
 {
     const int DH = a.dh, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, A = a.A, ML = a.ML;
-    const int mlen = __ldg(a.len + (size_t)b * a.nl + u.layer), L = mlen + 1;
+    const int mlen = __ldg(a.len + (size_t)b * a.nl + u->layer), L = mlen + 1;
     const int mask_len = mlen + 1 - ML, shift = mask_len > 0 ? 1 - mask_len : 1;
     const int jlo = a.same_len && 1 - shift > 0 ? 1 - shift : 0;
     const int64_t p = __ldg(a.pos + b);
     const int mslot = ML > 0 ? (int)((p - mlen) % ML) : 0;
-    bf16 *const kr = a.ring[b] + u.roff + (size_t)h * DH, *const vr = kr + (size_t)ML * A;
+    bf16 *const kr = a.ring[b] + u->roff + (size_t)h * DH, *const vr = kr + (size_t)ML * A;
     const bf16 *qv = a.qkv + (size_t)b * 3 * A + (size_t)h * DH, *nk = qv + A, *nv = qv + 2 * A;
     if (threadIdx.x < DH) {
         const float qq = __bfloat162float(__ldcg(qv + threadIdx.x));
-        sm->q[0][threadIdx.x] = qq + __ldg(u.rwb + h * DH + threadIdx.x);
-        sm->q[1][threadIdx.x] = qq + __ldg(u.rrb + h * DH + threadIdx.x);
+        sm->q[0][threadIdx.x] = qq + __ldg(u->rwb + h * DH + threadIdx.x);
+        sm->q[1][threadIdx.x] = qq + __ldg(u->rrb + h * DH + threadIdx.x);
     }
     __syncthreads();
     const float *qu = sm->q[0], *qr = sm->q[1];
@@ -550,7 +590,7 @@ static __device__ __noinline__ void att_rel(const mk_args &a, const mk_sub &u, m
         s[x] = -INFINITY;
         if (j < L && j >= jlo) {
             const float ac = dot_row(j < mlen ? kr + (size_t)sl * A : nk, qu, DH);
-            const float4 *rr = (const float4 *)(u.rk + (size_t)(mlen - j) * A + (size_t)h * DH);
+            const float4 *rr = (const float4 *)(u->rk + (size_t)(mlen - j) * A + (size_t)h * DH);
             float bd = 0.0f;
 #pragma unroll 4
             for (int c = 0; c < DH / 4; c++) {
@@ -568,20 +608,20 @@ static __device__ __noinline__ void att_rel(const mk_args &a, const mk_sub &u, m
 }
 
 /* What the block's items of sublayer U's attention will read from earlier
- * steps (ring rows, key_pe columns, masks, r rows) into L2, while the
+ * steps (ring rows, key_pe rows, masks, r rows) into L2, while the
  * barrier before the attention waits */
-static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub &u)
+static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub *u)
 {
     const int DH = a.dh;
-    for (int it = blockIdx.x; it < a.B * u.nitems; it += gridDim.x) {
-        const int b = it / u.nitems, code = __ldg(u.items + it % u.nitems), h = code >> 16, sp = code & 0xffff;
+    for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
+        const int b = it / u->nitems, code = __ldg(u->items + it % u->nitems), h = code >> 16, sp = code & 0xffff;
         const int64_t p = __ldg(a.pos + b);
-        if (u.kind == MK_ASPAN) {
-            const int kw = __ldg(u.krows + h), r = __ldg(u.reach + h);
+        if (u->kind == MK_ASPAN) {
+            const int kw = __ldg(u->krows + h), r = __ldg(u->reach + h);
             const int dlo = 1 + sp * MK_SPLIT, dhi = min(kw, dlo + MK_SPLIT - 1);
             if (r == 0 || dlo > dhi) continue;
             const int kslot = ring_slot(p, kw), vslot = ring_slot(p, r);
-            const bf16 *kr = a.ring[b] + __ldg(u.off + h), *vr = kr + (size_t)kw * DH;
+            const bf16 *kr = a.ring[b] + __ldg(u->off + h), *vr = kr + (size_t)kw * DH;
             for (int d = dlo + threadIdx.x; d <= dhi; d += blockDim.x) {
                 const int sk = kslot - d < 0 ? kslot - d + kw : kslot - d;
                 prefetch_bytes1(kr + (size_t)sk * DH, DH * sizeof(bf16));
@@ -590,32 +630,30 @@ static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub 
                     prefetch_bytes1(vr + (size_t)sv * DH, DH * sizeof(bf16));
                 }
             }
-            const int nl = (dhi - dlo + 1 + 31) / 32 + 1;   /* lines of a key_pe row's columns S - dhi .. S - dlo */
-            for (int i = threadIdx.x; i < DH * nl; i += blockDim.x)
-                prefetch_l2(a.key_pe + (size_t)(i / nl) * a.S + (a.S - dhi) + 32 * (i % nl));
-            prefetch_bytes(a.derived + __ldg(u.mask_off + h) + dlo - 1, (size_t)(min(dhi, r) - dlo + 1) * sizeof(float));
+            prefetch_bytes(a.pe_h + (size_t)dlo * DH, (size_t)(dhi - dlo + 1) * DH * sizeof(bf16));
+            prefetch_bytes(a.derived + __ldg(u->mask_off + h) + dlo - 1, (size_t)(min(dhi, r) - dlo + 1) * sizeof(float));
         } else {
-            const int ML = a.ML, mlen = __ldg(a.len + (size_t)b * a.nl + u.layer), A = a.A;
+            const int ML = a.ML, mlen = __ldg(a.len + (size_t)b * a.nl + u->layer), A = a.A;
             const int mslot = ML > 0 ? (int)((p - mlen) % ML) : 0;
-            const bf16 *kr = a.ring[b] + u.roff + (size_t)h * DH, *vr = kr + (size_t)ML * A;
+            const bf16 *kr = a.ring[b] + u->roff + (size_t)h * DH, *vr = kr + (size_t)ML * A;
             for (int j = sp * MK_SPLIT + threadIdx.x; j <= mlen && j < (sp + 1) * MK_SPLIT; j += blockDim.x) {
                 if (j < mlen) {
                     const int sl = mslot + j >= ML ? mslot + j - ML : mslot + j;
                     prefetch_bytes1(kr + (size_t)sl * A, DH * sizeof(bf16));
                     prefetch_bytes1(vr + (size_t)sl * A, DH * sizeof(bf16));
                 }
-                prefetch_bytes1(u.rk + (size_t)(mlen - j) * A + (size_t)h * DH, DH * sizeof(float));
+                prefetch_bytes1(u->rk + (size_t)(mlen - j) * A + (size_t)h * DH, DH * sizeof(float));
             }
         }
     }
 }
 
 /* The attention phase of sublayer U: its blocks over the grid */
-static __device__ void att_phase(const mk_args &a, const mk_sub &u, mk_att_sm *sm, float *O)
+static __device__ void att_phase(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O)
 {
-    for (int it = blockIdx.x; it < a.B * u.nitems; it += gridDim.x) {
-        const int b = it / u.nitems, code = __ldg(u.items + it % u.nitems);
-        if (u.kind == MK_ASPAN) att_aspan(a, u, sm, O, b, code >> 16, code & 0xffff);
+    for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
+        const int b = it / u->nitems, code = __ldg(u->items + it % u->nitems);
+        if (u->kind == MK_ASPAN) att_aspan(a, u, sm, O, b, code >> 16, code & 0xffff);
         else att_rel(a, u, sm, O, b, code >> 16, code & 0xffff);
         __syncthreads();
     }
@@ -638,39 +676,39 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
     int ph = 0;   /* barriers passed */
     if (a.trace && blockIdx.x == 0 && threadIdx.x == 0) a.trace[gridDim.x] = globaltimer();
     for (int s = 0; s < a.nsub; s++) {
-        const mk_sub u = a.subs[s];
+        const mk_sub *u = &a.subs[s];
         mk_input(a, prev, xi, xo, xs, ld);
         { float *t = (float *)xi; xi = xo; xo = t; }
-        if (u.kind == MK_FFN) {
-            gemv(EPI_BIAS_RELU, u.w1, I, D, xs, ld, B, a.ff, NULL, u.b1);
-            prefetch_rows(u.w2, D, I);
-            grid_sync(a, ph);
+        if (u->kind == MK_FFN) {
+            gemv(EPI_BIAS_RELU, u->w1, I, D, xs, ld, B, a.ff, NULL, u->b1);
+            prefetch_rows(u->w2, D, I);
+            ph = grid_sync(a, ph);
             load_rows(xs, ld, a.ff, I, B);
             __syncthreads();
-            gemv(EPI_BF16, u.w2, D, I, xs, ld, B, a.r, NULL, NULL);
+            gemv(EPI_BF16, u->w2, D, I, xs, ld, B, a.r, NULL, NULL);
         } else {
-            gemv(EPI_BF16, u.w1, 3 * A, D, xs, ld, B, a.qkv, NULL, NULL);
+            gemv(EPI_BF16, u->w1, 3 * A, D, xs, ld, B, a.qkv, NULL, NULL);
             att_prefetch(a, u);
-            grid_sync(a, ph);
+            ph = grid_sync(a, ph);
             att_phase(a, u, &asm_, O);
-            prefetch_rows(u.w2, D, A);
-            grid_sync(a, ph);
+            prefetch_rows(u->w2, D, A);
+            ph = grid_sync(a, ph);
             load_rows(xs, ld, a.att, A, B);
             __syncthreads();
-            gemv(EPI_BF16, u.w2, D, A, xs, ld, B, a.r, NULL, NULL);
+            gemv(EPI_BF16, u->w2, D, A, xs, ld, B, a.r, NULL, NULL);
         }
         /* the next linear layer's rows and this sublayer's LayerNorm into L2 while the barrier waits */
         if (s + 1 < a.nsub) prefetch_rows(a.subs[s + 1].w1, a.subs[s + 1].kind == MK_FFN ? I : 3 * A, D);
         else prefetch_rows(a.out_h, a.V, D);
-        prefetch_bytes(u.lnw, D * sizeof(float));
-        prefetch_bytes(u.lnb, D * sizeof(float));
-        if (u.rb) prefetch_bytes(u.rb, D * sizeof(float));
-        grid_sync(a, ph);
+        prefetch_bytes(u->lnw, D * sizeof(float));
+        prefetch_bytes(u->lnb, D * sizeof(float));
+        if (u->rb) prefetch_bytes(u->rb, D * sizeof(float));
+        ph = grid_sync(a, ph);
         prev = &a.subs[s];
     }
     mk_input(a, prev, xi, xo, xs, ld);
     gemv(EPI_FLOAT, a.out_h, a.V, D, xs, ld, B, NULL, a.logits, NULL);
-    grid_sync(a, ph);
+    ph = grid_sync(a, ph);
     /* log_softmax(y + b), a block a row, as logsoftmax.cu */
     for (int b = blockIdx.x; b < B; b += gridDim.x) {
         float *row = a.logits + (size_t)b * a.V;
@@ -717,6 +755,7 @@ static void mk_why(const gpu_model *g, char *why, size_t cap)
     else if (D % 128 || A % 8 || I % 8 || D > MK_MAX_D || A > MK_MAX_IN || I > MK_MAX_IN)
         snprintf(why, cap, "widths %d, %d, %d (it takes a model of a multiple of 128 up to %d, heads and inner layer "
                  "of a multiple of 8 up to %d)", D, A, I, MK_MAX_D, MK_MAX_IN);
+    else if (g->fam == &gpu_family_aspan && !g->pe_h) snprintf(why, cap, "no bf16 key_pe table");
     else if (g->fam == &gpu_family_rel && m->mem_len + 1 > MK_SPLIT * MK_MAX_SPLITS)
         snprintf(why, cap, "a memory of %d rows (it takes up to %d)", m->mem_len, MK_SPLIT * MK_MAX_SPLITS - 1);
 }
@@ -831,7 +870,6 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->K = K;
         a->dh = m->d_head;
         a->V = m->V;
-        a->S = m->span;
         a->ML = m->mem_len;
         a->nl = nl;
         a->same_len = m->same_length;
@@ -841,9 +879,9 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->rel_scale = gpu_rel_scale(m);
         a->emb = g->emb;
         a->out_b = g->out_b;
-        a->key_pe = g->key_pe;
         a->derived = g->derived;
         a->out_h = g->out_h;
+        a->pe_h = g->pe_h;
         a->X0 = g->x;
         a->X1 = g->tmp;
         a->qkv = g->qkvb;

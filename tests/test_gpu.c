@@ -468,7 +468,9 @@ static void check_graphs(const char *name, int prec)
  * steps. The kernel rounds to bf16 where the graphs do, but sums in
  * another order, so a rounding may fall the other way: its distance from
  * float32 must be the graphs' own (at most 1.5 times theirs, or 0.02), the
- * two within 0.1 of each other, and a clear greedy winner the same. */
+ * two within 0.2 of each other (each is about 0.1 from float32, and the
+ * kernel's position rows are bf16: attn_mma.cu's table), and a clear
+ * greedy winner the same. */
 static void check_decode_kernel(const char *name, mem_mode mode, const char *label, int NS)
 {
     char err[ERR_LEN];
@@ -546,7 +548,7 @@ static void check_decode_kernel(const char *name, mem_mode mode, const char *lab
     CHECK(after - before == STEPS, "%s: %ld of %d steps ran as the decode kernel", label, after - before, STEPS);
     CHECK(d_ac <= 1.5 * d_bc || d_ac <= 0.02, "%s: the decode kernel is %.3g from fp32, the graphs %.3g", label, d_ac,
           d_bc);
-    CHECK(d_ab < 0.1, "%s: the decode kernel differs from the graphs by %.3g", label, d_ab);
+    CHECK(d_ab < 0.2, "%s: the decode kernel differs from the graphs by %.3g", label, d_ab);
     CHECK(picks_differ == 0, "%s: %d greedy picks differ", label, picks_differ);
     for (int s = 0; s < NS; s++) {
         gpu_mem_free(a[s]);
