@@ -760,6 +760,29 @@ static void mk_why(const gpu_model *g, char *why, size_t cap)
         snprintf(why, cap, "a memory of %d rows (it takes up to %d)", m->mem_len, MK_SPLIT * MK_MAX_SPLITS - 1);
 }
 
+/* The attention's splits of head H of layer L: MK_SPLIT keys each (at
+ * least one) over its key rows (adaptive-span) or mem_len + 1 keys (PAR) */
+static int head_splits(const model_t *m, bool rel, int l, int h)
+{
+    const int kw = rel ? m->mem_len + 1 : m->layers[l].krows[h];
+    return kw > 0 ? (kw + MK_SPLIT - 1) / MK_SPLIT : 1;
+}
+
+/* A sublayer's kind, layer, weights (its two linear layers', fc1's bias,
+ * the residual's bias) and the LayerNorm after it */
+static void sub_init(mk_sub *u, int kind, int l, const bf16 *w1, const bf16 *w2, const float *b1, const float *rb,
+                     const float *lnw, const float *lnb)
+{
+    u->kind = kind;
+    u->layer = l;
+    u->w1 = w1;
+    u->w2 = w2;
+    u->b1 = b1;
+    u->rb = rb;
+    u->lnw = lnw;
+    u->lnb = lnb;
+}
+
 int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
 {
     const model_t *m = g->m;
@@ -774,7 +797,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         const int sub = g->fam->sublayers(m, l);
         if (sub & GPU_SUB_ATTN) {
             for (int h = 0; h < K; h++) {
-                const int kw = rel ? m->mem_len + 1 : m->layers[l].krows[h], ns = kw > 0 ? (kw + MK_SPLIT - 1) / MK_SPLIT : 1;
+                const int ns = head_splits(m, rel, l, h);
                 nit += ns;
                 if (ns > nsmax) nsmax = ns;
             }
@@ -813,13 +836,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         if (sub & GPU_SUB_ATTN) {
             k->kind[k->nbar++] = 'Q', k->kind[k->nbar++] = 'A', k->kind[k->nbar++] = 'W';
             mk_sub *u = &subs[s++];
-            u->kind = rel ? MK_REL : MK_ASPAN;
-            u->layer = l;
-            u->w1 = d->wqkv_h;
-            u->w2 = d->wo_h;
-            u->rb = d->wo_b;
-            u->lnw = d->ln1_w;
-            u->lnb = d->ln1_b;
+            sub_init(u, rel ? MK_REL : MK_ASPAN, l, d->wqkv_h, d->wo_h, NULL, d->wo_b, d->ln1_w, d->ln1_b);
             if (rel) {
                 u->rk = d->rk;
                 u->rwb = d->rwb;
@@ -833,7 +850,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
             }
             u->items = k->d_items + it;
             for (int h = 0; h < K; h++) {
-                const int kw = rel ? m->mem_len + 1 : m->layers[l].krows[h], ns = kw > 0 ? (kw + MK_SPLIT - 1) / MK_SPLIT : 1;
+                const int ns = head_splits(m, rel, l, h);
                 for (int sp = 0; sp < ns; sp++) items[it++] = h << 16 | sp;
                 u->nitems += ns;
             }
@@ -842,14 +859,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         if (sub & GPU_SUB_FFN) {
             k->kind[k->nbar++] = '1', k->kind[k->nbar++] = '2';
             mk_sub *u = &subs[s++];
-            u->kind = MK_FFN;
-            u->layer = l;
-            u->w1 = d->fc1_h;
-            u->w2 = d->fc2_h;
-            u->b1 = d->fc1_b;
-            u->rb = d->fc2_b;
-            u->lnw = d->ln2_w;
-            u->lnb = d->ln2_b;
+            sub_init(u, MK_FFN, l, d->fc1_h, d->fc2_h, d->fc1_b, d->fc2_b, d->ln2_w, d->ln2_b);
             if (!u->w1 || !u->w2) rc = err_set(err, "layer %d: no bf16 weights for the decode kernel", l);
         }
     }
