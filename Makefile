@@ -131,16 +131,18 @@ test-gpu: deps $(BUILD)/tests/test_gpu
 	SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/test_gpu
 
 # Then the same models through the server (tests/bench_server.py: 1, 16 and
-# 64 concurrent /v1/score requests of 100 kB texts), written by
-# `bench_gpu write-models` into a temporary folder, served in
-# SPANSERVE_SERVE_ARGS (default bf16 on the GPU).
+# 64 concurrent /v1/score requests of 100 kB texts; tests/bench_generate.py:
+# one streamed generation of 500 tokens, then 64 at once, also with
+# SPANSERVE_GPU_DECODE_KERNEL=1), written by `bench_gpu write-models` into a
+# temporary folder, served in SPANSERVE_SERVE_ARGS (default bf16 on the GPU).
 bench: deps $(BUILD)/tests/bench_gpu $(BIN)
 	SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/bench_gpu
-	@if [ -z "$(CU_OBJ)" ] || ! nvidia-smi -L >/dev/null 2>&1; then echo "SKIP bench_server.py: no GPU"; else \
+	@if [ -z "$(CU_OBJ)" ] || ! nvidia-smi -L >/dev/null 2>&1; then echo "SKIP bench_server.py, bench_generate.py: no GPU"; else \
 	    d=$$(mktemp -d) && SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} $(BUILD)/tests/bench_gpu write-models $$d && \
-	    SPANSERVE_BIN=$(BIN) SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} \
-	    SPANSERVE_SERVE_ARGS="$${SPANSERVE_SERVE_ARGS:---device cuda --precision bf16}" \
-	    python3 tests/bench_server.py --memory exact,span $$d/aspan-enwik8.safetensors $$d/par-base.safetensors; \
+	    export SPANSERVE_BIN=$(BIN) SPANSERVE_SHARED=$${SPANSERVE_SHARED:-../shared} \
+	    SPANSERVE_SERVE_ARGS="$${SPANSERVE_SERVE_ARGS:---device cuda --precision bf16}" && \
+	    python3 tests/bench_server.py --memory exact,span $$d/aspan-enwik8.safetensors $$d/par-base.safetensors && \
+	    python3 tests/bench_generate.py --memory span --decode-kernel $$d/aspan-enwik8.safetensors $$d/par-base.safetensors; \
 	    rc=$$?; rm -rf $$d; exit $$rc; fi
 
 # Sanitized build in its own tree; OpenBLAS's own threads are kept to one so
