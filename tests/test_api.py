@@ -2867,8 +2867,11 @@ def test_restart():
     [t.start() for t in ths]
     [t.join(120) for t in ths]
     ref = whole.get("tokens", 0) * whole.get("nll", 0)
+    # the four sessions' blocks share forwards (a batch of up to four rows: OpenBLAS sums in another order)
+    # where the whole text ran alone: their totals agree to float rounding, 1e-6 of ~3,100 nats (a memory
+    # lost or garbled on its way to disk and back moves the total by whole nats)
     check("four sessions scored at once past --session-memory", len(res) == 4 and all(
-        sts == [200] * 4 and n == 1999 and abs(tot - ref) < 1e-4 for sts, n, tot in res.values()),
+        sts == [200] * 4 and n == 1999 and abs(tot - ref) < 1e-6 * abs(ref) + 1e-4 for sts, n, tot in res.values()),
         f"{res} want 1999 tokens, {ref}")
     loc = (S.call("GET", f"/v1/sessions/{gone}").json or {}).get("location")
     r = S.call("DELETE", f"/v1/sessions/{gone}")
