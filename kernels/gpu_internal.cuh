@@ -293,7 +293,8 @@ struct gpu_model {
     bf16 *tmpb;
     gpu_gpt *gpt;                 /* window models: fam_gpt.cu's step state */
     /* decode_step.cu: decode steps as one kernel (NULL: not planned, mk_why
-     * says why), on unless gpu_decode_kernel turned it off; its steps */
+     * says why), taken while mk_on (SPANSERVE_GPU_DECODE_KERNEL=1 at load,
+     * or gpu_decode_kernel); its steps */
     gpu_mk *mk;
     int mk_on;
     long mk_steps;
