@@ -39,7 +39,7 @@ The server, its flags and the helpers are bench_server.py's (--max-step-gflop
 import argparse, json, os, sys, threading, time, http.client
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_server import BENCH_FLAGS, Server, fail, failures, percentile  # noqa: E402
+from bench_server import BENCH_FLAGS, Server, fail, percentile, report  # noqa: E402
 
 PROMPT = "ROMEO:"
 
@@ -183,25 +183,17 @@ def main():
     rows = []
     for path in args.models:
         for kernel in ([False, True] if args.decode_kernel else [False]):
-            for mode in args.memory.split(","):
+            for mode in [m for m in args.memory.split(",") if m] or ["span"]:
                 row, family = bench_one(path, mode, args, extra, kernel)
                 if row:
                     rows.append(row)
                 if family != "adaptive-span":   # the memory modes are adaptive-span's: the others run once
                     break
     n = args.sessions
-    print(f"\n/v1/generate, streamed, {args.tokens} tokens a generation (temperature 1, top_p 0.9); the server's flags: "
-          f"{' '.join(extra + BENCH_FLAGS)}")
-    print(f"| model | memory | precision | device | environment | 1 alone: tokens/s | first token | {n} at once: tokens/s "
-          f"| a token after the one before, p50 | p99 | first token p50 |")
-    print("| --- " * 11 + "|")
-    for r in rows:
-        print(r)
-    if failures:
-        print(f"FAIL bench_generate.py: {len(failures)} failure(s)")
-        return 1
-    return 0
-
+    return report(f"/v1/generate, streamed, {args.tokens} tokens a generation (temperature 1, top_p 0.9); the server's "
+                  f"flags: {' '.join(extra + BENCH_FLAGS)}",
+                  f"model | memory | precision | device | environment | 1 alone: tokens/s | first token | {n} at once: "
+                  f"tokens/s | a token after the one before, p50 | p99 | first token p50", 11, rows, "bench_generate.py")
 
 if __name__ == "__main__":
     sys.exit(main())

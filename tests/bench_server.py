@@ -269,13 +269,20 @@ def main():
     conc = [1] + args.concurrency
     head = " | ".join((f"{c} concurrent: tokens/s | p50 | p99" if c > 1 else "1 alone: tokens/s | latency") for c in conc)
     cols = sum(3 if c > 1 else 2 for c in conc)
-    print(f"\n/v1/score, texts of {args.chars:,} characters; the server's flags: {' '.join(extra + BENCH_FLAGS)}")
-    print(f"| model | memory | precision | device | {head} |")
-    print("| --- " * (4 + cols) + "|")
+    return report(f"/v1/score, texts of {args.chars:,} characters; the server's flags: {' '.join(extra + BENCH_FLAGS)}",
+                  f"model | memory | precision | device | {head}", 4 + cols, rows, "bench_server.py")
+
+
+def report(title, head, ncols, rows, script):
+    """The markdown table (HEAD: its column names joined by " | ", NCOLS of
+    them) of ROWS under TITLE, then the failures: the exit status."""
+    print(f"\n{title}")
+    print(f"| {head} |")
+    print("| --- " * ncols + "|")
     for r in rows:
         print(r)
     if failures:
-        print(f"FAIL bench_server.py: {len(failures)} failure(s)")
+        print(f"FAIL {script}: {len(failures)} failure(s)")
         return 1
     return 0
 
