@@ -8,8 +8,8 @@
  * multiple of 128 up to 512, an output layer with its log-softmax (no
  * adaptive softmax). Everything else, and a step of more streams, takes
  * forward.cu's graphs (gpu_decode_kernel_status says why). Off unless asked
- * for (gpu_decode_kernel): not yet faster than the graphs (README "Decode
- * as one kernel" has the figures and the profile).
+ * for (gpu_decode_kernel): README "Decode as one kernel" has the figures
+ * and the profile.
  *
  * A step is a list of sublayers (mk_sub: attention or feed-forward, in the
  * model's order; PAR's skip blocks are none), then the output layer. Each
@@ -17,7 +17,7 @@
  *
  *   attention:    QKV  the input (below) x [Wq;Wk;Wv]^T into qkv (bf16)
  *                 ATT  each (stream, head, split of up to MK_SPLIT keys)
- *                      a block: scores, softmax and values over its keys,
+ *                      a block, a key a thread: scores, softmax and values,
  *                      the block's warps met in shared memory, splits met
  *                      by the last block to finish (a counter per stream
  *                      and head, reset by that block); the new key and
@@ -40,15 +40,24 @@
  * (attn_mma.cu's key_pe table by distance), where the graphs' decode
  * kernel reads key_pe in float.
  *
- * The linear layers: a warp a weight row (two rows' loads in flight; bf16,
- * 16-byte loads), the B inputs from shared memory, float sums. Before each
- * barrier a block asks L2 for what it reads next (the next linear layer's
- * rows, the attention's ring and position rows and masks, the LayerNorm's
- * weights: prefetch.global.L2). The attention: a lane takes two keys and
- * reads their key, position and value rows whole (16-byte loads, all in
- * flight), weights its value rows in registers, and warp_transpose_sum
- * sums them over the lanes; value rows are read only under the mask.
- * Rows written in this kernel are read through L2 (ld.global.cg).
+ * Latency, not bandwidth, bounds a step of a few streams, so nothing a
+ * phase needs waits for a load that could have been issued earlier:
+ *  - The linear layers (mk_lin, in the order the step runs them): a warp a
+ *    weight row (two rows' loads at once; bf16, 16-byte loads), the B
+ *    inputs from shared memory, float sums. Each block's rows of the first
+ *    pass (two a warp) are copied into shared memory (cp.async, each thread
+ *    the 16-byte pieces it will read itself) two linear layers ahead, into
+ *    one of two buffers; rows past the first pass are asked into L2.
+ *  - The sublayers and the linear layers' list are copied into shared
+ *    memory when the step starts: no pointer is fetched from global memory
+ *    on the way to the data.
+ *  - An attention item's constants (head, split, key rows, reach, ring and
+ *    mask offsets) are one 32-byte record; its thread's key, position and
+ *    value rows are loaded whole with the query, all in flight at once
+ *    (rows written in this kernel through L2: ld.global.cg). What the
+ *    attention reads from earlier steps is asked into L2 a sublayer ahead.
+ *  - gpu_decode_trace times each block's phases (its start, the end of its
+ *    input, the end of its work, its arrival) for the report.
  */
 #include "gpu_internal.cuh"
 #include "reduce.cuh"
@@ -60,13 +69,29 @@
 #define MK_WARPS (MK_THREADS / 32)
 #define MK_MAX_B 8               /* streams a step */
 #define MK_MAX_IN 2048           /* the widest input of a linear layer: 8 loads of 16 bytes a lane */
+#define MK_NCH (MK_MAX_IN / 256) /* those loads */
 #define MK_MAX_D 512             /* the widest residual stream: 4 float4s a lane */
-#define MK_MAX_DH 64             /* head dims: 32 or 64 (a template parameter) */
-#define MK_SPLIT (MK_WARPS * 64) /* keys a block of the attention takes: 64 a warp, two a lane */
+#define MK_MAX_DH 64             /* head dims: 32 or 64 */
+#define MK_SPLIT MK_THREADS      /* keys a block of the attention takes: one a thread */
 #define MK_MAX_SPLITS 64         /* splits of a head's keys at most */
 #define MK_REC (MK_MAX_DH + 4)   /* a split's partial state: m, Z, W, (pad), O */
+#define MK_MAX_SUBS 128          /* sublayers a step */
+#define MK_AUTO_ROUNDS 8         /* GPU_DECODE_AUTO: a step's widest attention takes at most this many rounds of the grid
+                                  * (B x its items <= this x blocks); past it the graphs' attention is faster (H200,
+                                  * aspan-enwik8 in exact memory, 240 items a stream: the kernel at 4 streams, 7.3
+                                  * rounds, the graphs at 8, 14.5) */
 
 enum { MK_ASPAN = 0, MK_REL = 1, MK_FFN = 2 };
+
+/* An attention item's constants (32 bytes, read as two int4s) */
+typedef struct {
+    int code;                    /* (head << 16) | split */
+    int kw, r;                   /* adaptive-span: the head's key rows and reach */
+    int pad;
+    long long off;               /* the head's keys in a stream's ring (adaptive-span: its offset; relative: the
+                                  * layer's offset + head x DH, rows A apart) */
+    long long mask_off;          /* adaptive-span: its mask in `derived` */
+} mk_item;
 
 typedef struct {
     int kind, layer;
@@ -74,50 +99,78 @@ typedef struct {
     const float *b1;             /* fc1's bias */
     const float *rb;             /* the residual's bias (Wo's, fc2's) or NULL */
     const float *lnw, *lnb;      /* the LayerNorm after the sublayer */
-    /* adaptive-span: per head key rows, reach, mask offset in `derived`, ring offset */
-    const int *krows, *reach;
-    const int64_t *mask_off, *off;
-    /* relative attention: r_net rows by distance, u, v; the layer's ring offset */
-    const float *rk, *rwb, *rrb;
-    int64_t roff;
-    const int *items;            /* the attention's blocks of one stream: (head << 16) | split */
-    int nitems;
-} mk_sub;
+    const float *rk, *rwb, *rrb; /* relative attention: r_net rows by distance, u, v */
+    const mk_item *items;        /* the attention's items of one stream */
+    int nitems, pad;
+} mk_sub;                        /* (a multiple of 16 bytes: copied as int4s) */
+
+typedef struct {
+    const bf16 *W;               /* OUT x IN, bf16 */
+    int out, in;
+} mk_lin;
 
 typedef struct {
     const mk_sub *subs;
-    int nsub, B, D, A, I, K, dh, V, ML, nl, same_len, nsmax;
+    const mk_lin *lin;           /* the step's linear layers in order: each sublayer's two, then the output */
+    int nsub, nlin, nbar, B, D, A, I, K, dh, V, ML, nl, same_len, nsmax;
     float emb_scale, eps, rel_scale;
     const float *emb, *out_b, *derived;
-    const bf16 *out_h, *pe_h;   /* pe_h: adaptive-span's key_pe by distance in bf16 (attn_mma.cu's table) */
+    const bf16 *pe_h;            /* adaptive-span's key_pe by distance in bf16 (attn_mma.cu's table) */
     float *X0, *X1;              /* the residual stream, two buffers */
     bf16 *qkv, *att, *r, *ff;
     float *logits, *part;
     int *cnt;                    /* the splits finished, per stream and head */
     unsigned long long *bar;     /* the grid barrier: arrivals since the plan (never reset) */
     unsigned long long bar_base; /* its count when the step starts: steps x barriers a step x blocks */
-    unsigned long long *trace;   /* NULL, or gpu_decode_trace's times: per barrier, each block's arrival, then
-                                  * block 0's leaving (row 0: the start) */
+    unsigned long long *trace;   /* NULL, or gpu_decode_trace's times (mk_trace_at) */
     const int32_t *tok;
     const int64_t *pos;
     bf16 *const *ring;
     const int *len;
 } mk_args;
 
-#define MK_MAX_BARRIERS (3 * 2 * 64 + 1)   /* a step's: 3 an attention, 2 a feed-forward, 1 the output */
+static_assert(sizeof(mk_item) == 32 && sizeof(mk_sub) % 16 == 0 && sizeof(mk_lin) == 16,
+              "the plan's records are copied as int4s");
+
+#define MK_MAX_BARRIERS (3 * MK_MAX_SUBS + 1)   /* a step's: 3 an attention, 2 a feed-forward, 1 the output */
+
+/* Dynamic shared memory: the inputs (B x up to MK_MAX_IN floats), two
+ * buffers of weight rows (two rows a warp), then the sublayers and the
+ * linear layers */
+#define MK_XS_BYTES ((size_t)MK_MAX_B * MK_MAX_IN * sizeof(float))
+#define MK_BUF_VECS (2 * MK_NCH * MK_THREADS)
+#define MK_FIXED_SMEM (MK_XS_BYTES + 2 * MK_BUF_VECS * sizeof(uint4))
 
 struct gpu_mk {
     mk_sub *d_subs;
-    int *d_items;
+    mk_item *d_items;
+    mk_lin *d_lin;
     float *d_part;               /* the splits' records, counters and barrier: one allocation */
     mk_args a;
     size_t smem;
     int grid;
-    int nbar;                    /* barriers a step */
+    int auto_b;                  /* GPU_DECODE_AUTO's most streams a step (see MK_AUTO_ROUNDS) */
     unsigned long long steps;    /* steps launched since the barrier's count was 0 */
     char kind[MK_MAX_BARRIERS];  /* what each barrier ends: Q(KV), A(ttention), W(o), 1 (fc1), 2 (fc2), O(ut) */
     unsigned long long *d_trace; /* gpu_decode_trace's buffer (NULL until asked) */
 };
+
+/* The trace (gpu_decode_trace), G blocks, NB barriers: rows p = 0..NB of
+ * G + 1 times (%globaltimer, ns; row 0: [G] the step's start; row p + 1:
+ * each block's arrival at barrier p, then [G] block 0's leaving it), then
+ * per point k and phase p = 0..NB (phase NB: the log-softmax) each block's
+ * clock (clock64, its SM's cycles: %globaltimer ticks too coarsely for the
+ * parts of a phase): k 0 the block's start of the phase, 1 the end of its
+ * input, 2 the end of its work, 3 its arrival at the barrier, 4 (the
+ * LayerNorm's phases) the end of mk_input's wait for its weights, 5-9
+ * points within the LayerNorm (5 its loads in, 6 its sums, 7 its stores)
+ * and within an attention item (5 its loads issued, 6 q in shared memory,
+ * 7 the scores, 8 the warps' softmax and values, 9 the warps met) */
+#define MK_POINTS 10
+static __host__ __device__ __forceinline__ size_t mk_trace_at(int nb, int G, int k, int p, int b)
+{
+    return (size_t)(nb + 1) * (G + 1) + ((size_t)k * (nb + 1) + p) * G + b;
+}
 
 /* ------------------------------------------------------------ the barrier */
 
@@ -140,6 +193,19 @@ static __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned l
     return v;
 }
 
+/* Thread 0's time at point K of phase PH, when tracing */
+static __device__ __forceinline__ void mk_point(const mk_args &a, int k, int ph)
+{
+    if (a.trace && threadIdx.x == 0) a.trace[mk_trace_at(a.nbar, gridDim.x, k, ph, blockIdx.x)] = clock64();
+}
+
+
+
+/* This warp's number among the grid's for the linear layers: warp w of
+ * block b is w x blocks + b, so a layer of fewer rows than warps still
+ * spreads over every SM */
+static __device__ __forceinline__ int lin_warp() { return (threadIdx.x >> 5) * gridDim.x + blockIdx.x; }
+
 /* Every block of the grid waits here for all the others, at the step's
  * barrier PH (the count of those passed; the next is returned). Thread 0
  * of each block adds its arrival (after the block's writes, which the
@@ -153,13 +219,20 @@ static __device__ __noinline__ int grid_sync(const mk_args &a, int ph)
     __syncthreads();
     if (threadIdx.x == 0) {
         const size_t row = (size_t)(ph + 1) * (gridDim.x + 1);
-        if (a.trace) a.trace[row + blockIdx.x] = globaltimer();
+        if (a.trace) {
+            a.trace[row + blockIdx.x] = globaltimer();
+            a.trace[mk_trace_at(a.nbar, gridDim.x, 3, ph, blockIdx.x)] = clock64();
+        }
         __threadfence();
         red_release_add(a.bar, 1ull);
         const unsigned long long target = a.bar_base + (unsigned long long)(ph + 1) * gridDim.x;
         while (ld_relaxed(a.bar) < target) {}
         __threadfence();
-        if (a.trace && blockIdx.x == 0) a.trace[row + gridDim.x] = globaltimer();
+        if (a.trace) {
+            const unsigned long long t = globaltimer();
+            if (blockIdx.x == 0) a.trace[row + gridDim.x] = t;
+            a.trace[mk_trace_at(a.nbar, gridDim.x, 0, ph + 1, blockIdx.x)] = clock64();
+        }
     }
     __syncthreads();
     return ph + 1;
@@ -170,28 +243,39 @@ static __device__ __forceinline__ void prefetch_l2(const void *p)
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-/* This warp's rows of W (OUT x IN bf16) into L2, ahead of their phase */
-static __device__ __noinline__ void prefetch_rows(const bf16 *W, int out, int in)
-{
-    const int lane = threadIdx.x & 31, gw = blockIdx.x * MK_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MK_WARPS;
-    const int lines = in * (int)sizeof(bf16) / 128;
-    for (int o = gw; o < out; o += nw)
-        for (int c = lane; c < lines; c += 32) prefetch_l2((const char *)(W + (size_t)o * in) + 128 * c);
-}
-
-/* The 128-byte lines of N bytes at P into L2, over the block's threads */
-static __device__ __forceinline__ void prefetch_bytes(const void *p, size_t n)
-{
-    const char *e = (const char *)p + n;
-    for (const char *q = (const char *)((uintptr_t)p & ~(uintptr_t)127) + 128 * threadIdx.x; q < e; q += 128 * blockDim.x)
-        prefetch_l2(q);
-}
-
 /* The lines of N bytes at P (128-byte aligned) into L2, by this thread */
 static __device__ __forceinline__ void prefetch_bytes1(const void *p, int n)
 {
     for (int o = 0; o < n; o += 128) prefetch_l2((const char *)p + o);
 }
+
+/* 16 bytes from global memory into shared memory, asynchronously (cp.async,
+ * through L2 only) */
+static __device__ __forceinline__ void cp16(void *s, const void *g)
+{
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
+}
+
+/* 8 bytes, the same way */
+static __device__ __forceinline__ void cp8(void *s, const void *g)
+{
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(sa), "l"(g) : "memory");
+}
+
+/* 4 bytes, the same way (any float's alignment: a model's weights lie in
+ * its arena as the file has them) */
+static __device__ __forceinline__ void cp4(void *s, const void *g)
+{
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(s);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(sa), "l"(g) : "memory");
+}
+
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+/* This thread's copies but its last group's have landed */
+static __device__ __forceinline__ void cp_wait_but_last() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
 /* ------------------------------------------------------------ the linear layers */
 
@@ -205,46 +289,77 @@ static __device__ __forceinline__ void bf8(const uint4 &v, float *o)
     }
 }
 
+/* Where thread T keeps piece C (of MK_NCH) of its warp's row R (0 or 1) of
+ * the first pass in a weight buffer */
+static __device__ __forceinline__ int buf_at(int r, int c, int t) { return (r * MK_NCH + c) * MK_THREADS + t; }
+
+/* The first pass's rows of the linear layer at LP (this warp's two: gw and
+ * gw + warps) into BUF, each thread its own pieces, as one group of copies
+ * (an empty group when HAVE is 0, so every thread's groups stay in step
+ * with the linear layers); the rows past the first pass into L2. */
+static __device__ __noinline__ void wbuf_issue(const mk_lin *lp, int have, uint4 *buf)
+{
+    if (have) {
+        const mk_lin L = *lp;
+        const int lane = threadIdx.x & 31, gw = lin_warp(), nw = gridDim.x * MK_WARPS;
+        const int nv = L.in / 8;
+        for (int r = 0; r < 2; r++) {
+            const int o = gw + r * nw;
+            if (o >= L.out) break;
+            for (int c = 0; c < MK_NCH && lane + 32 * c < nv; c++)
+                cp16(buf + buf_at(r, c, threadIdx.x), L.W + (size_t)o * L.in + 8 * lane + 256 * c);
+        }
+        const int lines = L.in * (int)sizeof(bf16) / 128;
+        for (int o = gw + 2 * nw; o < L.out; o += nw)
+            for (int c = lane; c < lines; c += 32) prefetch_l2((const char *)(L.W + (size_t)o * L.in) + 128 * c);
+    }
+    cp_commit();
+}
+
 enum { EPI_BF16, EPI_BIAS_RELU, EPI_FLOAT };
 
-/* y[b][o] = W[o] . xs[b] for the B inputs in shared memory (LD floats
- * apart), rows o a warp each; EPI: bf16(y) into Y (B x OUT), bf16(max(y +
- * bias, 0)), or y in float into YF. */
-static __device__ __forceinline__ void gemv_out(int epi, float v, int b, int o, int out, bf16 *y, float *yf,
-                                                const float *bias)
+static __device__ __forceinline__ void gemv_out(int epi, float v, int b, int o, int out, bf16 *y, float *yf, float bias)
 {
     if (epi == EPI_BF16) y[(size_t)b * out + o] = __float2bfloat16(v);
-    else if (epi == EPI_BIAS_RELU) y[(size_t)b * out + o] = __float2bfloat16(fmaxf(v + __ldg(bias + o), 0.0f));
+    else if (epi == EPI_BIAS_RELU) y[(size_t)b * out + o] = __float2bfloat16(fmaxf(v + bias, 0.0f));
     else yf[(size_t)b * out + o] = v;
 }
 
-/* y[b][o] = W[o] . xs[b] for the B inputs in shared memory (LD floats
- * apart), rows o a warp each, two rows' loads in flight at once; EPI:
- * bf16(y) into Y (B x OUT), bf16(max(y + bias, 0)), or y in float into
- * YF. (Loops that need not be unrolled are not: the kernel's code must
- * stay small enough for the instruction caches.) */
-static __device__ __noinline__ void gemv(int epi, const bf16 *W, int out, int in, const float *xs, int ld, int B, bf16 *y,
-                                         float *yf, const float *bias)
+/* y[b][o] = W[o] . xs[b] for the linear layer at LP and the B inputs in
+ * shared memory (LD floats apart), rows o a warp each, two rows' loads in
+ * flight at once, those of the first pass from BUF (wbuf_issue's, the group
+ * before the newest); EPI: bf16(y) into Y (B x OUT), bf16(max(y + bias,
+ * 0)), or y in float into YF. (Loops that need not be unrolled are not: the
+ * kernel's code must stay small enough for the instruction caches.) */
+static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float *xs, int ld, int B, bf16 *y, float *yf,
+                                         const float *bias, const uint4 *buf)
 {
-    constexpr int NC = MK_MAX_IN / 256;
-    const int lane = threadIdx.x & 31, gw = blockIdx.x * MK_WARPS + (threadIdx.x >> 5), nw = gridDim.x * MK_WARPS;
+    const mk_lin L = *lp;
+    const bf16 *W = L.W;
+    const int out = L.out, in = L.in;
+    const int lane = threadIdx.x & 31, gw = lin_warp(), nw = gridDim.x * MK_WARPS;
     const int nv = in / 8;   /* 16-byte vectors of a row: lane L takes L, L + 32, ... */
+    cp_wait_but_last();
     for (int o = gw; o < out; o += 2 * nw) {
         const int o2 = o + nw;
-        const bool two = o2 < out;
-        uint4 w[2][NC];
+        const bool two = o2 < out, first = o == gw;
+        const float bo = epi == EPI_BIAS_RELU && lane == 0 ? __ldg(bias + o) : 0.0f,
+                    bo2 = epi == EPI_BIAS_RELU && lane == 0 && two ? __ldg(bias + o2) : 0.0f;
+        uint4 w[2][MK_NCH];
 #pragma unroll
-        for (int c = 0; c < NC; c++)
+        for (int c = 0; c < MK_NCH; c++)
             if (lane + 32 * c < nv) {
-                w[0][c] = __ldg((const uint4 *)(W + (size_t)o * in + 8 * lane + 256 * c));
-                if (two) w[1][c] = __ldg((const uint4 *)(W + (size_t)o2 * in + 8 * lane + 256 * c));
+                w[0][c] = first ? buf[buf_at(0, c, threadIdx.x)] : __ldg((const uint4 *)(W + (size_t)o * in + 8 * lane + 256 * c));
+                if (two)
+                    w[1][c] = first ? buf[buf_at(1, c, threadIdx.x)]
+                                    : __ldg((const uint4 *)(W + (size_t)o2 * in + 8 * lane + 256 * c));
             }
         /* a stream at a time (the weights stay packed) */
 #pragma unroll 1
         for (int b = 0; b < B; b++) {
             float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-            for (int c = 0; c < NC; c++) {
+            for (int c = 0; c < MK_NCH; c++) {
                 if (lane + 32 * c >= nv) break;
                 const float4 x0 = *(const float4 *)(xs + b * ld + 256 * c + 8 * lane);
                 const float4 x1 = *(const float4 *)(xs + b * ld + 256 * c + 8 * lane + 4);
@@ -252,112 +367,147 @@ static __device__ __noinline__ void gemv(int epi, const bf16 *W, int out, int in
                 bf8(w[0][c], wf);
                 s0 = fmaf(wf[0], x0.x, s0), s0 = fmaf(wf[1], x0.y, s0), s0 = fmaf(wf[2], x0.z, s0), s0 = fmaf(wf[3], x0.w, s0);
                 s0 = fmaf(wf[4], x1.x, s0), s0 = fmaf(wf[5], x1.y, s0), s0 = fmaf(wf[6], x1.z, s0), s0 = fmaf(wf[7], x1.w, s0);
-                bf8(w[1][c], wf);
-                s1 = fmaf(wf[0], x0.x, s1), s1 = fmaf(wf[1], x0.y, s1), s1 = fmaf(wf[2], x0.z, s1), s1 = fmaf(wf[3], x0.w, s1);
-                s1 = fmaf(wf[4], x1.x, s1), s1 = fmaf(wf[5], x1.y, s1), s1 = fmaf(wf[6], x1.z, s1), s1 = fmaf(wf[7], x1.w, s1);
+                if (two) {
+                    bf8(w[1][c], wf);
+                    s1 = fmaf(wf[0], x0.x, s1), s1 = fmaf(wf[1], x0.y, s1), s1 = fmaf(wf[2], x0.z, s1), s1 = fmaf(wf[3], x0.w, s1);
+                    s1 = fmaf(wf[4], x1.x, s1), s1 = fmaf(wf[5], x1.y, s1), s1 = fmaf(wf[6], x1.z, s1), s1 = fmaf(wf[7], x1.w, s1);
+                }
             }
             s0 = warp_sum(s0);
             s1 = warp_sum(s1);
             if (lane == 0) {
-                gemv_out(epi, s0, b, o, out, y, yf, bias);
-                if (two) gemv_out(epi, s1, b, o2, out, y, yf, bias);
+                gemv_out(epi, s0, b, o, out, y, yf, bo);
+                if (two) gemv_out(epi, s1, b, o2, out, y, yf, bo2);
             }
         }
     }
 }
 
-/* The B rows of a bf16 buffer written in this kernel (L2, not L1) into
- * shared memory as floats, LD apart */
-static __device__ __noinline__ void load_rows(float *xs, int ld, const bf16 *src, int n, int B)
+/* The B rows of N of a bf16 buffer written in this kernel (L2, not L1)
+ * into shared memory as floats, N apart: every load first */
+static __device__ __noinline__ void load_rows(float *xs, const bf16 *src, int n, int B)
 {
-    for (int i = threadIdx.x; i < B * n / 2; i += blockDim.x) {
-        const int b = 2 * i / n, c = 2 * i % n;
-        const unsigned u = __ldcg((const unsigned *)(src + (size_t)b * n + c));
-        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&u);
-        xs[b * ld + c] = f.x;
-        xs[b * ld + c + 1] = f.y;
+    constexpr int NL = MK_MAX_B * MK_MAX_IN / 8 / MK_THREADS;
+    const int nv = B * n / 8;   /* (N is a multiple of 8) */
+    uint4 v[NL];
+#pragma unroll
+    for (int k = 0; k < NL; k++)
+        v[k] = threadIdx.x + k * MK_THREADS < nv ? __ldcg((const uint4 *)src + threadIdx.x + k * MK_THREADS)
+                                                 : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int k = 0; k < NL; k++) {
+        const int i = threadIdx.x + k * MK_THREADS;
+        if (i < nv) {
+            float f[8];
+            bf8(v[k], f);
+            *(float4 *)(xs + 8 * i) = make_float4(f[0], f[1], f[2], f[3]);
+            *(float4 *)(xs + 8 * i + 4) = make_float4(f[4], f[5], f[6], f[7]);
+        }
     }
+    __syncthreads();
 }
 
-/* 4 floats at P, any float's alignment (a model's weights lie in its arena
- * as the file has them) */
-static __device__ __forceinline__ float4 ld4(const float *p)
+/* The LayerNorm after sublayer U (its weight, bias and the residual's
+ * bias, zeros without one) into LNP (3 x D floats) as a group of copies,
+ * a phase ahead of mk_input */
+static __device__ __noinline__ void ln_issue(const mk_sub *u, float *lnp, int D)
 {
-    return make_float4(__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3));
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        cp4(lnp + i, u->lnw + i);
+        cp4(lnp + D + i, u->lnb + i);
+        if (u->rb) cp4(lnp + 2 * D + i, u->rb + i);
+        else lnp[2 * D + i] = 0.0f;
+    }
+    cp_commit();
 }
 
 /* The input of QKV, FC1 or OUT into shared memory, rounded to bf16 (the
- * linear layers' input type), from the embedding (PREV NULL) or as x =
- * LN(x + r + rb) of the sublayer before; block 0 writes x (float) into XO
- * while every block reads XI. A warp a row, lane L holding the float4s L
- * + 32 k; every load of the row (x, r and the LayerNorm's weights, which
- * the barrier before brought into L2) issued before any arithmetic. */
-static __device__ __noinline__ void mk_input(const mk_args &a, const mk_sub *prev, const float *xi, float *xo, float *xs,
-                                             int ld)
+ * linear layers' input type), from the embedding (FIRST) or as x = LN(x +
+ * r + rb) of the sublayer before, its weights in LNP (ln_issue's, the
+ * group before the newest); block 0 writes x (float) into XO while every
+ * block reads XI. A warp a row, lane L holding the float4s L + 32 k; the
+ * row's loads (x and r) issued before any arithmetic. */
+template <int NV>
+static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, const float *xi, float *xo, float *xs,
+                                               const float *lnp, int ph)
 {
-    constexpr int NV = MK_MAX_D / 128;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = a.D;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = 128 * NV;
+    if (!first) {
+        cp_wait_but_last();
+        __syncthreads();
+        if (a.trace && threadIdx.x == 0) a.trace[mk_trace_at(a.nbar, gridDim.x, 4, ph, blockIdx.x)] = clock64();
+    }
     for (int b = warp; b < a.B; b += MK_WARPS) {
-        float4 u[NV], w[NV], bb[NV];
-        if (!prev) {
+        float4 u[NV];
+        if (first) {
             const float *e = a.emb + (size_t)__ldg(a.tok + b) * D;
 #pragma unroll
-            for (int k = 0; k < NV; k++)
-                if (128 * k < D) {
-                    const float4 v = ld4(e + 4 * (lane + 32 * k));
-                    u[k] = make_float4(v.x * a.emb_scale, v.y * a.emb_scale, v.z * a.emb_scale, v.w * a.emb_scale);
+            for (int k = 0; k < NV; k++) {
+                    const float *p = e + 4 * (lane + 32 * k);
+                    u[k] = make_float4(__ldg(p) * a.emb_scale, __ldg(p + 1) * a.emb_scale, __ldg(p + 2) * a.emb_scale,
+                                       __ldg(p + 3) * a.emb_scale);
                 }
         } else {
-            float4 t[NV];
             uint2 rr[NV];
 #pragma unroll
-            for (int k = 0; k < NV; k++)
-                if (128 * k < D) {
+            for (int k = 0; k < NV; k++) {
                     const int c = 4 * (lane + 32 * k);
                     u[k] = __ldcg((const float4 *)(xi + (size_t)b * D + c));
                     rr[k] = __ldcg((const uint2 *)(a.r + (size_t)b * D + c));
-                    t[k] = prev->rb ? ld4(prev->rb + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    w[k] = ld4(prev->lnw + c);
-                    bb[k] = ld4(prev->lnb + c);
                 }
             float s = 0.0f;
 #pragma unroll
-            for (int k = 0; k < NV; k++)
-                if (128 * k < D) {
+            for (int k = 0; k < NV; k++) {
+                    const int c = 4 * (lane + 32 * k);
+                    const float4 t = *(const float4 *)(lnp + 2 * D + c);
                     const float2 r0 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr[k].x),
                                  r1 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr[k].y);
-                    u[k].x += r0.x + t[k].x, u[k].y += r0.y + t[k].y, u[k].z += r1.x + t[k].z, u[k].w += r1.y + t[k].w;
+                    u[k].x += r0.x + t.x, u[k].y += r0.y + t.y, u[k].z += r1.x + t.z, u[k].w += r1.y + t.w;
                     s += u[k].x + u[k].y + u[k].z + u[k].w;
                 }
-            const float mean = warp_sum(s) / D;
+            mk_point(a, 5, ph);
+            const float mean = warp_sum(s) * (1.0f / (128 * NV));
             float q = 0.0f;
 #pragma unroll
-            for (int k = 0; k < NV; k++)
-                if (128 * k < D) {
+            for (int k = 0; k < NV; k++) {
                     const float e0 = u[k].x - mean, e1 = u[k].y - mean, e2 = u[k].z - mean, e3 = u[k].w - mean;
                     q += e0 * e0 + e1 * e1 + e2 * e2 + e3 * e3;
                 }
-            const float inv = 1.0f / sqrtf(warp_sum(q) / D + a.eps);
+            const float inv = rsqrtf(warp_sum(q) * (1.0f / (128 * NV)) + a.eps);
+            mk_point(a, 6, ph);
 #pragma unroll
-            for (int k = 0; k < NV; k++)
-                if (128 * k < D) {
-                    u[k].x = (u[k].x - mean) * inv * w[k].x + bb[k].x;
-                    u[k].y = (u[k].y - mean) * inv * w[k].y + bb[k].y;
-                    u[k].z = (u[k].z - mean) * inv * w[k].z + bb[k].z;
-                    u[k].w = (u[k].w - mean) * inv * w[k].w + bb[k].w;
+            for (int k = 0; k < NV; k++) {
+                    const int c = 4 * (lane + 32 * k);
+                    const float4 w = *(const float4 *)(lnp + c), bb = *(const float4 *)(lnp + D + c);
+                    u[k].x = (u[k].x - mean) * inv * w.x + bb.x;
+                    u[k].y = (u[k].y - mean) * inv * w.y + bb.y;
+                    u[k].z = (u[k].z - mean) * inv * w.z + bb.z;
+                    u[k].w = (u[k].w - mean) * inv * w.w + bb.w;
                 }
         }
 #pragma unroll
-        for (int k = 0; k < NV; k++)
-            if (128 * k < D) {
+        for (int k = 0; k < NV; k++) {
                 const int c = 4 * (lane + 32 * k);
                 if (blockIdx.x == 0) *(float4 *)(xo + (size_t)b * D + c) = u[k];
-                *(float4 *)(xs + b * ld + c) =
+                *(float4 *)(xs + b * D + c) =
                     make_float4(__bfloat162float(__float2bfloat16(u[k].x)), __bfloat162float(__float2bfloat16(u[k].y)),
                                 __bfloat162float(__float2bfloat16(u[k].z)), __bfloat162float(__float2bfloat16(u[k].w)));
             }
     }
+    if (!first) mk_point(a, 7, ph);
     __syncthreads();
+}
+
+/* mk_input_t for the model's width (D = 128 NV) */
+static __device__ __forceinline__ void mk_input(const mk_args &a, bool first, const float *xi, float *xo, float *xs,
+                                                const float *lnp, int ph)
+{
+    switch (a.D / 128) {
+    case 1: mk_input_t<1>(a, first, xi, xo, xs, lnp, ph); break;
+    case 2: mk_input_t<2>(a, first, xi, xo, xs, lnp, ph); break;
+    case 3: mk_input_t<3>(a, first, xi, xo, xs, lnp, ph); break;
+    default: mk_input_t<MK_MAX_D / 128>(a, first, xi, xo, xs, lnp, ph); break;
+    }
 }
 
 /* ------------------------------------------------------------ attention */
@@ -372,358 +522,448 @@ struct mk_att_sm {
     int last;
 };
 
-/* Rows of the rings and the step's own keys and values are read through L2
- * (ld.global.cg): the step's were written in this kernel, and no row is
- * read twice by one SM. */
+/* An item of stream B (its record IP) and its key number T (0 ..
+ * MK_SPLIT - 1 of the split): what the item writes, and where that key's
+ * rows lie. Adaptive-span (as aspan_decode.cu): distances d = 1..kw of
+ * the head's key rows, their position rows (key_pe of distance d), the
+ * mask m(d) up to the reach r; the new key into the slot of distance kw,
+ * the new value into that of distance r. Relative attention (as
+ * rel_attn.cu): keys j = jlo..mlen (the memory, then the step's own), r_net
+ * row mlen - j; the step's key and value to slot p % ML, which memory row 0
+ * holds when the memory is full (then split 0 writes it after its reads),
+ * else no key of the step (then the split of the step's own key). */
+struct mk_head {
+    int h, sp, nsplit;
+    bool zero;                   /* adaptive-span, a zero mask: the output is zeros */
+    bf16 *kd, *vd;               /* the ring rows the step's key and value replace (NULL: another split's) */
+    const bf16 *nk, *nv;         /* the step's own key and value (in qkv) */
+};
+/* An item's inputs: its record, then its stream's position, ring and
+ * (relative attention) memory length; in shared memory (geo_issue copies
+ * the block's first item's a phase ahead) */
+struct mk_geo {
+    int4 i0;                     /* code, kw, r, pad */
+    longlong2 i1;                /* off, mask_off */
+    long long pos;
+    unsigned long long ring;
+    int mlen, pad[3];
+};
 
-/* A bf16 row of DH (32 or 64) dims, dot with Q (shared) */
-static __device__ __forceinline__ float dot_row(const bf16 *k, const float *q, int DH)
+struct mk_key {
+    bool ok, vok;                /* a key; its value weighs */
+    const bf16 *k, *v, *pb;      /* its key and value rows; adaptive-span: its position row (bf16) */
+    const float *pf;             /* relative attention: its r_net row (float) */
+    int md;                      /* adaptive-span: its distance, for the mask */
+};
+
+static __device__ __forceinline__ void att_geom(const mk_args &a, const mk_sub *u, const mk_geo &g, int b, int t, mk_head &H,
+                                                mk_key &K, int DH, bool rel)
 {
-    uint4 r[MK_MAX_DH / 8];
-#pragma unroll
-    for (int c = 0; c < MK_MAX_DH / 8; c++) r[c] = 8 * c < DH ? __ldcg((const uint4 *)k + c) : make_uint4(0, 0, 0, 0);
-    float s = 0.0f;
-#pragma unroll
-    for (int c = 0; c < MK_MAX_DH / 8; c++) {
-        if (8 * c >= DH) break;   /* (q past DH is not written: never read it) */
-        float v[8];
-        bf8(r[c], v);
-#pragma unroll
-        for (int u = 0; u < 8; u++) s = fmaf(q[8 * c + u], v[u], s);
+    const int A = a.A;
+    const int4 i0 = g.i0;
+    const longlong2 i1 = g.i1;
+    H.h = i0.x >> 16;
+    H.sp = i0.x & 0xffff;
+    const int64_t p = g.pos;
+    bf16 *const ring = (bf16 *)g.ring;
+    const bf16 *qv = a.qkv + (size_t)b * 3 * A + (size_t)H.h * DH;
+    H.nk = qv + A;
+    H.nv = qv + 2 * A;
+    K.pb = NULL;
+    K.pf = NULL;
+    K.md = 0;
+    if (!rel) {
+        const int kw = i0.y, r = i0.z;
+        H.nsplit = kw > 0 ? (kw + MK_SPLIT - 1) / MK_SPLIT : 1;
+        H.zero = r == 0;
+        const int dlo = 1 + H.sp * MK_SPLIT, dhi = min(kw, dlo + MK_SPLIT - 1);
+        const int kslot = kw > 0 ? ring_slot(p, kw) : 0, vslot = r > 0 ? ring_slot(p, r) : 0;
+        bf16 *const kr = ring + i1.x, *const vr = kr + (size_t)kw * DH;
+        H.kd = dlo <= kw && kw <= dhi ? kr + (size_t)kslot * DH : NULL;
+        H.vd = r > 0 && dlo <= r && r <= dhi ? vr + (size_t)vslot * DH : NULL;
+        const int d = dlo + t;
+        K.ok = !H.zero && d <= dhi;
+        K.vok = K.ok && d <= r;
+        const int ks = kslot - d < 0 ? kslot - d + kw : kslot - d, vs = vslot - d < 0 ? vslot - d + r : vslot - d;
+        K.k = kr + (size_t)ks * DH;
+        K.v = vr + (size_t)vs * DH;
+        K.pb = a.pe_h + (size_t)d * DH;
+        K.md = d;
+    } else {
+        const int ML = a.ML, mlen = g.mlen, L = mlen + 1;
+        const int mask_len = mlen + 1 - ML, shift = mask_len > 0 ? 1 - mask_len : 1;
+        const int jlo = a.same_len && 1 - shift > 0 ? 1 - shift : 0;
+        const int mslot = ML > 0 ? (int)((p - mlen) % ML) : 0;
+        bf16 *const kr = ring + i1.x, *const vr = kr + (size_t)ML * A;
+        H.nsplit = (ML + MK_SPLIT) / MK_SPLIT;   /* ((ML + 1) keys at most) */
+        H.zero = false;
+        const int ws = ML > 0 ? (int)(p % ML) : 0;
+        const bool wr = ML > 0 && H.sp == (mlen == ML ? 0 : mlen / MK_SPLIT);
+        H.kd = wr ? kr + (size_t)ws * A : NULL;
+        H.vd = wr ? vr + (size_t)ws * A : NULL;
+        const int j = H.sp * MK_SPLIT + t;
+        const int sl = mslot + j >= ML ? mslot + j - ML : mslot + j;
+        K.ok = K.vok = j < L && j >= jlo;
+        K.k = j < mlen ? kr + (size_t)sl * A : H.nk;
+        K.v = j < mlen ? vr + (size_t)sl * A : H.nv;
+        K.pf = u->rk + (size_t)(mlen - j) * A + (size_t)H.h * DH;
     }
-    return s;
 }
 
-/* The end of an attention item, shared by both kinds: the lane's two
- * keys' scores S0, S1 (-inf where none) and mask weights MW0, MW1 (1 for
- * relative attention), their value rows V0, V1 (read only where the weight
- * e x mw is not zero), into the warp's running softmax (M, Z = sum e, W =
- * sum e mw, O = sum e mw v: each lane weights its rows in registers, then
- * warp_transpose_sum sums them over the lanes, lane L keeping dims L + 32
- * x); the block's warps met in shared memory; then the step's key and
- * value into the rings (KD, VD: the rows they replace, which only this
- * block reads, or NULL) after the block's reads; then the (stream, head)'s
- * result (head_finish). */
-static __device__ __noinline__ void att_finish(const mk_args &a, mk_att_sm *sm, float *O, float s0, float s1, float mw0,
-                                               float mw1, const bf16 *v0, const bf16 *v1, bf16 *kd, bf16 *vd,
-                                               const bf16 *nk, const bf16 *nv, int b, int h, int sp, int nsplit,
-                                               bool renorm, bf16 *out)
+/* One (stream, head, split) item of sublayer U, stream B, its record IP:
+ * a key a thread (its key, position and value rows loaded whole with the
+ * query, every load in flight at once), the score (adaptive-span: q.(k +
+ * pe) / sqrt(DH); relative: ((q + u).k + (q + v).r) scale), the warp's
+ * softmax (M, Z = sum e, W = sum e mw, O = sum e mw v: each lane weights
+ * its value row in registers, then warp_transpose_sum sums them over the
+ * lanes, lane L keeping dims L + 32 x); the block's warps met in shared
+ * memory; then the step's key and value into the rings after the block's
+ * reads; then the splits met (the last to finish), the head's output. */
+template <int DH, bool REL>
+static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, const mk_geo *gp, int b, mk_att_sm *sm,
+                                             float *O, int ph)
 {
-    const int DH = a.dh, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    /* (no branch around the shuffles: every lane reaches each of them) */
-    const float mx = warp_max(fmaxf(s0, s1));
-    const float e0 = s0 == -INFINITY ? 0.0f : expf(s0 - mx), e1 = s1 == -INFINITY ? 0.0f : expf(s1 - mx);
-    const float w0 = e0 * mw0, w1 = e1 * mw1;
-    const float z = warp_sum(e0 + e1), wsum = warp_sum(w0 + w1);
-    uint4 r0[MK_MAX_DH / 8], r1[MK_MAX_DH / 8];
-#pragma unroll
-    for (int c = 0; c < MK_MAX_DH / 8; c++) {
-        r0[c] = w0 != 0.0f && 8 * c < DH ? __ldcg((const uint4 *)v0 + c) : make_uint4(0, 0, 0, 0);
-        r1[c] = w1 != 0.0f && 8 * c < DH ? __ldcg((const uint4 *)v1 + c) : make_uint4(0, 0, 0, 0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr bool rel = REL;
+    const mk_geo g = *gp;
+    const longlong2 i1 = g.i1;
+    mk_head H;
+    mk_key K;
+    att_geom(a, u, g, b, tid, H, K, DH, REL);
+    bf16 *out = a.att + (size_t)b * a.A + (size_t)H.h * DH;
+    if (H.zero) {   /* a zero mask: zeros; the key is still the window's */
+        if (tid < DH) {
+            if (H.sp == 0) out[tid] = __float2bfloat16(0.0f);
+            if (H.kd) H.kd[tid] = __ldcg(H.nk + tid);
+        }
+        return;
     }
-    float acc[MK_MAX_DH];
-#pragma unroll
-    for (int c = 0; c < MK_MAX_DH / 8; c++) {
-        float f[8], g[8];
-        bf8(r0[c], f);
-        bf8(r1[c], g);
-#pragma unroll
-        for (int u = 0; u < 8; u++) acc[8 * c + u] = fmaf(w1, g[u], w0 * f[u]);
+    /* every load at once: the query (and u, v), the step's key and value where this item writes them, the
+     * key's rows, its mask */
+    float qq = 0.0f, ub = 0.0f, vb = 0.0f;
+    bf16 nkd = __float2bfloat16(0.0f), nvd = nkd;
+    if (tid < DH) {
+        qq = __bfloat162float(__ldcg(H.nk - a.A + tid));
+        if (rel) ub = __ldg(u->rwb + H.h * DH + tid), vb = __ldg(u->rrb + H.h * DH + tid);
+        if (H.kd) nkd = __ldcg(H.nk + tid);
+        if (H.vd) nvd = __ldcg(H.nv + tid);
     }
-    float o0 = warp_transpose_sum(*(float(*)[32])acc, lane), o1 = warp_transpose_sum(*(float(*)[32])(acc + 32), lane);
-    sm->o[warp][lane] = o0;
-    sm->o[warp][lane + 32] = o1;
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+    constexpr int NP = REL ? DH / 4 : DH / 8;   /* 16-byte loads of a position row: float (relative) or bf16 */
+    uint4 kk[DH / 8], vv[DH / 8], pp[NP];
+#pragma unroll
+    for (int c = 0; c < DH / 8; c++) {
+        kk[c] = K.ok ? __ldcg((const uint4 *)K.k + c) : z4;
+        vv[c] = K.vok ? __ldcg((const uint4 *)K.v + c) : z4;
+    }
+#pragma unroll
+    for (int c = 0; c < NP; c++)
+        pp[c] = K.ok ? __ldg((const uint4 *)(REL ? (const void *)K.pf : (const void *)K.pb) + c) : z4;
+    const float mw = rel ? 1.0f : K.vok ? __ldg(a.derived + i1.y + K.md - 1) : 0.0f;
+    if (tid < DH) {
+        sm->q[0][tid] = qq + ub;
+        sm->q[1][tid] = qq + vb;
+    }
+    mk_point(a, 5, ph);
+    __syncthreads();
+    mk_point(a, 6, ph);
+    float s = -INFINITY;
+    if (K.ok) {
+        const float *q = sm->q[0];
+        if (!rel) {
+            float t0 = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DH / 8; c++) {
+                float kf[8], pf[8];
+                bf8(kk[c], kf), bf8(pp[c], pf);
+#pragma unroll
+                for (int e = 0; e < 8; e++) t0 = fmaf(q[8 * c + e], kf[e] + pf[e], t0);
+            }
+            s = t0 / sqrtf((float)DH);
+        } else {
+            const float *qr = sm->q[1];
+            float ac = 0.0f, bd = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DH / 8; c++) {
+                float kf[8];
+                bf8(kk[c], kf);
+#pragma unroll
+                for (int e = 0; e < 8; e++) ac = fmaf(q[8 * c + e], kf[e], ac);
+            }
+#pragma unroll
+            for (int c = 0; c < NP; c++) {
+                const float4 v = *(const float4 *)&pp[c];
+                bd = fmaf(qr[4 * c], v.x, bd), bd = fmaf(qr[4 * c + 1], v.y, bd);
+                bd = fmaf(qr[4 * c + 2], v.z, bd), bd = fmaf(qr[4 * c + 3], v.w, bd);
+            }
+            s = (ac + bd) * a.rel_scale;
+        }
+    }
+    /* the warp's softmax and weighted values (no branch around the shuffles: every lane reaches each) */
+    mk_point(a, 7, ph);
+    const float mx = warp_max(s);
+    const float e = s == -INFINITY ? 0.0f : expf(s - mx), w = e * mw;
+    const float z = warp_sum(e), wsum = warp_sum(w);
+    float acc[DH];
+#pragma unroll
+    for (int c = 0; c < DH / 8; c++) {
+        float f[8];
+        bf8(vv[c], f);
+#pragma unroll
+        for (int x = 0; x < 8; x++) acc[8 * c + x] = w * f[x];
+    }
+#pragma unroll
+    for (int x = 0; x < DH / 32; x++) sm->o[warp][lane + 32 * x] = warp_transpose_sum(*(float(*)[32])(acc + 32 * x), lane);
     if (lane == 0) sm->m[warp] = mx, sm->z[warp] = z, sm->w[warp] = wsum;
     __syncthreads();
+    mk_point(a, 8, ph);
+    /* the block's warps met */
     float M = -INFINITY;
     for (int v = 0; v < MK_WARPS; v++) M = fmaxf(M, sm->m[v]);
     float Z = 0.0f, W = 0.0f;
     for (int v = 0; v < MK_WARPS; v++) {
-        const float e = sm->m[v] == -INFINITY ? 0.0f : expf(sm->m[v] - M);
-        Z += sm->z[v] * e;
-        W += sm->w[v] * e;
-        if (threadIdx.x == v) sm->ev[v] = e;
+        const float ev = sm->m[v] == -INFINITY ? 0.0f : expf(sm->m[v] - M);
+        Z += sm->z[v] * ev;
+        W += sm->w[v] * ev;
+        if (tid == v) sm->ev[v] = ev;
     }
     __syncthreads();   /* (and the block's reads are done) */
-    if (threadIdx.x < DH) {
+    mk_point(a, 9, ph);
+    if (tid < DH) {
         float o = 0.0f;
-        for (int v = 0; v < MK_WARPS; v++) o += sm->o[v][threadIdx.x] * sm->ev[v];
-        O[threadIdx.x] = o;
-        if (kd) kd[threadIdx.x] = __ldcg(nk + threadIdx.x);
-        if (vd) vd[threadIdx.x] = __ldcg(nv + threadIdx.x);
+        for (int v = 0; v < MK_WARPS; v++) o += sm->o[v][tid] * sm->ev[v];
+        O[tid] = o;
+        if (H.kd) H.kd[tid] = nkd;
+        if (H.vd) H.vd[tid] = nvd;
     }
+    const int nsplit = H.nsplit;
     if (nsplit > 1) {   /* the split's record; the last split to finish meets them all */
-        float *rec = a.part + (((size_t)b * a.K + h) * a.nsmax + sp) * MK_REC;
-        if (threadIdx.x < DH) rec[4 + threadIdx.x] = O[threadIdx.x];
-        if (threadIdx.x == 0) rec[0] = M, rec[1] = Z, rec[2] = W;
+        float *rec = a.part + (((size_t)b * a.K + H.h) * a.nsmax + H.sp) * MK_REC;
+        if (tid < DH) rec[4 + tid] = O[tid];
+        if (tid == 0) rec[0] = M, rec[1] = Z, rec[2] = W;
         __threadfence();
         __syncthreads();
-        if (threadIdx.x == 0) sm->last = atomicAdd(a.cnt + b * a.K + h, 1) == nsplit - 1;
+        if (tid == 0) sm->last = atomicAdd(a.cnt + b * a.K + H.h, 1) == nsplit - 1;
         __syncthreads();
         if (!sm->last) return;
         __threadfence();
         /* every record's (m, Z, W) at once, then the outputs' loads 8 records at a time */
-        const float *r0 = a.part + ((size_t)b * a.K + h) * a.nsmax * MK_REC;
-        if (threadIdx.x < nsplit) {
-            const float4 v = __ldcg((const float4 *)(r0 + (size_t)threadIdx.x * MK_REC));
-            sm->rm[threadIdx.x] = v.x, sm->rz[threadIdx.x] = v.y, sm->rw[threadIdx.x] = v.z;
+        const float *r0 = a.part + ((size_t)b * a.K + H.h) * a.nsmax * MK_REC;
+        if (tid < nsplit) {
+            const float4 v = __ldcg((const float4 *)(r0 + (size_t)tid * MK_REC));
+            sm->rm[tid] = v.x, sm->rz[tid] = v.y, sm->rw[tid] = v.z;
         }
         __syncthreads();
         M = -INFINITY;
-        for (int s = 0; s < nsplit; s++) M = fmaxf(M, sm->rm[s]);
+        for (int x = 0; x < nsplit; x++) M = fmaxf(M, sm->rm[x]);
         __syncthreads();
-        if (threadIdx.x < nsplit) sm->rm[threadIdx.x] = sm->rm[threadIdx.x] == -INFINITY ? 0.0f : expf(sm->rm[threadIdx.x] - M);
+        if (tid < nsplit) sm->rm[tid] = sm->rm[tid] == -INFINITY ? 0.0f : expf(sm->rm[tid] - M);
         __syncthreads();
         Z = W = 0.0f;
-        for (int s = 0; s < nsplit; s++) Z += sm->rz[s] * sm->rm[s], W += sm->rw[s] * sm->rm[s];
-        if (threadIdx.x < DH) {
+        for (int x = 0; x < nsplit; x++) Z += sm->rz[x] * sm->rm[x], W += sm->rw[x] * sm->rm[x];
+        if (tid < DH) {
             float o = 0.0f;
 #pragma unroll 8
-            for (int s = 0; s < nsplit; s++) o += __ldcg(r0 + (size_t)s * MK_REC + 4 + threadIdx.x) * sm->rm[s];
-            O[threadIdx.x] = o;
+            for (int x = 0; x < nsplit; x++) o += __ldcg(r0 + (size_t)x * MK_REC + 4 + tid) * sm->rm[x];
+            O[tid] = o;
         }
-        if (threadIdx.x == 0) a.cnt[b * a.K + h] = 0;
+        if (tid == 0) a.cnt[b * a.K + H.h] = 0;
     }
-    if (threadIdx.x < DH) {
-        const float v = renorm ? O[threadIdx.x] / Z / (W / Z + 1e-8f) : O[threadIdx.x] / Z;
-        out[threadIdx.x] = __float2bfloat16(v);
+    if (tid < DH) {
+        const float v = rel ? O[tid] / Z : O[tid] / Z / (W / Z + 1e-8f);
+        out[tid] = __float2bfloat16(v);
     }
 }
 
-/* Adaptive-span: one (stream, head, split) item; as aspan_decode.cu:
- * distances d = 1..kw of the head's key rows (the lane's: two of the
- * warp's 64), their position rows (key_pe of distance d), the mask m(d)
- * up to the reach r, q.(k + pe) / sqrt(DH); the new key into the slot of
- * distance kw, the new value into that of distance r. */
-static __device__ __noinline__ void att_aspan(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O, int b, int h,
-                                              int sp)
+/* Item IT of sublayer U's attention (stream it / nitems) into G, loaded
+ * now */
+static __device__ __forceinline__ void geo_load(const mk_args &a, const mk_sub *u, int it, mk_geo &g)
 {
-    const int DH = a.dh, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, A = a.A;
-    const int kw = __ldg(u->krows + h), r = __ldg(u->reach + h);
-    const int nsplit = kw > 0 ? (kw + MK_SPLIT - 1) / MK_SPLIT : 1;
-    const int dlo = 1 + sp * MK_SPLIT, dhi = min(kw, dlo + MK_SPLIT - 1);
-    const int64_t t = __ldg(a.pos + b);
-    const int kslot = kw > 0 ? ring_slot(t, kw) : 0, vslot = r > 0 ? ring_slot(t, r) : 0;
-    bf16 *const kr = a.ring[b] + __ldg(u->off + h), *const vr = kr + (size_t)kw * DH;
-    const bf16 *qv = a.qkv + (size_t)b * 3 * A + (size_t)h * DH, *nk = qv + A, *nv = qv + 2 * A;
-    bf16 *out = a.att + (size_t)b * A + (size_t)h * DH;
-    bf16 *kd = dlo <= kw && kw <= dhi ? kr + (size_t)kslot * DH : NULL;
-    bf16 *vd = r > 0 && dlo <= r && r <= dhi ? vr + (size_t)vslot * DH : NULL;
-    if (r == 0) {   /* a zero mask: zeros; the key is still the window's */
-        if (threadIdx.x < DH) {
-            if (sp == 0) out[threadIdx.x] = __float2bfloat16(0.0f);
-            if (kd) kd[threadIdx.x] = __ldcg(nk + threadIdx.x);
-        }
-        return;
-    }
-    if (threadIdx.x < DH) sm->q[0][threadIdx.x] = __bfloat162float(__ldcg(qv + threadIdx.x));
-    __syncthreads();
-    const float *q = sm->q[0], *mask = a.derived + __ldg(u->mask_off + h);
-    const float scale = sqrtf((float)DH);
-    const int da = dlo + 64 * warp + lane, db = da + 32;
-    const bool oka = da <= dhi, okb = db <= dhi;
-    /* the lane's two key rows and their position rows (key_pe by distance in bf16, attn_mma.cu's table),
-     * every load in flight at once: s = q . (k + pe) / sqrt(DH) */
-    const int ka = kslot - da < 0 ? kslot - da + kw : kslot - da, kb = kslot - db < 0 ? kslot - db + kw : kslot - db;
-    const bf16 *k0 = kr + (size_t)ka * DH, *k1 = kr + (size_t)kb * DH, *p0 = a.pe_h + (size_t)da * DH,
-               *p1 = a.pe_h + (size_t)db * DH;
-    uint4 rk0[MK_MAX_DH / 8], rp0[MK_MAX_DH / 8], rk1[MK_MAX_DH / 8], rp1[MK_MAX_DH / 8];
-    const uint4 z4 = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int c = 0; c < MK_MAX_DH / 8; c++) {
-        const bool in = 8 * c < DH;
-        rk0[c] = oka && in ? __ldcg((const uint4 *)k0 + c) : z4;
-        rp0[c] = oka && in ? __ldg((const uint4 *)p0 + c) : z4;
-        rk1[c] = okb && in ? __ldcg((const uint4 *)k1 + c) : z4;
-        rp1[c] = okb && in ? __ldg((const uint4 *)p1 + c) : z4;
-    }
-    const float m0 = oka && da <= r ? __ldg(mask + da - 1) : 0.0f, m1 = okb && db <= r ? __ldg(mask + db - 1) : 0.0f;
-    float t0 = 0.0f, t1 = 0.0f;
-#pragma unroll
-    for (int c = 0; c < MK_MAX_DH / 8; c++) {
-        if (8 * c >= DH) break;   /* (q past DH is not written: never read it) */
-        float kf[8], pf[8], kg[8], pg[8];
-        bf8(rk0[c], kf), bf8(rp0[c], pf), bf8(rk1[c], kg), bf8(rp1[c], pg);
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            t0 = fmaf(q[8 * c + u], kf[u] + pf[u], t0);
-            t1 = fmaf(q[8 * c + u], kg[u] + pg[u], t1);
-        }
-    }
-    const float s0 = oka ? t0 / scale : -INFINITY, s1 = okb ? t1 / scale : -INFINITY;
-    const int va = vslot - da < 0 ? vslot - da + r : vslot - da, vb = vslot - db < 0 ? vslot - db + r : vslot - db;
-    att_finish(a, sm, O, s0, s1, m0, m1, vr + (size_t)va * DH, vr + (size_t)vb * DH, kd, vd, nk, nv, b, h, sp, nsplit,
-               true, out);
+    const int b = it / u->nitems;
+    const mk_item *ip = u->items + it % u->nitems;
+    g.i0 = __ldg((const int4 *)ip);
+    g.i1 = __ldg((const longlong2 *)ip + 1);
+    g.pos = __ldg(a.pos + b);
+    g.ring = __ldg((const unsigned long long *)a.ring + b);
+    g.mlen = u->kind == MK_REL ? __ldg(a.len + (size_t)b * a.nl + u->layer) : 0;
 }
 
-/* Relative attention: one (stream, head, split) item, keys j = jlo..mlen
- * (the memory, then the step's own) of the split's MK_SPLIT, ((q + u).k_j
- * + (q + v).r_{mlen-j}) scale; as rel_attn.cu. The step's key and value go
- * to slot p % ML, which memory row 0 holds when the memory is full (then
- * split 0 writes it after its reads), else no key of the step (then the
- * split of the step's own key). */
-static __device__ __noinline__ void att_rel(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O, int b, int h, int sp)
+/* The block's first item of sublayer U's attention into G, by thread 0 as
+ * a group of copies (att_phase waits for it), a phase ahead */
+static __device__ __noinline__ void geo_issue(const mk_args &a, const mk_sub *u, mk_geo *g)
 {
-    const int DH = a.dh, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, A = a.A, ML = a.ML;
-    const int mlen = __ldg(a.len + (size_t)b * a.nl + u->layer), L = mlen + 1;
-    const int mask_len = mlen + 1 - ML, shift = mask_len > 0 ? 1 - mask_len : 1;
-    const int jlo = a.same_len && 1 - shift > 0 ? 1 - shift : 0;
-    const int64_t p = __ldg(a.pos + b);
-    const int mslot = ML > 0 ? (int)((p - mlen) % ML) : 0;
-    bf16 *const kr = a.ring[b] + u->roff + (size_t)h * DH, *const vr = kr + (size_t)ML * A;
-    const bf16 *qv = a.qkv + (size_t)b * 3 * A + (size_t)h * DH, *nk = qv + A, *nv = qv + 2 * A;
-    if (threadIdx.x < DH) {
-        const float qq = __bfloat162float(__ldcg(qv + threadIdx.x));
-        sm->q[0][threadIdx.x] = qq + __ldg(u->rwb + h * DH + threadIdx.x);
-        sm->q[1][threadIdx.x] = qq + __ldg(u->rrb + h * DH + threadIdx.x);
-    }
-    __syncthreads();
-    const float *qu = sm->q[0], *qr = sm->q[1];
-    const int nsplit = (ML + MK_SPLIT) / MK_SPLIT;   /* ((ML + 1) keys at most) */
-    float s[2];
-    const bf16 *vrow[2];
-#pragma unroll
-    for (int x = 0; x < 2; x++) {
-        const int j = sp * MK_SPLIT + 64 * warp + 32 * x + lane;
-        const int sl = mslot + j >= ML ? mslot + j - ML : mslot + j;
-        vrow[x] = j < mlen ? vr + (size_t)sl * A : nv;
-        s[x] = -INFINITY;
-        if (j < L && j >= jlo) {
-            const float ac = dot_row(j < mlen ? kr + (size_t)sl * A : nk, qu, DH);
-            const float4 *rr = (const float4 *)(u->rk + (size_t)(mlen - j) * A + (size_t)h * DH);
-            float bd = 0.0f;
-#pragma unroll 4
-            for (int c = 0; c < DH / 4; c++) {
-                const float4 v = __ldg(rr + c);
-                bd = fmaf(qr[4 * c], v.x, bd), bd = fmaf(qr[4 * c + 1], v.y, bd);
-                bd = fmaf(qr[4 * c + 2], v.z, bd), bd = fmaf(qr[4 * c + 3], v.w, bd);
-            }
-            s[x] = (ac + bd) * a.rel_scale;
-        }
-    }
-    const int ws = ML > 0 ? (int)(p % ML) : 0;
-    const bool wr = ML > 0 && sp == (mlen == ML ? 0 : mlen / MK_SPLIT);
-    att_finish(a, sm, O, s[0], s[1], 1.0f, 1.0f, vrow[0], vrow[1], wr ? kr + (size_t)ws * A : NULL,
-               wr ? vr + (size_t)ws * A : NULL, nk, nv, b, h, sp, nsplit, false, a.att + (size_t)b * A + (size_t)h * DH);
+    const int it = blockIdx.x;
+    if (threadIdx.x != 0 || it >= a.B * u->nitems) return;
+    const int b = it / u->nitems;
+    const mk_item *ip = u->items + it % u->nitems;
+    cp16(&g->i0, ip);
+    cp16(&g->i1, (const char *)ip + 16);
+    cp8(&g->pos, a.pos + b);
+    cp8(&g->ring, a.ring + b);
+    if (u->kind == MK_REL) cp4(&g->mlen, a.len + (size_t)b * a.nl + u->layer);
+    cp_commit();
 }
 
 /* What the block's items of sublayer U's attention will read from earlier
- * steps (ring rows, key_pe rows, masks, r rows) into L2, while the
- * barrier before the attention waits */
-static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub *u)
+ * steps (ring rows, position rows, masks) into L2, a sublayer ahead, by
+ * the threads from T0 on */
+static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub *u, int t0)
 {
     const int DH = a.dh;
     for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
-        const int b = it / u->nitems, code = __ldg(u->items + it % u->nitems), h = code >> 16, sp = code & 0xffff;
-        const int64_t p = __ldg(a.pos + b);
-        if (u->kind == MK_ASPAN) {
-            const int kw = __ldg(u->krows + h), r = __ldg(u->reach + h);
-            const int dlo = 1 + sp * MK_SPLIT, dhi = min(kw, dlo + MK_SPLIT - 1);
-            if (r == 0 || dlo > dhi) continue;
-            const int kslot = ring_slot(p, kw), vslot = ring_slot(p, r);
-            const bf16 *kr = a.ring[b] + __ldg(u->off + h), *vr = kr + (size_t)kw * DH;
-            for (int d = dlo + threadIdx.x; d <= dhi; d += blockDim.x) {
-                const int sk = kslot - d < 0 ? kslot - d + kw : kslot - d;
-                prefetch_bytes1(kr + (size_t)sk * DH, DH * sizeof(bf16));
-                if (d <= r) {
-                    const int sv = vslot - d < 0 ? vslot - d + r : vslot - d;
-                    prefetch_bytes1(vr + (size_t)sv * DH, DH * sizeof(bf16));
-                }
-            }
-            prefetch_bytes(a.pe_h + (size_t)dlo * DH, (size_t)(dhi - dlo + 1) * DH * sizeof(bf16));
-            prefetch_bytes(a.derived + __ldg(u->mask_off + h) + dlo - 1, (size_t)(min(dhi, r) - dlo + 1) * sizeof(float));
-        } else {
-            const int ML = a.ML, mlen = __ldg(a.len + (size_t)b * a.nl + u->layer), A = a.A;
-            const int mslot = ML > 0 ? (int)((p - mlen) % ML) : 0;
-            const bf16 *kr = a.ring[b] + u->roff + (size_t)h * DH, *vr = kr + (size_t)ML * A;
-            for (int j = sp * MK_SPLIT + threadIdx.x; j <= mlen && j < (sp + 1) * MK_SPLIT; j += blockDim.x) {
-                if (j < mlen) {
-                    const int sl = mslot + j >= ML ? mslot + j - ML : mslot + j;
-                    prefetch_bytes1(kr + (size_t)sl * A, DH * sizeof(bf16));
-                    prefetch_bytes1(vr + (size_t)sl * A, DH * sizeof(bf16));
-                }
-                prefetch_bytes1(u->rk + (size_t)(mlen - j) * A + (size_t)h * DH, DH * sizeof(float));
-            }
+        mk_geo g;
+        geo_load(a, u, it, g);
+        for (int t = (int)threadIdx.x - t0; t >= 0 && t < MK_SPLIT; t += (int)blockDim.x - t0) {
+        mk_head H;
+        mk_key K;
+        att_geom(a, u, g, it / u->nitems, t, H, K, DH, u->kind == MK_REL);
+        if (!K.ok) continue;
+        const bool rel = u->kind == MK_REL;
+        const bool own = rel && K.k == H.nk;   /* (the step's own key: written in this step) */
+        if (!own) {
+            prefetch_bytes1(K.k, DH * sizeof(bf16));
+            if (K.vok) prefetch_bytes1(K.v, DH * sizeof(bf16));
+        }
+        if (rel) prefetch_bytes1(K.pf, DH * sizeof(float));
+        else {
+            prefetch_bytes1(K.pb, DH * sizeof(bf16));
+            if (K.vok && (t & 31) == 0) prefetch_l2(a.derived + g.i1.y + K.md - 1);
+        }
         }
     }
 }
 
-/* The attention phase of sublayer U: its blocks over the grid */
-static __device__ void att_phase(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O)
+/* The attention phase of sublayer U: its items over the grid, the first's
+ * inputs copied into G a phase ahead (geo_issue), the others' loaded into G
+ * by thread 0 */
+static __device__ void att_phase(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O, mk_geo *g, int ph)
 {
     for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
-        const int b = it / u->nitems, code = __ldg(u->items + it % u->nitems);
-        if (u->kind == MK_ASPAN) att_aspan(a, u, sm, O, b, code >> 16, code & 0xffff);
-        else att_rel(a, u, sm, O, b, code >> 16, code & 0xffff);
+        if (threadIdx.x == 0) {
+            if (it == (int)blockIdx.x) cp_wait_but_last();
+            else geo_load(a, u, it, *g);
+        }
+        __syncthreads();
+        const int b = it / u->nitems;
+        if (u->kind == MK_REL) {
+            if (a.dh == 64) att_item<64, true>(a, u, g, b, sm, O, ph);
+            else att_item<32, true>(a, u, g, b, sm, O, ph);
+        } else {
+            if (a.dh == 64) att_item<64, false>(a, u, g, b, sm, O, ph);
+            else att_item<32, false>(a, u, g, b, sm, O, ph);
+        }
         __syncthreads();
     }
 }
 
 /* ------------------------------------------------------------ the step */
 
-__global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_constant__ mk_args a)
+__global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_constant__ mk_args a0)
 {
-    extern __shared__ float4 smraw[];
+    /* the arguments into shared memory: the functions below take them by reference, and a reference to a kernel
+     * parameter is a generic load from global memory, which every barrier's fence sends back to L2 */
+    __shared__ mk_args sa;
+    static_assert(sizeof(mk_args) % sizeof(int) == 0, "mk_args is copied as ints");
+    for (int i = threadIdx.x; i < (int)(sizeof(mk_args) / sizeof(int)); i += blockDim.x)
+        ((int *)&sa)[i] = ((const int *)&a0)[i];
+    __syncthreads();
+    const mk_args &a = sa;
+    extern __shared__ uint4 smraw[];
     float *xs = (float *)smraw;
+    uint4 *const buf0 = smraw + MK_XS_BYTES / sizeof(uint4);   /* buffer i: buf0 + i x MK_BUF_VECS */
+    mk_sub *S = (mk_sub *)(smraw + MK_FIXED_SMEM / sizeof(uint4));
+    mk_lin *Ls = (mk_lin *)(S + a.nsub);
+    float *lnp = (float *)(Ls + a.nlin);   /* the next LayerNorm's weights (ln_issue) */
     __shared__ mk_att_sm asm_;
     __shared__ float O[MK_MAX_DH];
     __shared__ double dred[32];
     __shared__ float fred[32];
-    const int ld = MK_MAX_IN, B = a.B, D = a.D, A = a.A, I = a.I;
+    __shared__ mk_geo geo;
+    const int B = a.B, D = a.D, A = a.A, I = a.I;
     const float *xi = a.X0;
     float *xo = a.X1;
     const mk_sub *prev = NULL;
     int ph = 0;   /* barriers passed */
-    if (a.trace && blockIdx.x == 0 && threadIdx.x == 0) a.trace[gridDim.x] = globaltimer();
-    for (int s = 0; s < a.nsub; s++) {
-        const mk_sub *u = &a.subs[s];
-        mk_input(a, prev, xi, xo, xs, ld);
-        { float *t = (float *)xi; xi = xo; xo = t; }
-        if (u->kind == MK_FFN) {
-            gemv(EPI_BIAS_RELU, u->w1, I, D, xs, ld, B, a.ff, NULL, u->b1);
-            prefetch_rows(u->w2, D, I);
-            ph = grid_sync(a, ph);
-            load_rows(xs, ld, a.ff, I, B);
-            __syncthreads();
-            gemv(EPI_BF16, u->w2, D, I, xs, ld, B, a.r, NULL, NULL);
-        } else {
-            gemv(EPI_BF16, u->w1, 3 * A, D, xs, ld, B, a.qkv, NULL, NULL);
-            att_prefetch(a, u);
-            ph = grid_sync(a, ph);
-            att_phase(a, u, &asm_, O);
-            prefetch_rows(u->w2, D, A);
-            ph = grid_sync(a, ph);
-            load_rows(xs, ld, a.att, A, B);
-            __syncthreads();
-            gemv(EPI_BF16, u->w2, D, A, xs, ld, B, a.r, NULL, NULL);
-        }
-        /* the next linear layer's rows and this sublayer's LayerNorm into L2 while the barrier waits */
-        if (s + 1 < a.nsub) prefetch_rows(a.subs[s + 1].w1, a.subs[s + 1].kind == MK_FFN ? I : 3 * A, D);
-        else prefetch_rows(a.out_h, a.V, D);
-        prefetch_bytes(u->lnw, D * sizeof(float));
-        prefetch_bytes(u->lnb, D * sizeof(float));
-        if (u->rb) prefetch_bytes(u->rb, D * sizeof(float));
-        ph = grid_sync(a, ph);
-        prev = &a.subs[s];
+    if (a.trace && threadIdx.x == 0) {
+        const unsigned long long t = globaltimer();
+        if (blockIdx.x == 0) a.trace[gridDim.x] = t;
+        a.trace[mk_trace_at(a.nbar, gridDim.x, 0, 0, blockIdx.x)] = clock64();
     }
-    mk_input(a, prev, xi, xo, xs, ld);
-    gemv(EPI_FLOAT, a.out_h, a.V, D, xs, ld, B, NULL, a.logits, NULL);
+    /* the first two linear layers' rows, then the plan into shared memory */
+    wbuf_issue(a.lin, a.nlin > 0, buf0);
+    wbuf_issue(a.lin + 1, a.nlin > 1, buf0 + MK_BUF_VECS);
+    {
+        const int ns = a.nsub * (int)(sizeof(mk_sub) / sizeof(uint4)), nl = a.nlin * (int)(sizeof(mk_lin) / sizeof(uint4));
+        for (int i = threadIdx.x; i < ns; i += blockDim.x) ((uint4 *)S)[i] = __ldg((const uint4 *)a.subs + i);
+        for (int i = threadIdx.x; i < nl; i += blockDim.x) ((uint4 *)Ls)[i] = __ldg((const uint4 *)a.lin + i);
+    }
+    __syncthreads();
+    if (a.nsub > 0 && S[0].kind != MK_FFN) att_prefetch(a, &S[0], 0);
+    int j = 0;   /* linear layers done */
+    for (int s = 0; s < a.nsub; s++) {
+        const mk_sub *u = &S[s];
+        /* the next sublayer's attention: its rows into L2 by the upper half of the block at the start of this
+         * sublayer's last phase (a linear layer of D rows leaves it idle on most shapes) */
+        const bool next_att = s + 1 < a.nsub && S[s + 1].kind != MK_FFN;
+        mk_input(a, prev == NULL, xi, xo, xs, lnp, ph);
+        { float *t = (float *)xi; xi = xo; xo = t; }
+        mk_point(a, 1, ph);
+        if (u->kind == MK_FFN) {
+            gemv(EPI_BIAS_RELU, &Ls[j], xs, D, B, a.ff, NULL, u->b1, buf0 + (j & 1) * MK_BUF_VECS);
+            mk_point(a, 2, ph);
+            wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
+            j++;
+            ph = grid_sync(a, ph);
+            load_rows(xs, a.ff, I, B);
+            mk_point(a, 1, ph);
+            if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
+            gemv(EPI_BF16, &Ls[j], xs, I, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+        } else {
+            gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+            mk_point(a, 2, ph);
+            geo_issue(a, u, &geo);
+            wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
+            j++;
+            ph = grid_sync(a, ph);
+            mk_point(a, 1, ph);
+            att_phase(a, u, &asm_, O, &geo, ph);
+            mk_point(a, 2, ph);
+            ph = grid_sync(a, ph);
+            load_rows(xs, a.att, A, B);
+            mk_point(a, 1, ph);
+            if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
+            gemv(EPI_BF16, &Ls[j], xs, A, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+        }
+        mk_point(a, 2, ph);
+        ln_issue(u, lnp, D);
+        wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
+        j++;
+
+        ph = grid_sync(a, ph);
+        prev = u;
+    }
+    mk_input(a, prev == NULL, xi, xo, xs, lnp, ph);
+    mk_point(a, 1, ph);
+    gemv(EPI_FLOAT, &Ls[j], xs, D, B, NULL, a.logits, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+    mk_point(a, 2, ph);
     ph = grid_sync(a, ph);
+    mk_point(a, 1, ph);
     /* log_softmax(y + b), a block a row, as logsoftmax.cu */
     for (int b = blockIdx.x; b < B; b += gridDim.x) {
         float *row = a.logits + (size_t)b * a.V;
         float mx = -INFINITY;
-        for (int j = threadIdx.x; j < a.V; j += blockDim.x) {
-            const float v = __ldcg(row + j) + (a.out_b ? __ldg(a.out_b + j) : 0.0f);
-            row[j] = v;
+        for (int j2 = threadIdx.x; j2 < a.V; j2 += blockDim.x) {
+            const float v = __ldcg(row + j2) + (a.out_b ? __ldg(a.out_b + j2) : 0.0f);
+            row[j2] = v;
             mx = fmaxf(mx, v);
         }
         mx = block_max(mx, fred);
         double sum = 0;
-        for (int j = threadIdx.x; j < a.V; j += blockDim.x) sum += (double)expf(row[j] - mx);
+        for (int j2 = threadIdx.x; j2 < a.V; j2 += blockDim.x) sum += (double)expf(row[j2] - mx);
         const double lse = mx + log(block_sum(sum, dred));
-        for (int j = threadIdx.x; j < a.V; j += blockDim.x) row[j] = (float)((double)row[j] - lse);
+        for (int j2 = threadIdx.x; j2 < a.V; j2 += blockDim.x) row[j2] = (float)((double)row[j2] - lse);
     }
+    mk_point(a, 2, ph);
 }
 
 /* ------------------------------------------------------------ the plan */
@@ -733,6 +973,7 @@ void gpu_mk_free(gpu_mk *k)
     if (!k) return;
     cudaFree(k->d_subs);
     cudaFree(k->d_items);
+    cudaFree(k->d_lin);
     cudaFree(k->d_part);
     cudaFree(k->d_trace);
     free(k);
@@ -783,17 +1024,23 @@ static void sub_init(mk_sub *u, int kind, int l, const bf16 *w1, const bf16 *w2,
     u->lnb = lnb;
 }
 
+static void lin_init(mk_lin *L, const bf16 *W, int out, int in)
+{
+    L->W = W;
+    L->out = out;
+    L->in = in;
+}
+
 int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
 {
     const model_t *m = g->m;
     mk_why(g, why, cap);
     if (why[0]) return 0;
-    const int K = m->n_head, nl = m->n_layers;
+    const int K = m->n_head, nl = m->n_layers, DH = m->d_head, D = m->d_model, A = K * DH, I = m->d_inner;
     const bool rel = g->fam == &gpu_family_rel;
-    /* the sublayers and the attention's blocks */
-    mk_sub *subs = (mk_sub *)calloc((size_t)2 * nl, sizeof *subs);
+    /* the sublayers and the attention's items */
     int nsub = 0, nit = 0, nsmax = 1;
-    for (int l = 0; l < nl && subs; l++) {
+    for (int l = 0; l < nl; l++) {
         const int sub = g->fam->sublayers(m, l);
         if (sub & GPU_SUB_ATTN) {
             for (int h = 0; h < K; h++) {
@@ -805,80 +1052,101 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         }
         if (sub & GPU_SUB_FFN) nsub++;
     }
-    if (subs && nsmax > MK_MAX_SPLITS) {
-        free(subs);
+    if (nsmax > MK_MAX_SPLITS) {
         snprintf(why, cap, "windows of %d keys (it takes up to %d)", nsmax * MK_SPLIT, MK_MAX_SPLITS * MK_SPLIT);
         return 0;
     }
-    if (subs && 3 * nsub + 1 > MK_MAX_BARRIERS) {
-        free(subs);
-        snprintf(why, cap, "%d sublayers (it takes up to %d)", nsub, (MK_MAX_BARRIERS - 1) / 3);
+    if (nsub > MK_MAX_SUBS) {
+        snprintf(why, cap, "%d sublayers (it takes up to %d)", nsub, MK_MAX_SUBS);
         return 0;
     }
-    int *items = (int *)malloc((size_t)(nit ? nit : 1) * sizeof *items);
-    if (!subs || !items) {
-        free(subs);
-        free(items);
-        return err_set(err, "out of memory");
-    }
+    const int nlin = 2 * nsub + 1;
+    int sub_items[MK_MAX_SUBS] = {0};   /* each sublayer's attention items a stream */
+    mk_sub *subs = (mk_sub *)calloc((size_t)(nsub ? nsub : 1), sizeof *subs);
+    mk_item *items = (mk_item *)calloc((size_t)(nit ? nit : 1), sizeof *items);
+    mk_lin *lin = (mk_lin *)calloc((size_t)nlin, sizeof *lin);
+    int64_t *moff = !rel ? (int64_t *)calloc((size_t)nl * K, sizeof *moff) : NULL;
     gpu_mk *k = (gpu_mk *)calloc(1, sizeof *k);
-    int rc = k ? 0 : err_set(err, "out of memory");
+    int rc = subs && items && lin && k && (rel || moff) ? 0 : err_set(err, "out of memory");
+    if (rc == 0 && !rel &&
+        cudaMemcpy(moff, g->mask_off, (size_t)nl * K * sizeof *moff, cudaMemcpyDeviceToHost) != cudaSuccess)
+        rc = err_set(err, "reading the span tables back failed");
     size_t nrec = (size_t)MK_MAX_B * K * nsmax * MK_REC, ncnt = (size_t)MK_MAX_B * K;
-    if (rc == 0 && (cudaMalloc(&k->d_subs, (size_t)nsub * sizeof *subs) != cudaSuccess ||
+    if (rc == 0 && (cudaMalloc(&k->d_subs, (size_t)(nsub ? nsub : 1) * sizeof *subs) != cudaSuccess ||
                     cudaMalloc(&k->d_items, (size_t)(nit ? nit : 1) * sizeof *items) != cudaSuccess ||
+                    cudaMalloc(&k->d_lin, (size_t)nlin * sizeof *lin) != cudaSuccess ||
                     cudaMalloc(&k->d_part, (nrec + ncnt + 4) * sizeof(float)) != cudaSuccess ||
                     cudaMemset(k->d_part, 0, (nrec + ncnt + 4) * sizeof(float)) != cudaSuccess))
         rc = err_set(err, "out of device memory for the decode kernel's plan");
-    int s = 0, it = 0;
+    int s = 0, it = 0, nbar = 0;
     for (int l = 0; rc == 0 && l < nl; l++) {
         const int sub = g->fam->sublayers(m, l);
         const gpu_layer *d = &g->L[l];
         if (sub & GPU_SUB_ATTN) {
-            k->kind[k->nbar++] = 'Q', k->kind[k->nbar++] = 'A', k->kind[k->nbar++] = 'W';
+            k->kind[nbar++] = 'Q', k->kind[nbar++] = 'A', k->kind[nbar++] = 'W';
+            lin_init(&lin[2 * s], d->wqkv_h, 3 * A, D);
+            lin_init(&lin[2 * s + 1], d->wo_h, D, A);
             mk_sub *u = &subs[s++];
             sub_init(u, rel ? MK_REL : MK_ASPAN, l, d->wqkv_h, d->wo_h, NULL, d->wo_b, d->ln1_w, d->ln1_b);
             if (rel) {
                 u->rk = d->rk;
                 u->rwb = d->rwb;
                 u->rrb = d->rrb;
-                u->roff = (int64_t)g->h_off[l];
-            } else {
-                u->krows = g->krows + (size_t)l * K;
-                u->reach = g->reach + (size_t)l * K;
-                u->mask_off = g->mask_off + (size_t)l * K;
-                u->off = g->d_off + (size_t)l * K;
             }
             u->items = k->d_items + it;
+            sub_items[s - 1] = 0;
             for (int h = 0; h < K; h++) {
                 const int ns = head_splits(m, rel, l, h);
-                for (int sp = 0; sp < ns; sp++) items[it++] = h << 16 | sp;
+                for (int sp = 0; sp < ns; sp++) {
+                    mk_item *e = &items[it++];
+                    e->code = h << 16 | sp;
+                    if (rel) e->off = (long long)g->h_off[l] + (long long)h * DH;
+                    else {
+                        e->kw = m->layers[l].krows[h];
+                        e->r = m->layers[l].reach[h];
+                        e->off = (long long)g->h_off[(size_t)l * K + h];
+                        e->mask_off = (long long)moff[(size_t)l * K + h];
+                    }
+                }
                 u->nitems += ns;
+                sub_items[s - 1] += ns;
             }
             if (!u->w1 || !u->w2) rc = err_set(err, "layer %d: no bf16 weights for the decode kernel", l);
         }
         if (sub & GPU_SUB_FFN) {
-            k->kind[k->nbar++] = '1', k->kind[k->nbar++] = '2';
+            k->kind[nbar++] = '1', k->kind[nbar++] = '2';
+            lin_init(&lin[2 * s], d->fc1_h, I, D);
+            lin_init(&lin[2 * s + 1], d->fc2_h, D, I);
             mk_sub *u = &subs[s++];
             sub_init(u, MK_FFN, l, d->fc1_h, d->fc2_h, d->fc1_b, d->fc2_b, d->ln2_w, d->ln2_b);
             if (!u->w1 || !u->w2) rc = err_set(err, "layer %d: no bf16 weights for the decode kernel", l);
         }
     }
-    if (rc == 0) k->kind[k->nbar++] = 'O';
+    if (rc == 0) {
+        k->kind[nbar++] = 'O';
+        lin_init(&lin[2 * nsub], g->out_h, m->V, D);
+    }
     if (rc == 0 && (cudaMemcpy(k->d_subs, subs, (size_t)nsub * sizeof *subs, cudaMemcpyHostToDevice) != cudaSuccess ||
                     cudaMemcpy(k->d_items, items, (size_t)(nit ? nit : 1) * sizeof *items, cudaMemcpyHostToDevice) !=
-                        cudaSuccess))
+                        cudaSuccess ||
+                    cudaMemcpy(k->d_lin, lin, (size_t)nlin * sizeof *lin, cudaMemcpyHostToDevice) != cudaSuccess))
         rc = err_set(err, "uploading the decode kernel's plan failed");
     free(subs);
     free(items);
+    free(lin);
+    free(moff);
     if (rc == 0) {
         mk_args *a = &k->a;
         a->subs = k->d_subs;
+        a->lin = k->d_lin;
         a->nsub = nsub;
-        a->D = m->d_model;
-        a->A = K * m->d_head;
-        a->I = m->d_inner;
+        a->nlin = nlin;
+        a->nbar = nbar;
+        a->D = D;
+        a->A = A;
+        a->I = I;
         a->K = K;
-        a->dh = m->d_head;
+        a->dh = DH;
         a->V = m->V;
         a->ML = m->mem_len;
         a->nl = nl;
@@ -890,7 +1158,6 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->emb = g->emb;
         a->out_b = g->out_b;
         a->derived = g->derived;
-        a->out_h = g->out_h;
         a->pe_h = g->pe_h;
         a->X0 = g->x;
         a->X1 = g->tmp;
@@ -906,15 +1173,20 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->pos = stage_pos(g, g->d_stage);
         a->ring = (bf16 *const *)stage_ring(g, g->d_stage);
         a->len = stage_len(g, g->d_stage);
-        k->smem = (size_t)MK_MAX_B * MK_MAX_IN * sizeof(float);
+        k->smem = MK_FIXED_SMEM + (size_t)nsub * sizeof(mk_sub) + (size_t)nlin * sizeof(mk_lin) + 3 * MK_MAX_D * sizeof(float);
         int per_sm = 0;
         if (cudaFuncSetAttribute(mk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k->smem) != cudaSuccess ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk_kernel, MK_THREADS, k->smem) != cudaSuccess) {
             cudaGetLastError();
-            snprintf(why, cap, "the kernel cannot be set up on this device");
+            snprintf(why, cap, "the kernel cannot be set up on this device (%zu bytes of shared memory)", k->smem);
         } else if (per_sm < 1)
             snprintf(why, cap, "no block of the kernel fits an SM");
         k->grid = g->n_sm;
+        int maxit = 1;
+        for (int i = 0; i < nsub; i++)
+            if (sub_items[i] > maxit) maxit = sub_items[i];
+        k->auto_b = MK_AUTO_ROUNDS * k->grid / maxit;
+        if (k->auto_b > MK_MAX_B) k->auto_b = MK_MAX_B;
     }
     if (rc || why[0]) {
         gpu_mk_free(k);
@@ -928,7 +1200,7 @@ int gpu_mk_step(gpu_model *g, int B, char *err)
 {
     gpu_mk *k = g->mk;
     k->a.B = B;
-    k->a.bar_base = k->steps * (unsigned long long)k->nbar * (unsigned long long)k->grid;
+    k->a.bar_base = k->steps * (unsigned long long)k->a.nbar * (unsigned long long)k->grid;
     void *args[] = {&k->a};
     cudaError_t e = cudaLaunchCooperativeKernel((const void *)mk_kernel, dim3((unsigned)k->grid), dim3(MK_THREADS), args,
                                                 k->smem, g->stream);
@@ -947,18 +1219,32 @@ int gpu_decode_trace(gpu_model *g, int on, char *err)
 {
     gpu_mk *k = g->mk;
     if (!k) return err_set(err, "no decode kernel: %s", g->mk_why);
-    if (on && !k->d_trace)
-        CU_TRY(cudaMalloc(&k->d_trace, (size_t)(k->nbar + 1) * (k->grid + 1) * sizeof *k->d_trace), err,
-               "cudaMalloc (decode trace)");
+    if (on && !k->d_trace) {
+        const size_t n = mk_trace_at(k->a.nbar, k->grid, MK_POINTS, 0, 0);
+        CU_TRY(cudaMalloc(&k->d_trace, n * sizeof *k->d_trace), err, "cudaMalloc (decode trace)");
+        CU_TRY(cudaMemset(k->d_trace, 0, n * sizeof *k->d_trace), err, "cudaMemset (decode trace)");
+    }
     k->a.trace = on ? k->d_trace : NULL;
     return 0;
+}
+
+/* The latest of block times T[b] - F[b] over the G blocks (F NULL: 0) */
+static double trace_max(const unsigned long long *t, const unsigned long long *f, size_t G)
+{
+    double mx = 0;
+    for (size_t b = 0; b < G; b++) {
+        const double v = (double)t[b] - (f ? (double)f[b] : 0.0);
+        if (v > mx) mx = v;
+    }
+    return mx;
 }
 
 int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
 {
     gpu_mk *k = g->mk;
     if (!k || !k->d_trace) return err_set(err, "no decode trace was taken");
-    const size_t G = (size_t)k->grid, n = (size_t)(k->nbar + 1) * (G + 1);
+    const int nb = k->a.nbar;
+    const size_t G = (size_t)k->grid, n = mk_trace_at(nb, k->grid, MK_POINTS, 0, 0);
     unsigned long long *t = (unsigned long long *)malloc(n * sizeof *t);
     if (!t) return err_set(err, "out of memory");
     if (cudaStreamSynchronize(g->stream) != cudaSuccess ||
@@ -966,38 +1252,80 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
         free(t);
         return err_set(err, "copying the decode trace failed");
     }
-    /* per kind of phase: the slowest block's work (its arrival less block 0's leaving of the barrier before),
-     * and the barrier (block 0's leaving less the last arrival) */
+    /* per kind of phase, summed over its phases: the phase (the last arrival less block 0's leaving of the barrier
+     * before, in ns), its slowest block's start (after block 0's leaving) and, in the SM's cycles at the device's
+     * clock rate, the slowest block's input, work and tail (from its work's end to its arrival); the barrier (block
+     * 0's leaving less the last arrival) */
+    int khz = 0, dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess ||
+        khz <= 0)
+        khz = 1000000;
+    const double cyc_us = 1e3 / khz;
     const char *kinds = "QAW12O", *names[] = {"qkv", "attention", "wo", "fc1", "fc2", "output"};
-    double work[6] = {0}, wait[6] = {0};
+    double ph[6] = {0}, skew[6] = {0}, inp[6] = {0}, lnw[6] = {0}, work[6] = {0}, tail[6] = {0}, wait[6] = {0};
+    double sub[6][6] = {{0}}, cyc0 = 0, ns0 = 0;
     int cnt[6] = {0};
-    for (int p = 0; p < k->nbar; p++) {
+    for (int p = 0; p < nb; p++) {
         const unsigned long long *row = t + (size_t)(p + 1) * (G + 1), start = t[(size_t)p * (G + 1) + G];
-        unsigned long long last = 0;
-        for (size_t b = 0; b < G; b++)
-            if (row[b] > last) last = row[b];
+        const unsigned long long *c0 = t + mk_trace_at(nb, k->grid, 0, p, 0), *c1 = t + mk_trace_at(nb, k->grid, 1, p, 0),
+                                 *c2 = t + mk_trace_at(nb, k->grid, 2, p, 0), *c3 = t + mk_trace_at(nb, k->grid, 3, p, 0),
+                                 *c4 = t + mk_trace_at(nb, k->grid, 4, p, 0);
+        const double last = trace_max(row, NULL, G);
         const int i = (int)(strchr(kinds, k->kind[p]) - kinds);
-        work[i] += (double)(last - start) / 1e3;
-        wait[i] += (double)(row[G] - last) / 1e3;
+        ph[i] += (last - (double)start) / 1e3;
+        /* (the start: from %globaltimer rows, the arrival less the block's own cycles since its start) */
+        double sk = 0;
+        for (size_t x = 0; x < G; x++) {
+            const double v = (double)row[x] - (double)(c3[x] - c0[x]) * cyc_us * 1e3 - (double)start;
+            if (v > sk) sk = v;
+        }
+        skew[i] += sk / 1e3;
+        inp[i] += trace_max(c1, c0, G) * cyc_us;
+        if (strchr("Q1O", k->kind[p])) lnw[i] += trace_max(c4, c0, G) * cyc_us;
+        work[i] += trace_max(c2, c1, G) * cyc_us;
+        tail[i] += trace_max(c3, c2, G) * cyc_us;
+        wait[i] += ((double)row[G] - last) / 1e3;
         cnt[i]++;
+        /* the points inside: from the wait's end (the LayerNorm) or the start to 5, 5 to 6, ... 8 to 9 */
+        for (int q = 5; q <= 9; q++) {
+            const unsigned long long *cp = t + mk_trace_at(nb, k->grid, q == 5 && strchr("Q1O", k->kind[p]) ? 4 : q == 5 ? 0 : q - 1, p, 0),
+                                     *cq = t + mk_trace_at(nb, k->grid, q, p, 0);
+            double mx = 0;
+            for (size_t x = 0; x < G; x++)
+                if (cq[x] && cp[x] && cq[x] > cp[x] && (double)(cq[x] - cp[x]) > mx) mx = (double)(cq[x] - cp[x]);
+            sub[i][q - 5] += mx * cyc_us;
+        }
+        /* the SM's clock: block 0's cycles against %globaltimer over the phase */
+        cyc0 += (double)(c3[0] - c0[0]);
+        ns0 += (double)row[0] - (double)start;
     }
-    const double total = (double)(t[(size_t)k->nbar * (G + 1) + G] - t[G]) / 1e3;
+    const double total = (double)(t[(size_t)nb * (G + 1) + G] - t[G]) / 1e3;
     int w = snprintf(out, cap, "%.1f us to the last barrier:", total);
+    w += snprintf(out + w, cap - (size_t)w, " (the SM's clock %.2f GHz)", ns0 > 0 ? cyc0 / ns0 : 0.0);
     for (int i = 0; i < 6 && w >= 0 && (size_t)w < cap; i++)
-        if (cnt[i])
-            w += snprintf(out + w, cap - (size_t)w, " %s %d x (work %.1f us, barrier %.1f us);", names[i], cnt[i],
-                          work[i], wait[i]);
-    /* each attention's work, in order */
-    for (int p = 0; p < k->nbar && w >= 0 && (size_t)w < cap; p++)
+        if (cnt[i]) {
+            w += snprintf(out + w, cap - (size_t)w,
+                          " %s %d x (%.1f us: start %.1f, input %.1f (wait %.1f), work %.1f, tail %.1f; barrier %.1f us",
+                          names[i], cnt[i], ph[i], skew[i], inp[i], lnw[i], work[i], tail[i], wait[i]);
+            if (sub[i][0] + sub[i][1] + sub[i][2] > 0 && w >= 0 && (size_t)w < cap)
+                w += snprintf(out + w, cap - (size_t)w, "; inside %.1f %.1f %.1f %.1f %.1f", sub[i][0], sub[i][1], sub[i][2],
+                              sub[i][3], sub[i][4]);
+            if (w >= 0 && (size_t)w < cap) w += snprintf(out + w, cap - (size_t)w, ");");
+        }
+    /* each attention's phase, in order */
+    for (int p = 0; p < nb && w >= 0 && (size_t)w < cap; p++)
         if (k->kind[p] == 'A') {
             const unsigned long long *row = t + (size_t)(p + 1) * (G + 1), start = t[(size_t)p * (G + 1) + G];
-            unsigned long long last = 0;
-            for (size_t b = 0; b < G; b++)
-                if (row[b] > last) last = row[b];
-            w += snprintf(out + w, cap - (size_t)w, " %.1f", (double)(last - start) / 1e3);
+            w += snprintf(out + w, cap - (size_t)w, " %.1f", (trace_max(row, NULL, G) - (double)start) / 1e3);
         }
     free(t);
     return 0;
 }
 
-int gpu_mk_takes(const gpu_model *g, int B, int M) { return g->mk && g->mk_on && M == 1 && B >= 1 && B <= MK_MAX_B; }
+int gpu_mk_limit(const gpu_model *g)
+{
+    if (!g->mk || g->mk_on == GPU_DECODE_GRAPHS) return 0;
+    return g->mk_on == GPU_DECODE_KERNEL ? MK_MAX_B : g->mk->auto_b;
+}
+
+int gpu_mk_takes(const gpu_model *g, int B, int M) { return M == 1 && B >= 1 && B <= gpu_mk_limit(g); }

@@ -99,7 +99,9 @@ void gpu_tensor_cores(gpu_model *g, int on)
     g->tc_on = on;
 }
 
-void gpu_decode_kernel(gpu_model *g, int on) { g->mk_on = on; }
+void gpu_decode_kernel(gpu_model *g, int mode) { g->mk_on = mode; }
+
+int gpu_decode_kernel_limit(const gpu_model *g) { return gpu_mk_limit(g); }
 
 int gpu_decode_kernel_status(const gpu_model *g, long *steps, const char **why)
 {
@@ -541,10 +543,10 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
         g->step_bytes += g->stage_bytes;
     }
     g->weight_bytes = (g->arena_floats + g->derived_floats) * sizeof(float) + g->wbf_elems * sizeof(bf16);
-    /* the one-kernel decode step is planned where the shapes allow, and taken only when asked for (it is not
-     * yet faster than the graphs: README "Decode as one kernel") */
+    /* the one-kernel decode step is planned where the shapes allow (gpu.h: gpu_decode_kernel) */
     const char *mk = getenv("SPANSERVE_GPU_DECODE_KERNEL");
-    g->mk_on = mk && strcmp(mk, "1") == 0;
+    g->mk_on = mk && strcmp(mk, "1") == 0 ? GPU_DECODE_KERNEL : mk && strcmp(mk, "0") == 0 ? GPU_DECODE_GRAPHS
+                                                                                          : GPU_DECODE_AUTO;
     if (rc == 0) rc = gpu_mk_plan(g, g->mk_why, sizeof g->mk_why, err);
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess) rc = err_set(err, "loading on the device failed");
     if (rc) {

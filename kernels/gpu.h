@@ -106,12 +106,19 @@ void gpu_tensor_cores(gpu_model *g, int on);
 /* In GPU_BF16 a decode step of up to 8 streams can run as one persistent
  * kernel (kernels/decode_step.cu), planned at load where the model's shapes
  * allow it (adaptive-span and PAR, heads of 32 or 64 dims:
- * gpu_decode_kernel_status gives 1, else 0 and *WHY the reason). ON 1 takes
- * it for the model's decode steps, 0 the graphs' launches (the default:
- * the kernel is not yet faster; SPANSERVE_GPU_DECODE_KERNEL=1 turns it on
- * at load). *STEPS: the steps it ran. */
-void gpu_decode_kernel(gpu_model *g, int on);
+ * gpu_decode_kernel_status gives 1, else 0 and *WHY the reason; *STEPS:
+ * the steps it ran). MODE: GPU_DECODE_AUTO (the default) takes it for a
+ * step of few enough streams that the step's widest attention keeps the
+ * grid busy for at most a few rounds of its blocks (past that the graphs'
+ * attention kernels are faster: README "Decode as one kernel"),
+ * GPU_DECODE_KERNEL for every step of up to 8 streams, GPU_DECODE_GRAPHS
+ * never. SPANSERVE_GPU_DECODE_KERNEL at load: "auto", "1" (the kernel) or
+ * "0" (the graphs). gpu_decode_kernel_limit: the most streams a step may
+ * have to take it in the current mode (0: none). */
+enum { GPU_DECODE_GRAPHS = 0, GPU_DECODE_AUTO = 1, GPU_DECODE_KERNEL = 2 };
+void gpu_decode_kernel(gpu_model *g, int mode);
 int gpu_decode_kernel_status(const gpu_model *g, long *steps, const char **why);
+int gpu_decode_kernel_limit(const gpu_model *g);
 /* With ON, the decode kernel's steps record when each block reaches each
  * of its grid barriers (-1 without a decode kernel); after a step,
  * gpu_decode_trace_report writes that step's time by phase (the slowest

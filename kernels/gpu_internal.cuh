@@ -229,8 +229,10 @@ void gpu_mk_free(gpu_mk *k);
 /* the plan, where the model's shapes allow it (else WHY says why, and
  * g->mk stays NULL); -1 only on an error */
 int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err);
-/* whether a step of B streams x M tokens takes it; its launch */
+/* whether a step of B streams x M tokens takes it (in g->mk_on's mode);
+ * the most streams a step may have to; its launch */
 int gpu_mk_takes(const gpu_model *g, int B, int M);
+int gpu_mk_limit(const gpu_model *g);
 int gpu_mk_step(gpu_model *g, int B, char *err);
 
 struct gpu_model {
@@ -293,8 +295,9 @@ struct gpu_model {
     bf16 *tmpb;
     gpu_gpt *gpt;                 /* window models: fam_gpt.cu's step state */
     /* decode_step.cu: decode steps as one kernel (NULL: not planned, mk_why
-     * says why), taken while mk_on (SPANSERVE_GPU_DECODE_KERNEL=1 at load,
-     * or gpu_decode_kernel); its steps */
+     * says why), taken in mk_on's mode (gpu.h: GPU_DECODE_AUTO unless
+     * SPANSERVE_GPU_DECODE_KERNEL says otherwise at load, or
+     * gpu_decode_kernel); its steps */
     gpu_mk *mk;
     int mk_on;
     long mk_steps;

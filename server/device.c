@@ -127,14 +127,16 @@ int device_attach(model_t *m, int bf16, char *err)
         free(d);
         return -1;
     }
-    /* SPANSERVE_GPU_DECODE_KERNEL=1 (kernels/gpu.h): whether this model's decode steps take it, and why not */
-    const char *mk = getenv("SPANSERVE_GPU_DECODE_KERNEL"), *why = "";
-    if (mk && strcmp(mk, "1") == 0) {
-        if (gpu_decode_kernel_status(d->g, NULL, &why))
-            log_line("%s: decode steps of up to 8 sessions run as one kernel (SPANSERVE_GPU_DECODE_KERNEL=1)", m->path);
-        else
-            log_line("%s: decode steps run as CUDA graphs, not as one kernel: %s", m->path, why);
-    }
+    /* kernels/gpu.h: whether this model's decode steps run as one kernel, and why not */
+    const char *why = "";
+    const int lim = gpu_decode_kernel_limit(d->g);
+    if (!gpu_decode_kernel_status(d->g, NULL, &why))
+        log_line("%s: decode steps run as CUDA graphs, not as one kernel: %s", m->path, why);
+    else if (lim > 0)
+        log_line("%s: decode steps of up to %d session%s run as one kernel, more as CUDA graphs", m->path, lim,
+                 lim == 1 ? "" : "s");
+    else
+        log_line("%s: decode steps run as CUDA graphs (SPANSERVE_GPU_DECODE_KERNEL=0)", m->path);
     pthread_mutex_init(&d->lock, NULL);
     d->be = (fwd_backend){d, dev_forward, dev_forward_pick, dev_attach, dev_detach, dev_pull, dev_push};
     m->backend = &d->be;

@@ -27,8 +27,11 @@ environment.
                           families run once); default span
     --sessions N          streams of the second round (default 64)
     --tokens N            tokens a generation (default 500)
-    --decode-kernel       also run each model with SPANSERVE_GPU_DECODE_KERNEL=1
-                          in the server's environment (kernels/decode_step.cu)
+    --decode-kernel       also run each model with SPANSERVE_GPU_DECODE_KERNEL=0
+                          (decode steps as CUDA graphs) and =1 (every step of
+                          up to 8 sessions as one kernel) in the server's
+                          environment; the first run leaves it unset (auto:
+                          kernels/gpu.h)
     --quick               --tokens 40 --sessions 4: a CPU check
 env SPANSERVE_SERVE_ARGS  more `spanserve serve` flags, split on spaces
                           (on the GPU: "--device cuda --precision bf16")
@@ -98,23 +101,24 @@ def check(name, res, tokens):
 
 
 def bench_one(path, mode, args, extra, kernel):
+    # KERNEL: None (SPANSERVE_GPU_DECODE_KERNEL unset: auto), "0" or "1"
     """One server, one model: the two rounds. Returns the table row (None
     when the server did not start) and the model's family."""
     name, _, path = path.rpartition("=") if "=" in path else (os.path.basename(path).rsplit(".", 1)[0], "", path)
     flags = extra + BENCH_FLAGS + (["--memory", mode] if mode else [])
-    env_was = os.environ.get("SPANSERVE_GPU_DECODE_KERNEL")
-    os.environ["SPANSERVE_GPU_DECODE_KERNEL"] = "1" if kernel else "0"
+    env_was = os.environ.pop("SPANSERVE_GPU_DECODE_KERNEL", None)
+    if kernel is not None:
+        os.environ["SPANSERVE_GPU_DECODE_KERNEL"] = kernel
     try:
         srv = Server(name, path, flags)
     except RuntimeError as e:
         fail(f"{name}: {e}")
         return None, None
     finally:
-        if env_was is None:
-            del os.environ["SPANSERVE_GPU_DECODE_KERNEL"]
-        else:
+        os.environ.pop("SPANSERVE_GPU_DECODE_KERNEL", None)
+        if env_was is not None:
             os.environ["SPANSERVE_GPU_DECODE_KERNEL"] = env_was
-    env = "SPANSERVE_GPU_DECODE_KERNEL=1" if kernel else "-"
+    env = f"SPANSERVE_GPU_DECODE_KERNEL={kernel}" if kernel is not None else "-"
     try:
         st, info = srv.call("GET", f"/v1/models/{name}")
         if st != 200:
@@ -122,7 +126,7 @@ def bench_one(path, mode, args, extra, kernel):
             return None, None
         family, device, prec = info.get("family"), info.get("device"), info.get("precision")
         memory = (info.get("memory") or {}).get("mode", "-") if family == "adaptive-span" else "-"
-        taken = [l for l in srv.output().splitlines() if "one kernel" in l]
+        taken = [l for l in srv.output().splitlines() if "decode steps" in l]
         print(f"\n{name}: {family}, memory {memory}, {device}, {prec}; environment {env}; serve flags: {' '.join(flags)}"
               + (f"\n  {taken[0]}" if taken else ""), flush=True)
         warm = {}
@@ -182,7 +186,7 @@ def main():
     extra = os.environ.get("SPANSERVE_SERVE_ARGS", "").split()
     rows = []
     for path in args.models:
-        for kernel in ([False, True] if args.decode_kernel else [False]):
+        for kernel in ([None, "0", "1"] if args.decode_kernel else [None]):
             for mode in [m for m in args.memory.split(",") if m] or ["span"]:
                 row, family = bench_one(path, mode, args, extra, kernel)
                 if row:

@@ -196,7 +196,8 @@ typedef struct {
     /* decode_step.cu's one kernel a step (bf16; 0: not planned): 1 session sampled on the device (as the server
      * generates), 8 sessions; decode 1 through the graphs instead; the step's floor in ms (weights and memory read
      * once at the card's bandwidth) */
-    double dec1_mk, dec1_pick, dec8, dec1_graph, dec8_graph, floor1, floor8;
+    double dec1_mk, dec1_pick, dec8, dec1_graph, dec8_graph, dec4, dec4_graph, floor1, floor8;
+    int mk_auto;        /* GPU_DECODE_AUTO's most sessions a kernel step */
     size_t bytes, ref_bytes, full_bytes;
     double sc16_cc;     /* bf16: 16x512 with the tiles on CUDA cores (gpu_tensor_cores 0); 0: not measured */
     double sc_long;     /* 1 x LONG_BLOCK (aspan-enwik8); 0: not measured */
@@ -535,37 +536,42 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     row->name = name;
     row->mode = mode;
     row->prec = prec;
-    gpu_decode_kernel(g, 0);   /* the graphs (the default), then decode_step.cu's one kernel */
+    gpu_decode_kernel(g, GPU_DECODE_GRAPHS);   /* the graphs, then decode_step.cu's one kernel */
     row->dec1 = rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, &row->ms1);
     row->dec1_lp = rate(g, t, mems, 1, 1, 200, 20, lp, NULL, &rng, NULL);
     const char *mk_why = "";
     const int mk = gpu_decode_kernel_status(g, NULL, &mk_why);
     row->dec8_graph = mk ? rate(g, t, mems, 8, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
+    row->dec4_graph = mk ? rate(g, t, mems, 4, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
     gpu_graphs(g, 0);
     row->dec1_ng = rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, NULL);
     gpu_graphs(g, 1);
     const sample_params top_p = {1.0, 0, 0.9};
     double ms_mk = 0;
     row->dec1_graph = row->dec1;
-    gpu_decode_kernel(g, 1);
+    gpu_decode_kernel(g, GPU_DECODE_AUTO);
+    row->mk_auto = gpu_decode_kernel_limit(g);
+    gpu_decode_kernel(g, GPU_DECODE_KERNEL);
     row->dec1_mk = mk ? rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, &ms_mk) : 0;
     row->dec1_pick = mk ? rate(g, t, mems, 1, 1, 200, 20, NULL, &top_p, &rng, NULL) : 0;
     row->dec8 = mk ? rate(g, t, mems, 8, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
+    row->dec4 = mk ? rate(g, t, mems, 4, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
     const double tbs = peak_tbs(gpu_model_device_name(g));
     row->floor1 = tbs > 0 ? decode_floor_bytes(m, g, prec, 1) / (tbs * 1e12) * 1e3 : 0;
     row->floor8 = tbs > 0 ? decode_floor_bytes(m, g, prec, 8) / (tbs * 1e12) * 1e3 : 0;
     if (mk)
         printf("%-13s %-5s %s decode, one kernel a step: 1 session %.0f tok/s (%.1f us a step; floor %.1f us at %.2f TB/s: "
                "%.0f%% of it), sampled on the device %.0f tok/s; 8 sessions %.0f tok/s (%.1f us a step; floor %.1f us: "
-               "%.0f%%); graphs instead: 1 session %.0f tok/s, 8 sessions %.0f tok/s\n",
+               "%.0f%%); 4 sessions %.0f tok/s; graphs instead: 1 session %.0f tok/s, 4 sessions %.0f tok/s, 8 sessions "
+               "%.0f tok/s; the default (auto) takes the kernel for steps of up to %d sessions\n",
                name, mode, gpu_precision_name(prec), row->dec1_mk, 1e3 * ms_mk, 1e3 * row->floor1, tbs,
                row->floor1 > 0 ? 100 * row->floor1 / ms_mk : 0, row->dec1_pick, row->dec8, 8e6 / row->dec8,
-               1e3 * row->floor8, row->floor8 > 0 ? 100 * row->floor8 * row->dec8 / 8e3 : 0, row->dec1_graph,
-               row->dec8_graph);
+               1e3 * row->floor8, row->floor8 > 0 ? 100 * row->floor8 * row->dec8 / 8e3 : 0, row->dec4, row->dec1_graph,
+               row->dec4_graph, row->dec8_graph, row->mk_auto);
     else
         printf("%-13s %-5s %s decode: no decode kernel (%s)\n", name, mode, gpu_precision_name(prec), mk_why);
     for (int B = 1; mk && B <= 8; B += 7) {   /* where a step's time goes: one traced step of 1 and of 8 sessions */
-        char rep[1024];
+        char rep[2048];
         if (gpu_decode_trace(g, 1, err) || step(g, mems, B, (const int32_t[8]){1, 2, 3, 4, 5, 6, 7, 8}, 1, NULL, NULL,
                                                  &rng, err) ||
             gpu_decode_trace_report(g, rep, sizeof rep, err) || gpu_decode_trace(g, 0, err))
@@ -573,7 +579,7 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
         else
             printf("  decode %d, one traced step: %s\n", B, rep);
     }
-    gpu_decode_kernel(g, 0);
+    gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
     if (getenv("SPANSERVE_BENCH_DECODE_ONLY")) {
         free(lp);
         for (int s = 0; s < SESSIONS; s++) gpu_mem_free(mems[s]);

@@ -417,7 +417,7 @@ static void graphs_vs_launches(const model_t *m, const char *name, int prec)
         a[s] = gpu_mem_new(g, err);
         b[s] = gpu_mem_new(g, err);
     }
-    if (g) gpu_decode_kernel(g, 0);   /* (bf16 decode steps: decode_step.cu's one kernel, below) */
+    if (g) gpu_decode_kernel(g, GPU_DECODE_GRAPHS);   /* (bf16 decode steps: decode_step.cu's one kernel, below) */
     float *la = malloc(sizeof(float) * NS * V), *lb = malloc(sizeof(float) * NS * V);
     int32_t tok[64 * 3];
     rm_rng rng = {21};
@@ -514,9 +514,9 @@ static void check_decode_kernel(const char *name, mem_mode mode, const char *lab
     gpu_decode_kernel_status(g, &before, NULL);
     for (int k = 0; k < STEPS; k++) {
         const int32_t *t = tok + 700 + NS * k;
-        gpu_decode_kernel(g, 1);
+        gpu_decode_kernel(g, GPU_DECODE_KERNEL);
         CHECK(gpu_forward(g, a, NS, t, 1, la, err) == 0, "%s", err);
-        gpu_decode_kernel(g, 0);
+        gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
         CHECK(gpu_forward(g, b, NS, t, 1, lb, err) == 0, "%s", err);
         CHECK(gpu_forward(g32, c, NS, t, 1, lc, err) == 0, "%s", err);
         const double x = max_diff(la, lb, (size_t)NS * V), y = max_diff(la, lc, (size_t)NS * V),
