@@ -7,9 +7,10 @@
  * PAR (relative attention), post-LN, heads of 32 or 64 dims, a model of a
  * multiple of 128 up to 512, an output layer with its log-softmax (no
  * adaptive softmax). Everything else, and a step of more streams, takes
- * forward.cu's graphs (gpu_decode_kernel_status says why). Off unless asked
- * for (gpu_decode_kernel): README "Decode as one kernel" has the figures
- * and the profile.
+ * forward.cu's graphs (gpu_decode_kernel_status says why), and so, by
+ * default (GPU_DECODE_AUTO), do steps of more streams than gpu_mk_limit
+ * (MK_AUTO_ROUNDS). README "Decode as one kernel" has the figures and the
+ * profile.
  *
  * A step is a list of sublayers (mk_sub: attention or feed-forward, in the
  * model's order; PAR's skip blocks are none), then the output layer. Each
