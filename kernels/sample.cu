@@ -29,14 +29,18 @@
 namespace cg = cooperative_groups;
 
 /* A pick is a cluster of PICK_CLUSTER blocks (Hopper's thread block
- * clusters), each reading a share of the row: tiles of PICK_THREADS tokens
- * dealt round the cluster. What one block finds (a histogram, a best
+ * clusters; one block for a row of up to PICK_SMALL_V tokens, where the
+ * cluster's synchronisations would cost more than its reading: a top-p
+ * draw over 256 tokens took 104 us with 8 blocks on an H200), each reading
+ * a share of the row: tiles of PICK_THREADS tokens dealt round the
+ * cluster. What one block finds (a histogram, a best
  * token, a count) every block combines from the others' shared memory
  * (distributed shared memory), so that all of them go on with the same
  * state; block 0 writes the answer. */
 #define PICK_THREADS 1024
 #define PICK_WARPS (PICK_THREADS / 32)
 #define PICK_CLUSTER 8
+#define PICK_SMALL_V 16384
 
 __device__ static inline unsigned fkey(float v)
 {
@@ -67,7 +71,8 @@ __device__ static inline float keyf(unsigned k)
 #define PICK_UNROLL 8
 template <typename F> __device__ static inline void each(const float *row, int V, F f)
 {
-    const int stride = PICK_CLUSTER * PICK_THREADS, first = (int)cg::this_cluster().block_rank() * PICK_THREADS;
+    const int stride = (int)cg::this_cluster().num_blocks() * PICK_THREADS,
+              first = (int)cg::this_cluster().block_rank() * PICK_THREADS;
     for (int base = first; base < V; base += PICK_UNROLL * stride) {
         float v[PICK_UNROLL];
 #pragma unroll
@@ -143,7 +148,7 @@ __device__ static unsigned long long cluster_reduce(pick_sh *s, unsigned long lo
     if (threadIdx.x == 0) s->xch = mine;
     cl.sync();
     unsigned long long r = *cl.map_shared_rank(&s->xch, 0);
-    for (unsigned b = 1; b < PICK_CLUSTER; b++) {
+    for (unsigned b = 1; b < cl.num_blocks(); b++) {
         const unsigned long long x = *cl.map_shared_rank(&s->xch, b);
         r = op == RED_MAX ? (x > r ? x : r) : (x < r ? x : r);
     }
@@ -262,7 +267,7 @@ __device__ static void histogram(pick_sh *s, const float *row, int V, int mass, 
     cl.sync();
     for (int b = threadIdx.x; b < PICK_BINS; b += PICK_THREADS) {
         unsigned long long t = 0;
-        for (unsigned r = 0; r < PICK_CLUSTER; r++) t += cl.map_shared_rank(s->hist, r)[b];
+        for (unsigned r = 0; r < cl.num_blocks(); r++) t += cl.map_shared_rank(s->hist, r)[b];
         s->merged[b] = t;
     }
     cl.sync();   /* before any block's next histogram */
@@ -409,14 +414,15 @@ __device__ static int ties_taken(unsigned long long above, unsigned long long w,
     return n;
 }
 
-__global__ static void __cluster_dims__(PICK_CLUSTER, 1, 1) __launch_bounds__(PICK_THREADS)
+__global__ static void __launch_bounds__(PICK_THREADS)
     pick_kernel(const float *logprobs, int V, const pick_req *req, pick_out *out)
 {
     __shared__ pick_sh s;
-    const pick_req q = req[blockIdx.x / PICK_CLUSTER];
+    const unsigned nb = cg::this_cluster().num_blocks();   /* (gpu_pick's cluster: 1 or PICK_CLUSTER blocks) */
+    const pick_req q = req[blockIdx.x / nb];
     const float *row = logprobs + (size_t)q.row * V;
     const int writer = cg::this_cluster().block_rank() == 0 && threadIdx.x == 0;
-    pick_out *o = out + blockIdx.x / PICK_CLUSTER;
+    pick_out *o = out + blockIdx.x / nb;
     int bad = 0;
     each(row, V, [&](int i, float v, int ok) {
         (void)i;
@@ -478,10 +484,144 @@ __global__ static void __cluster_dims__(PICK_CLUSTER, 1, 1) __launch_bounds__(PI
     }
 }
 
+/* A row of up to PICK_SMALL tokens: one block a pick, a token a thread,
+ * the host's own walk. The tokens are sorted in the host's order (value
+ * descending, the lowest id first on ties: a bitonic sort of (key, ~id)
+ * in shared memory), their weights summed as a running scan of the same
+ * integers (exact), and each cut is the first position where the host's
+ * test holds. On a row of 256 tokens the radix select's many rounds of
+ * block and cluster synchronisation took 86 to 104 us a draw (H200). */
+#define PICK_SMALL 1024
+#define PICK_SMALL_WARPS (PICK_SMALL / 32)
+
+/* The inclusive running sum of each thread's W over threads 0..t (exact) */
+__device__ static unsigned long long scan_u64(unsigned long long w, unsigned long long *warp_tot)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long x = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += x;
+    }
+    if (lane == 31) warp_tot[warp] = w;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned long long x = lane < PICK_SMALL_WARPS ? warp_tot[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane < PICK_SMALL_WARPS) warp_tot[lane] = x;
+    }
+    __syncthreads();
+    return warp ? w + warp_tot[warp - 1] : w;
+}
+
+__global__ static void __launch_bounds__(PICK_SMALL)
+    pick_small(const float *logprobs, int V, int N, const pick_req *req, pick_out *out)
+{
+    __shared__ unsigned long long key[PICK_SMALL];
+    __shared__ unsigned long long warp_tot[PICK_SMALL_WARPS];
+    __shared__ int first;
+    const pick_req q = req[blockIdx.x];
+    const float *row = logprobs + (size_t)q.row * V;
+    pick_out *o = out + blockIdx.x;
+    const int t = threadIdx.x;
+    const float v = t < V ? row[t] : 0.0f;
+    if (__syncthreads_or(t < V && !isfinite(v))) {
+        if (t == 0) {
+            for (int k = 0; k < PICK_MAX_TOP; k++) o->top[k] = 0, o->top_lp[k] = 0;
+            o->token = -1, o->lp = 0;
+        }
+        return;
+    }
+    /* the host's order: N (a power of two >= V) keys, the padding below every token */
+    key[t] = t < V ? (unsigned long long)fkey(v) << 32 | (0xffffffffu - (unsigned)t) : 0ull;
+    __syncthreads();
+    for (int k = 2; k <= N; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            const int p = t ^ j;
+            if (t < N && p > t) {
+                const unsigned long long a = key[t], b = key[p];
+                if ((t & k) == 0 ? a < b : a > b) key[t] = b, key[p] = a;
+            }
+            __syncthreads();
+        }
+    const int id = t < V ? (int)(0xffffffffu - (unsigned)(key[t] & 0xffffffffu)) : -1;   /* the t-th in order */
+    const int ntop = q.top_n < 0 ? 0 : q.top_n > PICK_MAX_TOP ? PICK_MAX_TOP : q.top_n;
+    if (t < PICK_MAX_TOP) {   /* the top tokens; what is not asked for reads as nothing */
+        o->top[t] = t < ntop ? id : 0;
+        o->top_lp[t] = t < ntop ? (id >= 0 ? row[id] : -INFINITY) : 0;
+    }
+    if (t == 0) first = -1;
+    __syncthreads();
+    int token = 0;
+    if (q.sample && !(q.sp.temperature > 0 && q.sp.top_k != 1)) {   /* greedy (sample_draws): the first in order */
+        if (t == 0) first = id;
+        __syncthreads();
+        token = first;
+    } else if (q.sample) {
+        __shared__ int cut;
+        int n = q.sp.top_k > 0 && q.sp.top_k < V ? q.sp.top_k : V;
+        __shared__ unsigned long long tot[2];
+        pick_set c = {};
+        c.mx = (double)row[(int)(0xffffffffu - (unsigned)(key[0] & 0xffffffffu))];   /* the first in order */
+        c.inv_t = 1.0 / q.sp.temperature;
+        const unsigned long long w = t < n ? weight(c, row[id]) : 0;
+        const unsigned long long cum = scan_u64(w, warp_tot);   /* running weight through position t */
+        /* the shortest prefix whose weight reaches top_p of the total */
+        if (t == n - 1) tot[0] = cum;
+        __syncthreads();
+        unsigned long long total = tot[0];
+        if (q.sp.top_p > 0 && q.sp.top_p < 1) {
+            const double target = q.sp.top_p * (double)total;
+            if (t == 0) cut = n;
+            __syncthreads();
+            if (t < n && (double)cum >= target) atomicMin(&cut, t + 1);
+            __syncthreads();
+            n = cut;
+            if (t == n - 1) tot[1] = cum;
+            __syncthreads();
+            total = tot[1];
+        }
+        /* the first position whose running weight passes u times the total, else the last in */
+        const double target = q.u * (double)total;
+        if (t == 0) cut = n - 1;
+        __syncthreads();
+        if (t < n && (double)cum > target) atomicMin(&cut, t);
+        __syncthreads();
+        if (t == cut) first = id;
+        __syncthreads();
+        token = first;
+    }
+    if (t == 0) {
+        o->token = token >= 0 && token < V ? token : 0;
+        o->lp = row[o->token];
+    }
+}
+
 int gpu_pick(gpu_model *g, int n, const pick_req *d_req, pick_out *d_out, char *err)
 {
     if (n <= 0) return 0;
-    pick_kernel<<<n * PICK_CLUSTER, PICK_THREADS, 0, g->stream>>>(g->logits, g->m->V, d_req, d_out);
-    CU_TRY(cudaGetLastError(), err, "pick_kernel");
+    const int V = g->m->V;
+    if (V <= PICK_SMALL) {
+        int N = 32;
+        while (N < V) N <<= 1;
+        pick_small<<<n, PICK_SMALL, 0, g->stream>>>(g->logits, V, N, d_req, d_out);
+        CU_TRY(cudaGetLastError(), err, "pick_small");
+        return 0;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = V <= PICK_SMALL_V ? 1 : PICK_CLUSTER;
+    at[0].val.clusterDim.y = at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3((unsigned)n * at[0].val.clusterDim.x);
+    cfg.blockDim = dim3(PICK_THREADS);
+    cfg.stream = g->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CU_TRY(cudaLaunchKernelEx(&cfg, pick_kernel, (const float *)g->logits, V, d_req, d_out), err, "pick_kernel");
     return 0;
 }
