@@ -28,7 +28,8 @@
 
 namespace cg = cooperative_groups;
 
-/* A pick is a cluster of PICK_CLUSTER blocks (Hopper's thread block
+/* A row of up to PICK_SMALL tokens takes pick_small (below). A longer
+ * row's pick is a cluster of PICK_CLUSTER blocks (Hopper's thread block
  * clusters; one block for a row of up to PICK_SMALL_V tokens, where the
  * cluster's synchronisations would cost more than its reading: a top-p
  * draw over 256 tokens took 104 us with 8 blocks on an H200), each reading
