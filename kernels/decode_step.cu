@@ -444,56 +444,56 @@ static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, con
             const float *e = a.emb + (size_t)__ldg(a.tok + b) * D;
 #pragma unroll
             for (int k = 0; k < NV; k++) {
-                    const float *p = e + 4 * (lane + 32 * k);
-                    u[k] = make_float4(__ldg(p) * a.emb_scale, __ldg(p + 1) * a.emb_scale, __ldg(p + 2) * a.emb_scale,
-                                       __ldg(p + 3) * a.emb_scale);
-                }
+                const float *p = e + 4 * (lane + 32 * k);
+                u[k] = make_float4(__ldg(p) * a.emb_scale, __ldg(p + 1) * a.emb_scale, __ldg(p + 2) * a.emb_scale,
+                                   __ldg(p + 3) * a.emb_scale);
+            }
         } else {
             uint2 rr[NV];
 #pragma unroll
             for (int k = 0; k < NV; k++) {
-                    const int c = 4 * (lane + 32 * k);
-                    u[k] = __ldcg((const float4 *)(xi + (size_t)b * D + c));
-                    rr[k] = __ldcg((const uint2 *)(a.r + (size_t)b * D + c));
-                }
+                const int c = 4 * (lane + 32 * k);
+                u[k] = __ldcg((const float4 *)(xi + (size_t)b * D + c));
+                rr[k] = __ldcg((const uint2 *)(a.r + (size_t)b * D + c));
+            }
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < NV; k++) {
-                    const int c = 4 * (lane + 32 * k);
-                    const float4 t = *(const float4 *)(lnp + 2 * D + c);
-                    const float2 r0 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr[k].x),
-                                 r1 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr[k].y);
-                    u[k].x += r0.x + t.x, u[k].y += r0.y + t.y, u[k].z += r1.x + t.z, u[k].w += r1.y + t.w;
-                    s += u[k].x + u[k].y + u[k].z + u[k].w;
-                }
+                const int c = 4 * (lane + 32 * k);
+                const float4 t = *(const float4 *)(lnp + 2 * D + c);
+                const float2 r0 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr[k].x),
+                             r1 = __bfloat1622float2(*(const __nv_bfloat162 *)&rr[k].y);
+                u[k].x += r0.x + t.x, u[k].y += r0.y + t.y, u[k].z += r1.x + t.z, u[k].w += r1.y + t.w;
+                s += u[k].x + u[k].y + u[k].z + u[k].w;
+            }
             mk_point(a, 5, ph);
             const float mean = warp_sum(s) * (1.0f / (128 * NV));
             float q = 0.0f;
 #pragma unroll
             for (int k = 0; k < NV; k++) {
-                    const float e0 = u[k].x - mean, e1 = u[k].y - mean, e2 = u[k].z - mean, e3 = u[k].w - mean;
-                    q += e0 * e0 + e1 * e1 + e2 * e2 + e3 * e3;
-                }
+                const float e0 = u[k].x - mean, e1 = u[k].y - mean, e2 = u[k].z - mean, e3 = u[k].w - mean;
+                q += e0 * e0 + e1 * e1 + e2 * e2 + e3 * e3;
+            }
             const float inv = rsqrtf(warp_sum(q) * (1.0f / (128 * NV)) + a.eps);
             mk_point(a, 6, ph);
 #pragma unroll
             for (int k = 0; k < NV; k++) {
-                    const int c = 4 * (lane + 32 * k);
-                    const float4 w = *(const float4 *)(lnp + c), bb = *(const float4 *)(lnp + D + c);
-                    u[k].x = (u[k].x - mean) * inv * w.x + bb.x;
-                    u[k].y = (u[k].y - mean) * inv * w.y + bb.y;
-                    u[k].z = (u[k].z - mean) * inv * w.z + bb.z;
-                    u[k].w = (u[k].w - mean) * inv * w.w + bb.w;
-                }
+                const int c = 4 * (lane + 32 * k);
+                const float4 w = *(const float4 *)(lnp + c), bb = *(const float4 *)(lnp + D + c);
+                u[k].x = (u[k].x - mean) * inv * w.x + bb.x;
+                u[k].y = (u[k].y - mean) * inv * w.y + bb.y;
+                u[k].z = (u[k].z - mean) * inv * w.z + bb.z;
+                u[k].w = (u[k].w - mean) * inv * w.w + bb.w;
+            }
         }
 #pragma unroll
         for (int k = 0; k < NV; k++) {
-                const int c = 4 * (lane + 32 * k);
-                if (blockIdx.x == 0) *(float4 *)(xo + (size_t)b * D + c) = u[k];
-                *(float4 *)(xs + b * D + c) =
-                    make_float4(__bfloat162float(__float2bfloat16(u[k].x)), __bfloat162float(__float2bfloat16(u[k].y)),
-                                __bfloat162float(__float2bfloat16(u[k].z)), __bfloat162float(__float2bfloat16(u[k].w)));
-            }
+            const int c = 4 * (lane + 32 * k);
+            if (blockIdx.x == 0) *(float4 *)(xo + (size_t)b * D + c) = u[k];
+            *(float4 *)(xs + b * D + c) =
+                make_float4(__bfloat162float(__float2bfloat16(u[k].x)), __bfloat162float(__float2bfloat16(u[k].y)),
+                            __bfloat162float(__float2bfloat16(u[k].z)), __bfloat162float(__float2bfloat16(u[k].w)));
+        }
     }
     if (!first) mk_point(a, 7, ph);
     __syncthreads();
@@ -811,25 +811,24 @@ static __device__ __noinline__ void geo_issue(const mk_args &a, const mk_sub *u,
 static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub *u, int t0)
 {
     const int DH = a.dh;
+    const bool rel = u->kind == MK_REL;
     for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
         mk_geo g;
         geo_load(a, u, it, g);
         for (int t = (int)threadIdx.x - t0; t >= 0 && t < MK_SPLIT; t += (int)blockDim.x - t0) {
-        mk_head H;
-        mk_key K;
-        att_geom(a, u, g, it / u->nitems, t, H, K, DH, u->kind == MK_REL);
-        if (!K.ok) continue;
-        const bool rel = u->kind == MK_REL;
-        const bool own = rel && K.k == H.nk;   /* (the step's own key: written in this step) */
-        if (!own) {
-            prefetch_bytes1(K.k, DH * sizeof(bf16));
-            if (K.vok) prefetch_bytes1(K.v, DH * sizeof(bf16));
-        }
-        if (rel) prefetch_bytes1(K.pf, DH * sizeof(float));
-        else {
-            prefetch_bytes1(K.pb, DH * sizeof(bf16));
-            if (K.vok && (t & 31) == 0) prefetch_l2(a.derived + g.i1.y + K.md - 1);
-        }
+            mk_head H;
+            mk_key K;
+            att_geom(a, u, g, it / u->nitems, t, H, K, DH, rel);
+            if (!K.ok) continue;
+            if (!rel || K.k != H.nk) {   /* (not the step's own key: written in this step) */
+                prefetch_bytes1(K.k, DH * sizeof(bf16));
+                if (K.vok) prefetch_bytes1(K.v, DH * sizeof(bf16));
+            }
+            if (rel) prefetch_bytes1(K.pf, DH * sizeof(float));
+            else {
+                prefetch_bytes1(K.pb, DH * sizeof(bf16));
+                if (K.vok && (t & 31) == 0) prefetch_l2(a.derived + g.i1.y + K.md - 1);
+            }
         }
     }
 }

@@ -136,7 +136,8 @@ int device_attach(model_t *m, int bf16, char *err)
         log_line("%s: decode steps of up to %d session%s run as one kernel, more as CUDA graphs", m->path, lim,
                  lim == 1 ? "" : "s");
     else
-        log_line("%s: decode steps run as CUDA graphs (SPANSERVE_GPU_DECODE_KERNEL=0)", m->path);
+        log_line("%s: decode steps run as CUDA graphs: SPANSERVE_GPU_DECODE_KERNEL=0, or the model's widest attention "
+                 "is more than the default takes as one kernel even for one session", m->path);
     pthread_mutex_init(&d->lock, NULL);
     d->be = (fwd_backend){d, dev_forward, dev_forward_pick, dev_attach, dev_detach, dev_pull, dev_push};
     m->backend = &d->be;

@@ -101,9 +101,9 @@ def check(name, res, tokens):
 
 
 def bench_one(path, mode, args, extra, kernel):
-    # KERNEL: None (SPANSERVE_GPU_DECODE_KERNEL unset: auto), "0" or "1"
-    """One server, one model: the two rounds. Returns the table row (None
-    when the server did not start) and the model's family."""
+    """One server, one model: the two rounds, with SPANSERVE_GPU_DECODE_KERNEL
+    set to KERNEL ("0" or "1"; None leaves it unset: auto). Returns the table
+    row (None when the server did not start) and the model's family."""
     name, _, path = path.rpartition("=") if "=" in path else (os.path.basename(path).rsplit(".", 1)[0], "", path)
     flags = extra + BENCH_FLAGS + (["--memory", mode] if mode else [])
     env_was = os.environ.pop("SPANSERVE_GPU_DECODE_KERNEL", None)
