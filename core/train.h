@@ -67,7 +67,7 @@ typedef struct {
     char data[TRAIN_PATH_LEN];   /* the text file */
     char out[TRAIN_PATH_LEN];    /* the checkpoint; the state sidecar is OUT.state */
     char log[TRAIN_PATH_LEN];    /* JSON lines; empty: standard output */
-    char device[16];             /* "cpu", "cuda" (adaptive-span, builds with nvcc), or "auto": the GPU
+    char device[16];             /* "cpu", "cuda" (builds with nvcc), or "auto": the GPU
                                   * trainer when train_run_on is given one, else the CPU */
     int tf32;                    /* cuda: linear layers in TF32 */
     double val_fraction;         /* the last fraction of the text (in characters) is validation */
@@ -271,6 +271,10 @@ static inline blk_kind par_argmax(const double *a)
  * The forward mixes the blocks by softmax((alpha + g) / tau) while
  * searching, one-hot of the fixed arch after. */
 void par_set_mix(trainer *t, const double *gumbel);
+/* PAR: the blocks' weights of a forward into MIX (L x 3: attn, ffn,
+ * skip): softmax((alpha + g) / tau) while searching, one-hot of the fixed
+ * arch after. */
+void par_mix(const trainer *t, double *mix);
 /* PAR: fixes the architecture as argmax(alpha) and ends the search. */
 void par_fix_arch(trainer *t);
 

@@ -24,7 +24,7 @@ static const train_key shared_keys[] = {
     {"data", TK_PATH, 0, 0, 0, F(data), "the training text (UTF-8); required"},
     {"out", TK_PATH, 0, 0, 0, F(out), "the checkpoint to write (safetensors); OUT.state is the exact training state; required"},
     {"log", TK_PATH, 0, 0, 0, F(log), "progress as JSON lines to this file (default: standard output)"},
-    {"device", TK_DEVICE, 0, 0, 0, F(device), "cpu, cuda (adaptive-span; builds with nvcc), or auto (cuda where it can, else cpu)"},
+    {"device", TK_DEVICE, 0, 0, 0, F(device), "cpu, cuda (builds with nvcc), or auto (cuda where it can, else cpu)"},
     {"tf32", TK_BOOL, 0, 0, 0, F(tf32), "device cuda: the linear layers' products on tensor cores in TF32 (faster; not within 1e-3 of the CPU's gradients)"},
     {"val_fraction", TK_REAL, 0, 0.5, 1, F(val_fraction), "the last fraction of the text, in characters, is the validation text (0.1)"},
     /* schedule */

@@ -82,10 +82,10 @@ void par_fix_arch(trainer *t)
     t->searching = 0;
 }
 
-static void compute_mix(trainer *t)
+void par_mix(const trainer *t, double *mix)
 {
     for (int b = 0; b < t->L; b++) {
-        double *m = t->mix + 3 * b;
+        double *m = mix + 3 * b;
         if (!t->searching) {
             for (int k = 0; k < 3; k++) m[k] = k == (int)t->arch[b];
             continue;
@@ -110,7 +110,7 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
     const double scale = 1.0 / sqrt((double)dh), esc = sqrt((double)D);
     double *w = t->w, *g = t->g;
     const double *u = w + t->r_w_bias, *vb = w + t->r_r_bias;
-    compute_mix(t);
+    par_mix(t, t->mix);
 
     for (int n = 0; n < N; n++)
         for (int j = 0; j < D; j++) P[P_X][(size_t)n * D + j] = w[t->emb + (size_t)x[n] * D + j] * esc;
@@ -507,7 +507,7 @@ static void par_config_tail(const trainer *t, json_t *o)
 
 const train_family train_family_par = {
     .name = "par-transformer-xl",
-    .cuda = 0,
+    .cuda = 1,
     .keys = par_keys,
     .n_keys = (int)(sizeof par_keys / sizeof *par_keys),
     .history_kind = "arch_weights",

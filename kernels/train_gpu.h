@@ -1,15 +1,19 @@
 /*
- * train_gpu.h - the CUDA trainer of the adaptive-span family: the training
- * step of core/train_aspan.c (forward with the activations kept, backward,
- * Adagrad or Adam of core/train_optim.c, the z/S clamp, the memory carried
- * between blocks) on the device, in float32.
+ * train_gpu.h - the CUDA trainer of both families: the training step of
+ * core/train_aspan.c and core/train_par.c (forward with the activations
+ * kept, backward, Adagrad or Adam of core/train_optim.c, the z/S clamp,
+ * PAR's search, the memory carried between blocks) on the device, in
+ * float32.
  *
  * A tgpu mirrors a host trainer (core/train.h): the parameter, gradient and
  * moment arenas have the host's layout (every tparam at its offset), the
- * memories the host's layout (per layer, B x S x H). The host trainer keeps
- * the configuration, the step count and a copy of z/S (current_val), which
- * the host needs to choose each layer's window; tgpu_step brings that copy
- * up to date. Everything else lives on the device until tgpu_download.
+ * memories the host's layout (per layer, B x mem_rows x H). The host
+ * trainer keeps the configuration, the step count, the search (tau, the
+ * Gumbel noise, the fixed architecture) and a copy of z/S (current_val)
+ * and alpha, which the host needs to choose each layer's window and each
+ * block's weights; tgpu_step brings that copy up to date. The memory rows
+ * in use (t->mlen) come with tgpu_download. Everything else lives on the
+ * device until tgpu_download.
  *
  * Linear layers go through cuBLAS SGEMM in float32 (no TF32), so that the
  * gradients agree with the double-precision CPU trainer to about 1e-5;
@@ -37,8 +41,8 @@ typedef struct tgpu tgpu;
 /* 0 when a CUDA device can be used; else -1 and why in ERR. */
 int tgpu_available(char *err);
 
-/* Plans the device buffers for T's configuration (adaptive-span only) and
- * uploads T's weights, moments and memories. */
+/* Plans the device buffers for T's configuration and uploads T's weights,
+ * moments and memories. */
 tgpu *tgpu_new(const trainer *t, char *err);
 void tgpu_free(tgpu *g);
 /* Device bytes the plan holds. */
@@ -59,13 +63,15 @@ int tgpu_download(tgpu *g, trainer *t, char *err);
 int tgpu_download_grad(tgpu *g, double *grad, char *err);
 
 /* trainer_forward on the device: X, Y are B x M token ids (checked by the
- * caller). T is the host mirror (config, z/S). Returns the mean NLL, *AUX
- * the span loss; with BACKWARD the gradient stays on the device for
- * tgpu_step; with CARRY the memories advance. NAN on error. */
+ * caller). T is the host mirror (config, z/S, PAR's tau, noise and
+ * architecture). Returns the mean NLL, *AUX the span loss (PAR: 0); with
+ * BACKWARD the gradient stays on the device for tgpu_step; with CARRY the
+ * memories advance. NAN on error. */
 double tgpu_forward(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
                     double *aux, char *err);
-/* train_optim_step on the device at learning rate LR: t->step advances and
- * t's copy of z/S takes the clamped values. */
+/* train_optim_step on the device at learning rate LR (PAR's alpha at
+ * t->c.arch_lr): t->step advances and t's copies of z/S (clamped) and
+ * alpha take the new values. */
 int tgpu_step(tgpu *g, trainer *t, double lr, char *err);
 /* Zero every memory (trainer_reset_memory). */
 int tgpu_reset_memory(tgpu *g, char *err);

@@ -2,15 +2,18 @@
  * train_internal.cuh - what the CUDA trainer's files share: the device
  * trainer (parameter arenas, memories, the activations a backward needs, the
  * backward's scratch; error checks from check.cuh and block reductions from
- * reduce.cuh, as the inference core's), and the launchers of
- * train_ops.cu (matrix products, embedding, LayerNorm, ReLU, loss, column
- * sums, optimizer) and train_attn.cu (the span-masked attention and the
- * memory). train_gpu.cu plans the buffers and runs a step.
+ * reduce.cuh, as the inference core's), the families it trains (tg_family:
+ * train_gpu_aspan.cu, train_gpu_par.cu), and the launchers of train_ops.cu
+ * (matrix products, embedding, LayerNorm, ReLU, loss, column sums,
+ * optimizer) and train_attn.cu (the span-masked attention and the memory).
+ * train_gpu.cu plans the shared buffers, moves the arenas and runs a step.
  *
- * Layouts (row-major, as core/train_aspan.c; N = B*M rows of a block):
+ * Layouts (row-major, as core/train_aspan.c and core/train_par.c; N = B*M
+ * rows of a block):
  *   row layout    [b][r][H]: the linear layers' inputs and outputs
  *                 (head h: columns h*D..h*D+D-1; the attention's batched
  *                 products take one head's columns of every stream)
+ *   adaptive-span:
  *   full scores   [b][h][i][W+M]: query i against every key row of its
  *                 stream ([memory window; block]); only columns i..i+W-1
  *                 (the band) can be non-zero
@@ -18,6 +21,12 @@
  *                 distance W - c (the softmax a is kept in this form)
  *   pe band       [b*M+i][h][W]: q_i . pe[:, S-W+c], rows of Q seen as
  *                 N*K rows of D
+ *   PAR:
+ *   scores        [h][b][i][KL]: query i of stream b against key row j of
+ *                 [memory; block] (KL = mem_len + M, klen = mlen + M used);
+ *                 a head's B*M rows are contiguous, so that products
+ *                 against the positions' keys (shared by the streams) are
+ *                 one product a head
  */
 #ifndef SPANSERVE_TRAIN_INTERNAL_CUH
 #define SPANSERVE_TRAIN_INTERNAL_CUH
@@ -41,15 +50,19 @@ extern "C" {
  * across two tensors. */
 #define TG_OPT_CHUNK 4096
 
+struct tg_family;
+
 struct tgpu {
+    const struct tg_family *fam;
     int L, B, M, H, K, D, S, I, V, R, N;
+    int AW;                       /* PAR: the attention's width nh * dh */
     double coeff;                 /* adapt_span_loss */
     train_optim optim;
     double grad_clip, beta1, beta2, adam_eps;
     size_t n;                     /* parameters */
     int n_tp;
     size_t *zoff;                 /* host, L: offset of layer l's current_val */
-    size_t emb, key_pe, out_w, out_b;
+    size_t emb, key_pe, out_w, out_b, r_w_bias, r_r_bias;
     tlayer *ly;                   /* host copy of the trainer's offsets */
     char device[256];
     cudaStream_t stream;
@@ -57,9 +70,15 @@ struct tgpu {
     size_t bytes;
     /* arenas of n floats, the host trainer's layout */
     float *w, *g, *m1, *m2;
-    /* memories, L x B x S x H; the stash for evaluation; one layer's next */
+    /* memories, the host trainer's layout (L x B x mem_rows x H, mem_n
+     * floats); the stash for evaluation; one layer's next (adaptive-span) */
+    size_t mem_n;
     float *mem, *mem_keep, *mem_tmp;
-    /* activations kept for the backward (per layer unless said) */
+    /* host, L: the memory rows in use (PAR's t->mlen), their stash, and the
+     * rows each layer's last forward saw */
+    int *mlen, *mlen_keep, *mlen_fwd;
+    /* adaptive-span (train_gpu_aspan.cu): activations kept for the backward
+     * (per layer unless said) */
     float *X;                     /* (L+1) x N x H: every layer's input and the last output */
     float *hall;                  /* L x B x (W+M) x H, packed at the layer's window W */
     float *Q, *Kr, *Vr;           /* L x N x H; L x B x (W+M) x H twice */
@@ -72,7 +91,7 @@ struct tgpu {
     float *logp;                  /* N x V; the loss gradient in place in the backward */
     float *nll;                   /* N */
     int *win, *cache;             /* host, L: the window and cache of the last forward */
-    /* scratch */
+    /* adaptive-span scratch */
     float *F1, *F2;               /* full scores: B K M (S+M) each */
     float *PB;                    /* pe band: N K S */
     float *tmp, *dX, *dY, *dX1, *dAtt, *dQ;   /* N x H */
@@ -84,17 +103,69 @@ struct tgpu {
     /* the block's tokens: x, y (N each), then the rows of each token id
      * (offsets V+1, row indices N) for the embedding's backward */
     int32_t *d_tok, *h_tok;
+    /* PAR (train_gpu_par.cu), kept per layer: cat = [memory; X] (L x B x KL
+     * x D, rows from klen on zero), its q k v (L x B x KL x 3A), the
+     * positions' keys (L x KL x A), the softmax (L x scores), the heads'
+     * outputs (L x N x A), each branch's LayerNorm output, xhat and rstd
+     * (L x N x D; L x N), the feed-forward after its ReLU (L x N x I); the
+     * sinusoid of distances 0..KL-1 (KL x D) */
+    struct {
+        int KL;
+        float *cat, *qkv, *pos, *rk, *P, *av, *oa, *xha, *ra, *ff, *of, *xhf, *rf;
+        /* scratch: q + r_w_bias, q + r_r_bias (N x A), two score matrices,
+         * the gradients of the next layer's input, of a branch's output
+         * (N x D), of av and the two parts of dq (N x A), of the
+         * feed-forward (N x I), of qkv (B x KL x 3A, rows of no query or
+         * key zero), of the positions' keys (KL x A); the mixture's three
+         * dot products */
+        float *qu, *qv, *S1, *S2, *dXn, *dS, *dAV, *dq1, *dq2, *dFF, *dqkv, *dRK;
+        double *dmix;
+    } par;
     /* optimizer: chunks (tensor, offset, length), per tensor its first
-     * chunk, chunk count and kind; partial sums and the per-tensor factor */
+     * chunk, chunk count and kind; partial sums and the per-tensor factor;
+     * per tensor what this step does with it (TG_ACT_*), on the host and
+     * the device */
     int n_chunk;
-    int *ck_t, *ck_len, *tp_first, *tp_nck, *tp_kind;
+    int *ck_t, *ck_len, *tp_first, *tp_nck, *tp_kind, *tp_act, *h_act;
     size_t *ck_off;
     double *ck_part, *tp_scale;
+    /* the elements the host trainer mirrors after each step (z/S, alpha):
+     * their arena offsets (host and device) and a gather buffer */
+    int n_mirror;
+    size_t *mir_off, *h_mir_off;
+    float *mirror, *h_mirror;
     /* every device allocation, freed together */
-    void *allocs[80];
+    void *allocs[120];
     int n_allocs;
 };
 
+
+/* What the optimizer does with a tensor this step (train_param_active):
+ * leave it alone, update it as a weight, or as PAR's alpha (Adam at
+ * arch_lr, outside the clipping). */
+enum { TG_ACT_NONE = 0, TG_ACT_WEIGHT = 1, TG_ACT_ALPHA = 2 };
+
+/* A family the CUDA trainer runs: its file's plan of the buffers beyond
+ * the shared ones (train_gpu.cu's tgpu_new allocates w, g, m1, m2, the
+ * memories, X, logp, nll, dX, dY, tmp and the column sums' scratch) and its
+ * block: the forward from the uploaded tokens (g->d_tok), with BACKWARD the
+ * gradient into g->g (zeroed by the caller), with CARRY the memories
+ * advanced; the loss summed into g->dsum[0]; *AUX the family's
+ * regulariser. */
+typedef struct tg_family {
+    const train_family *fam;
+    int (*plan)(tgpu *g, const trainer *t, char *err);
+    int (*block)(tgpu *g, const trainer *t, int backward, int carry, double *aux, char *err);
+} tg_family;
+extern const tg_family tg_family_aspan, tg_family_par;
+
+/* cudaMalloc'd (and zeroed) buffer of BYTES into *PP, freed by tgpu_free */
+int tg_alloc(tgpu *g, void *pp, size_t bytes, char *err);
+/* The output layer and the loss of the last layer's output XL: the NLL of
+ * each row summed into g->dsum[0]; tg_loss_back: the gradient of the mean
+ * loss to out_w, out_b and into g->dX. */
+int tg_loss(tgpu *g, const float *XL, char *err);
+int tg_loss_back(tgpu *g, const float *XL, char *err);
 
 static inline unsigned tg_blocks(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
@@ -108,11 +179,15 @@ int tg_gemm(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const flo
 int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
                     long long sa, const float *B, int ldb, long long sb, float beta, float *C, int ldc,
                     long long sc, int count, char *err);
-/* x[n] = emb[tok[n]] */
-int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, char *err);
-/* gemb[v] += sum of dx's rows of token v (rows listed by off/idx) */
+/* x[n] = emb[tok[n]] * scale */
+int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, char *err);
+/* gemb[v] += scale * the sum of dx's rows of token v (rows listed by off/idx) */
 int tg_embed_back(tgpu *g, float *gemb, const float *dx, const int32_t *off, const int32_t *idx, int V, int d,
-                  char *err);
+                  float scale, char *err);
+/* y = a x (ACC 0) or y += a x (ACC 1), n elements */
+int tg_axpy(tgpu *g, float *y, const float *x, float a, size_t n, int acc, char *err);
+/* *out (device double) = sum of x[i] y[i] over n */
+int tg_dot(tgpu *g, double *out, const float *x, const float *y, size_t n, char *err);
 /* u = a (+ bias) + res;  y = (u - mean) rstd * w + b, xhat and rstd kept */
 int tg_ln_fwd(tgpu *g, float *y, float *xhat, float *rstd, const float *a, const float *bias, const float *res,
               const float *w, const float *b, int n, int d, char *err);
@@ -135,8 +210,12 @@ int tg_sum(tgpu *g, double *out, const float *x, int n, char *err);
 /* dst[i] = src[i] (float <-> double), on the device */
 int tg_f2d(tgpu *g, double *dst, const float *src, size_t n, char *err);
 int tg_d2f(tgpu *g, float *dst, const double *src, size_t n, char *err);
-/* One optimizer update of every tensor (core/train_optim.c), then z/S clamped. */
-int tg_optim(tgpu *g, double lr, long step, char *err);
+/* One optimizer update of every tensor the step trains (g->tp_act;
+ * core/train_optim.c): weights at LR, PAR's alpha by Adam at ARCH_LR; then
+ * z/S clamped. */
+int tg_optim(tgpu *g, double lr, double arch_lr, long step, char *err);
+/* g->mirror[i] = g->w[g->mir_off[i]] */
+int tg_gather_mirror(tgpu *g, char *err);
 
 /* ---- train_attn.cu ---- */
 

@@ -17,9 +17,13 @@
  *   tg_optim        Adagrad with the reference's per-tensor clipping
  *                   (clr = lr clip / (||g|| + 1e-10) when ||g|| > clip;
  *                   sum += g^2; w -= clr g / (sqrt(sum) + 1e-10)), or Adam
- *                   after a global-norm clip; then z/S clamped to [0, 1].
- *                   Three passes: squares per chunk, the factor per tensor,
- *                   the update per chunk; the update in double.
+ *                   after a global-norm clip of the weights the step
+ *                   trains; PAR's alpha by Adam at arch_lr, unclipped;
+ *                   tensors the step does not train (the branches a fixed
+ *                   architecture left out) untouched; then z/S clamped to
+ *                   [0, 1]. Three passes: squares per chunk, the factor
+ *                   per tensor, the update per chunk; the update in double.
+ *   tg_axpy, tg_dot the mixture of PAR's branches and its gradient
  */
 #include "train_internal.cuh"
 
@@ -44,37 +48,37 @@ int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, c
     return 0;
 }
 
-__global__ static void embed_kernel(float *x, const float *emb, const int32_t *tok, int n, int d)
+__global__ static void embed_kernel(float *x, const float *emb, const int32_t *tok, int n, int d, float scale)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * d) return;
-    x[i] = emb[(size_t)tok[i / d] * d + i % d];
+    x[i] = emb[(size_t)tok[i / d] * d + i % d] * scale;
 }
 
-int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, char *err)
+int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, char *err)
 {
-    embed_kernel<<<tg_blocks((size_t)n * d, 256), 256, 0, g->stream>>>(x, emb, tok, n, d);
+    embed_kernel<<<tg_blocks((size_t)n * d, 256), 256, 0, g->stream>>>(x, emb, tok, n, d, scale);
     LAUNCH_TRY(err, "embed");
     return 0;
 }
 
 /* one block per token id, a thread per column */
 __global__ static void embed_back_kernel(float *gemb, const float *dx, const int32_t *off, const int32_t *idx,
-                                         int d)
+                                         int d, float scale)
 {
     const int v = blockIdx.x, a = off[v], b = off[v + 1];
     if (a == b) return;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float s = 0;
         for (int k = a; k < b; k++) s += dx[(size_t)idx[k] * d + j];
-        gemb[(size_t)v * d + j] += s;
+        gemb[(size_t)v * d + j] += s * scale;
     }
 }
 
 int tg_embed_back(tgpu *g, float *gemb, const float *dx, const int32_t *off, const int32_t *idx, int V, int d,
-                  char *err)
+                  float scale, char *err)
 {
-    embed_back_kernel<<<V, d >= 256 ? 256 : 64, 0, g->stream>>>(gemb, dx, off, idx, d);
+    embed_back_kernel<<<V, d >= 256 ? 256 : 64, 0, g->stream>>>(gemb, dx, off, idx, d, scale);
     LAUNCH_TRY(err, "embed_back");
     return 0;
 }
@@ -275,6 +279,52 @@ int tg_sum(tgpu *g, double *out, const float *x, int n, char *err)
     return 0;
 }
 
+__global__ static void axpy_kernel(float *y, const float *x, float a, size_t n, int acc)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = acc ? y[i] + a * x[i] : a * x[i];
+}
+
+int tg_axpy(tgpu *g, float *y, const float *x, float a, size_t n, int acc, char *err)
+{
+    if (!n) return 0;
+    axpy_kernel<<<tg_blocks(n, 256), 256, 0, g->stream>>>(y, x, a, n, acc);
+    LAUNCH_TRY(err, "axpy");
+    return 0;
+}
+
+/* TG_DOT_PARTS blocks each sum a slice, then one block sums the slices in
+ * order: the same bits every run */
+#define TG_DOT_PARTS 256
+__global__ static void dot_part_kernel(double *part, const float *x, const float *y, size_t n)
+{
+    __shared__ double sc[32];
+    const size_t per = (n + gridDim.x - 1) / gridDim.x, a = blockIdx.x * per, b = a + per < n ? a + per : n;
+    double s = 0;
+    for (size_t i = a + threadIdx.x; i < b; i += blockDim.x) s += (double)x[i] * y[i];
+    s = block_sum(s, sc);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ static void dot_fold_kernel(double *out, const double *part, int parts)
+{
+    __shared__ double sc[32];
+    double s = 0;
+    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += part[i];
+    s = block_sum(s, sc);
+    if (threadIdx.x == 0) *out = s;
+}
+
+int tg_dot(tgpu *g, double *out, const float *x, const float *y, size_t n, char *err)
+{
+    /* the column sums' scratch holds TG_COL_CHUNKS x (at least 3) doubles */
+    dot_part_kernel<<<TG_DOT_PARTS, 256, 0, g->stream>>>(g->colpart, x, y, n);
+    LAUNCH_TRY(err, "dot");
+    dot_fold_kernel<<<1, 256, 0, g->stream>>>(out, g->colpart, TG_DOT_PARTS);
+    LAUNCH_TRY(err, "dot fold");
+    return 0;
+}
+
 __global__ static void f2d_kernel(double *d, const float *s, size_t n)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -317,16 +367,17 @@ __global__ static void opt_squares_kernel(double *part, const float *grad, const
 }
 
 /* one thread per tensor: adagrad's clipped rate factor; adam (global): the
- * gradient scale, the same for all */
+ * gradient scale, the same for all, from the weights this step trains */
 __global__ static void opt_factor_kernel(double *scale, const double *part, const int *first, const int *nck,
-                                         int n_tp, int global, double clip)
+                                         const int *act, int n_tp, int global, double clip)
 {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tp) return;
     double ss = 0;
     if (global) {
         for (int u = 0; u < n_tp; u++)
-            for (int c = 0; c < nck[u]; c++) ss += part[first[u] + c];
+            if (act[u] == TG_ACT_WEIGHT)
+                for (int c = 0; c < nck[u]; c++) ss += part[first[u] + c];
         const double coef = clip / (sqrt(ss) + 1e-6);
         scale[t] = clip > 0 && coef < 1 ? coef : 1.0;
     } else {
@@ -337,13 +388,16 @@ __global__ static void opt_factor_kernel(double *scale, const double *part, cons
 }
 
 __global__ static void opt_update_kernel(float *w, const float *grad, float *m1, float *m2, const size_t *ck_off,
-                                         const int *ck_len, const int *ck_t, const int *kind, const double *scale,
-                                         int adam, double lr, double b1, double b2, double eps, double bc1,
-                                         double bc2)
+                                         const int *ck_len, const int *ck_t, const int *kind, const int *act,
+                                         const double *scale, int adam_w, double lr_w, double arch_lr, double b1,
+                                         double b2, double eps, double bc1, double bc2)
 {
     const size_t o = ck_off[blockIdx.x];
-    const int n = ck_len[blockIdx.x], t = ck_t[blockIdx.x];
-    const double f = scale[t];
+    const int n = ck_len[blockIdx.x], t = ck_t[blockIdx.x], a = act[t];
+    if (a == TG_ACT_NONE) return;
+    /* alpha: Adam at arch_lr, unclipped */
+    const int adam = a == TG_ACT_ALPHA || adam_w;
+    const double f = a == TG_ACT_ALPHA ? 1.0 : scale[t], lr = a == TG_ACT_ALPHA ? arch_lr : lr_w;
     const bool clamp = kind[t] == TP_ZFRAC;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const size_t j = o + i;
@@ -364,18 +418,32 @@ __global__ static void opt_update_kernel(float *w, const float *grad, float *m1,
     }
 }
 
-int tg_optim(tgpu *g, double lr, long step, char *err)
+int tg_optim(tgpu *g, double lr, double arch_lr, long step, char *err)
 {
     const int adam = g->optim == OPT_ADAM;
     opt_squares_kernel<<<g->n_chunk, 256, 0, g->stream>>>(g->ck_part, g->g, g->ck_off, g->ck_len);
     LAUNCH_TRY(err, "optimizer norms");
     opt_factor_kernel<<<tg_blocks(g->n_tp, 64), 64, 0, g->stream>>>(g->tp_scale, g->ck_part, g->tp_first, g->tp_nck,
-                                                                      g->n_tp, adam, g->grad_clip);
+                                                                      g->tp_act, g->n_tp, adam, g->grad_clip);
     LAUNCH_TRY(err, "optimizer factors");
     const double bc1 = 1.0 - pow(g->beta1, (double)step), bc2 = 1.0 - pow(g->beta2, (double)step);
     opt_update_kernel<<<g->n_chunk, 256, 0, g->stream>>>(g->w, g->g, g->m1, g->m2, g->ck_off, g->ck_len, g->ck_t,
-                                                         g->tp_kind, g->tp_scale, adam, lr, g->beta1, g->beta2,
-                                                         g->adam_eps, bc1, bc2);
+                                                         g->tp_kind, g->tp_act, g->tp_scale, adam, lr, arch_lr,
+                                                         g->beta1, g->beta2, g->adam_eps, bc1, bc2);
     LAUNCH_TRY(err, "optimizer update");
+    return 0;
+}
+
+__global__ static void gather_kernel(float *out, const float *w, const size_t *off, int n)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = w[off[i]];
+}
+
+int tg_gather_mirror(tgpu *g, char *err)
+{
+    if (!g->n_mirror) return 0;
+    gather_kernel<<<tg_blocks(g->n_mirror, 128), 128, 0, g->stream>>>(g->mirror, g->w, g->mir_off, g->n_mirror);
+    LAUNCH_TRY(err, "mirror gather");
     return 0;
 }

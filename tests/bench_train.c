@@ -10,7 +10,16 @@
  * at the full span: windows of 1024); in float32 (the default) and with the
  * linear layers in TF32. Wall time of STEPS steps after WARM, median of RUNS.
  * `bench_train --profile`: one step at z/S = 0 in float32 only, for a
- * profiler (ncu) to time each kernel.
+ * profiler (ncu) to time each kernel; `--profile-par`: one step of PAR's
+ * fixed architecture in float32 only.
+ *
+ * Then PAR Transformer-XL of par-base's shape (../shared/bench: 24 blocks,
+ * d_model 512, 8 heads of 64, d_inner 2048, mem_len 512, vocabulary 256)
+ * with segments of 512 and 16 streams (8,192 tokens a step), Adam with the
+ * global clip: the fixed architecture `afff` x 4 + `f` x 8, and the search
+ * supernet (every block computes both branches and alpha's gradient), in
+ * float32 and tf32. tests/bench_par_torch.py measures the same model
+ * written in PyTorch (eager, float32) the same way.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "err.h"
@@ -47,6 +56,7 @@ static int cmp_double(const void *a, const void *b)
 /* tokens/s, or -1 */
 static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, char *err)
 {
+    const int search = t->c.fam->search && t->searching;
     const int N = t->B * t->M;
     double runs[3];
     for (int k = 0; k < RUNS; k++) {
@@ -57,6 +67,7 @@ static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, c
                 x[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
                 y[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
             }
+            if (search) t->c.fam->step_begin(t, t->step + 1, r);   /* tau and the Gumbel noise */
             double aux, nll = tgpu_forward(g, t, x, y, 1, 1, &aux, err);
             if (!isfinite(nll) || tgpu_step(g, t, train_lr(&t->c, t->step + 1), err)) return -1;
         }
@@ -66,15 +77,54 @@ static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, c
     return runs[RUNS / 2];
 }
 
+/* par-base's shape; ARCH "afff" x 4 + "f" x 8, or the search */
+static int bench_par(char *err, int profile)
+{
+    train_cfg c;
+    train_cfg_defaults(&c, &train_family_par);
+    c.n_blocks = 24, c.n_head = 8, c.d_model = 512, c.d_head = 64, c.d_inner = 2048, c.mem_len = 512;
+    c.tgt_len = 512, c.batch_size = 16, c.lr = 2.5e-4, c.search_steps = 1000;
+    const int V = 256, N = c.batch_size * c.tgt_len;
+    trainer *t = trainer_new(&c, V, err);
+    if (!t) { printf("FAIL bench_train: %s\n", err); return 1; }
+    int32_t *x = malloc(sizeof *x * N), *y = malloc(sizeof *y * N);
+    train_rng r = {7};
+    printf("bench_train: PAR training step of par-base's shape (24 blocks, D 512, 8 heads of 64, inner 2048, "
+           "mem_len 512, tgt_len 512, B 16, V %d; Adam)\n", V);
+    for (int search = 0; search < (profile ? 1 : 2); search++)
+        for (int tf32 = 0; tf32 < (profile ? 1 : 2); tf32++) {
+            trainer_init(t, 1);
+            t->step = 0;
+            t->searching = search;
+            t->tau = c.tau_start;
+            for (int l = 0; l < t->L; l++) t->arch[l] = l < 16 && l % 4 == 0 ? BLK_ATTN : BLK_FFN;
+            trainer_reset_memory(t);
+            tgpu *g = tgpu_new(t, err);
+            if (!g || tgpu_set_tf32(g, tf32, err)) { printf("FAIL bench_train: %s\n", err); return 1; }
+            double tps = bench(t, g, x, y, &r, err);
+            if (tps < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
+            printf("bench_train: %s, PAR %s, %s: %.0f tokens/s, %.1f ms a step, %.2f GB on the device\n",
+                   tgpu_device_name(g), search ? "search (every block both branches)" : "afff x4 + f x8",
+                   tf32 ? "tf32" : "fp32", tps, 1e3 * N / tps, tgpu_bytes(g) / 1e9);
+            tgpu_free(g);
+        }
+    free(x);
+    free(y);
+    trainer_free(t);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     char err[ERR_LEN];
-    const int profile = argc > 1 && strcmp(argv[1], "--profile") == 0;
-    if (profile) WARM = 0, STEPS = 1, RUNS = 1;
+    const int profile = argc > 1 && strcmp(argv[1], "--profile") == 0,
+              profile_par = argc > 1 && strcmp(argv[1], "--profile-par") == 0;
+    if (profile || profile_par) WARM = 0, STEPS = 1, RUNS = 1;
     if (tgpu_available(err)) {
         printf("SKIP bench_train: %s\n", err);
         return 0;
     }
+    if (profile_par) return bench_par(err, 1);
     train_cfg c;
     train_cfg_defaults(&c, &train_family_aspan);
     c.nb_layers = 8, c.hidden_size = 256, c.nb_heads = 4, c.inner_hidden_size = 1024, c.attn_span = 1024;
@@ -106,6 +156,6 @@ int main(int argc, char **argv)
     free(x);
     free(y);
     trainer_free(t);
-    return 0;
+    return profile ? 0 : bench_par(err, profile_par);
 }
 #endif

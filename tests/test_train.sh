@@ -201,7 +201,6 @@ badcfg 2 "config 'out' is required" "{\"family\": \"adaptive-span\", \"data\": \
 badcfg 2 "not valid JSON" "{\"family\": \"adaptive-span\", "
 badcfg 2 "a config must be a JSON object" "[1, 2]"
 badcfg 2 "config 'tf32' is true but 'device' is .cpu.: TF32 is the CUDA trainer's" "{\"family\": \"adaptive-span\", $D, \"tf32\": true}"
-badcfg 2 "the CUDA trainer covers the adaptive-span family only" "{\"family\": \"par-transformer-xl\", $D, \"device\": \"cuda\"}"
 badcfg 1 "No such file" "{\"family\": \"adaptive-span\", \"data\": \"$tmp/none.txt\", \"out\": \"$tmp/x\"}"
 badcfg 1 "the training text (54000 characters) is too short for batch_size 4096" "{\"family\": \"adaptive-span\", $D, \"batch_size\": 4096}"
 printf 'aaaa' >"$tmp/one.txt"

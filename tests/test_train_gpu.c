@@ -1,7 +1,7 @@
 /*
  * test_train_gpu.c - the CUDA trainer (kernels/train_gpu.h) against the
- * double-precision CPU trainer (core/train_aspan.c) on tiny adaptive-span
- * configurations, both from the same weights:
+ * double-precision CPU trainer on tiny configurations, both from the same
+ * weights. Adaptive-span (core/train_aspan.c):
  *   - the loss and the span loss of blocks with the memory carried, and the
  *     memories after them;
  *   - the gradient of every element of every tensor (z/S, key_pe and every
@@ -17,6 +17,17 @@
  *     the GPU's logged losses and validation bpc follow the CPU's (5e-3
  *     after 40 steps), the checkpoint loads, and a
  *     resumed GPU run equals the GPU run that never stopped.
+ * and the same of PAR Transformer-XL (core/train_par.c) on tiny configs:
+ *   - the losses of blocks while the memory fills, and the memories;
+ *   - every gradient element while searching (alpha through the
+ *     Gumbel-softmax included) and of the fixed architecture (the branches
+ *     it left out: none on either side);
+ *   - steps of Adam (alpha at arch_lr, unclipped) in both phases; the
+ *     branches left out do not move;
+ *   - no memory, a memory shorter than a block, untied output, heads
+ *     narrower than the model, Adagrad;
+ *   - the loop: the same architecture fixed, a stop during the search
+ *     resumed past its end.
  * Without a GPU (or built without nvcc) it reports itself skipped.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -50,7 +61,9 @@ static void rand_tokens(int32_t *x, int32_t *y, int n, int V)
 
 static double rel(double a, double b) { return fabs(a - b) / (fabs(b) > 1e-12 ? fabs(b) : 1e-12); }
 
-/* Every tensor's gradient: |gpu - cpu| <= 1e-3 |cpu| + 1e-5 max|cpu of the tensor|. */
+/* Every tensor's gradient: |gpu - cpu| <= 1e-3 |cpu| + 1e-5 max|cpu of the tensor|;
+ * a tensor the step does not train (a branch a fixed PAR architecture left
+ * out) has none on either side. */
 static void compare_grads(const trainer *t, const double *gg, const char *what)
 {
     double worst_all = 0;
@@ -59,6 +72,11 @@ static void compare_grads(const trainer *t, const double *gg, const char *what)
         const double *gc = t->g + p->off, *gd = gg + p->off;
         double mx = 0, worst = 0;
         size_t at = 0;
+        if (!train_param_active(t, i)) {
+            for (size_t j = 0; j < p->n; j++) mx = fmax(mx, fabs(gc[j]) + fabs(gd[j]));
+            CHECK(mx == 0, "%s: %s is not trained this step but has a gradient (%.3g)", what, p->name, mx);
+            continue;
+        }
         for (size_t j = 0; j < p->n; j++) mx = fmax(mx, fabs(gc[j]));
         for (size_t j = 0; j < p->n; j++) {
             double d = fabs(gd[j] - gc[j]), e = d / (1e-3 * fabs(gc[j]) + 1e-5 * mx);
@@ -235,6 +253,153 @@ static void test_tf32(void)
     trainer_free(tg);
 }
 
+/* ---- PAR ---- */
+
+/* the Gumbel noise and tau of a search step, the same on both trainers */
+static void par_noise(trainer *a, trainer *b, long s)
+{
+    a->tau = b->tau = a->c.tau_start * pow(a->c.tau_end / a->c.tau_start, (double)s / (double)a->c.search_steps);
+    for (int i = 0; i < 3 * a->L; i++) a->gumbel[i] = b->gumbel[i] = -log(-log(train_rng_unif(&rng)));
+}
+
+/* A CPU trainer and a GPU one from the same weights: blocks that fill the
+ * memory (compared after them), the gradient of every element while
+ * searching (alpha included), STEPS steps of the search, the architecture
+ * fixed, the gradient of the fixed model, STEPS more steps (the branches
+ * left out untouched on both). */
+static void compare_par(train_cfg c, int V, int steps, const char *what)
+{
+    char err[ERR_LEN];
+    trainer *tc = trainer_new(&c, V, err), *tg = trainer_new(&c, V, err);
+    CHECK(tc && tg, "%s: trainer_new: %s", what, err);
+    if (!tc || !tg) { trainer_free(tc); trainer_free(tg); return; }
+    trainer_init(tc, 13);
+    trainer_init(tg, 13);
+    /* alpha away from 0, so that the mixture's gradient is not symmetric */
+    for (int l = 0; l < tc->L; l++)
+        for (int k = 0; k < 3; k++)
+            tc->w[tc->ly[l].alpha + k] = tg->w[tg->ly[l].alpha + k] = 0.3 * sin(1.7 * l + 2.1 * k);
+    tgpu *g = tgpu_new(tg, err);
+    CHECK(g != NULL, "%s: tgpu_new: %s", what, err);
+    if (!g) { trainer_free(tc); trainer_free(tg); return; }
+    const int N = tc->B * tc->M;
+    const size_t nm = trainer_mem_floats(tc);
+    int32_t *x = malloc(sizeof *x * N), *y = malloc(sizeof *y * N);
+    double *buf = malloc(sizeof *buf * (tc->n > nm ? tc->n : nm + 1));
+    double ac, ag, lc, lg;
+    /* blocks: the memory fills (mlen 0, M, ... up to mem_len) */
+    for (int s = 0; s < 3; s++) {
+        par_noise(tc, tg, 1);
+        rand_tokens(x, y, N, V);
+        lc = trainer_forward(tc, x, y, 0, 1, &ac, err);
+        lg = tgpu_forward(g, tg, x, y, 0, 1, &ag, err);
+        CHECK(rel(lg, lc) < 1e-5, "%s: block %d: loss gpu %.9g cpu %.9g (%s)", what, s, lg, lc, err);
+    }
+    if (nm) {
+        CHECK(tgpu_download_memory(g, buf, err) == 0, "%s: %s", what, err);
+        double md = 0, mabs = 0;
+        for (size_t i = 0; i < nm; i++) md = fmax(md, fabs(buf[i] - tc->mem[i])), mabs += fabs(tc->mem[i]);
+        CHECK(mabs > 1 && md < 1e-4, "%s: memories differ by %.3g (sum |cpu| %.3g)", what, md, mabs);
+    }
+    for (int phase = 0; phase < 2; phase++) {
+        const char *ph = phase == 0 ? "searching" : "fixed";
+        char label[200];
+        snprintf(label, sizeof label, "%s, %s", what, ph);
+        if (phase == 1) {
+            par_fix_arch(tc);
+            par_fix_arch(tg);
+            for (int l = 0; l < tc->L; l++)
+                CHECK(tc->arch[l] == tg->arch[l], "%s: block %d: arch gpu %d cpu %d", label, l, tg->arch[l], tc->arch[l]);
+        }
+        /* the gradient of one block */
+        if (phase == 0) par_noise(tc, tg, 3);
+        rand_tokens(x, y, N, V);
+        lc = trainer_forward(tc, x, y, 1, 1, &ac, err);
+        lg = tgpu_forward(g, tg, x, y, 1, 1, &ag, err);
+        CHECK(rel(lg, lc) < 1e-5, "%s: loss gpu %.9g cpu %.9g (%s)", label, lg, lc, err);
+        CHECK(tgpu_download_grad(g, buf, err) == 0, "%s: %s", label, err);
+        compare_grads(tc, buf, label);
+        /* elements whose gradient float32 cannot resolve to 1e-3: Adam and
+         * Adagrad divide each by its own root (mean) square, so they may
+         * move by a different fraction of lr. compare_grads allows an
+         * element 1e-5 of its tensor's largest: for Adam (eps 1e-8 under
+         * the root) the elements below that; Adagrad's ratio of an
+         * element's own gradients takes their relative error whole, which
+         * is over 1e-3 below 1e-2 of the largest */
+        char *unres = calloc(tc->n, 1);
+        const double res = c.optim == OPT_ADAGRAD ? 1e-2 : 1e-5;
+        size_t n_unres = 0;
+        for (int i = 0; i < tc->n_tp; i++) {
+            const tparam *p = &tc->tp[i];
+            double mx = 0;
+            for (size_t j = 0; j < p->n; j++) mx = fmax(mx, fabs(tc->g[p->off + j]));
+            for (size_t j = 0; j < p->n; j++)
+                if (fabs(tc->g[p->off + j]) <= res * mx) unres[p->off + j] = 1, n_unres++;
+        }
+        double *w0 = malloc(sizeof *w0 * tc->n);
+        CHECK(tgpu_download(g, tg, err) == 0, "%s: %s", label, err);
+        memcpy(w0, tg->w, sizeof *w0 * tc->n);
+        /* steps of Adam (weights clipped, alpha at arch_lr) */
+        double worst_loss = 0;
+        for (int s = 1; s <= steps; s++) {
+            if (phase == 0) par_noise(tc, tg, s);
+            rand_tokens(x, y, N, V);
+            lc = trainer_forward(tc, x, y, 1, 1, &ac, err);
+            lg = tgpu_forward(g, tg, x, y, 1, 1, &ag, err);
+            double lr = train_lr(&c, s);
+            train_optim_step(tc, lr, c.arch_lr);
+            CHECK(tgpu_step(g, tg, lr, err) == 0, "%s: step: %s", label, err);
+            CHECK(rel(lg, lc) < 1e-4, "%s: step %d: loss gpu %.9g cpu %.9g", label, s, lg, lc);
+            worst_loss = fmax(worst_loss, rel(lg, lc));
+        }
+        CHECK(tgpu_download(g, tg, err) == 0, "%s: %s", label, err);
+        /* Adam moves a weight by about lr a step; float32's rounding a
+         * thousandth of that */
+        const double lr_max = fmax(c.lr, c.arch_lr), tight = 1e-3 * lr_max * steps;
+        double worst = 0, worst_res = 0;
+        const char *wn = "", *rn = "";
+        size_t off_tight = 0, moved = 0;
+        for (int i = 0; i < tc->n_tp; i++) {
+            const tparam *p = &tc->tp[i];
+            const int active = train_param_active(tc, i);
+            for (size_t j = 0; j < p->n; j++) {
+                const size_t at = p->off + j;
+                double d = fabs(tg->w[at] - tc->w[at]);
+                if (!(d <= worst)) worst = d, wn = p->name;
+                if (!active && tg->w[at] != w0[at]) moved++;
+                if (unres[at]) continue;
+                if (!(d <= tight)) off_tight++;
+                if (!(d <= worst_res)) worst_res = d, rn = p->name;
+            }
+        }
+        CHECK(worst <= 2 * lr_max * steps, "%s: after %d steps a weight of %s differs by %.3g", label, steps, wn, worst);
+        CHECK(off_tight == 0, "%s: after %d steps %zu weights differ by more than %.3g (the most %.3g, %s)", label,
+              steps, off_tight, tight, worst_res, rn);
+        CHECK(moved == 0, "%s: %zu weights of branches the architecture left out moved", label, moved);
+        for (int l = 0; l < tc->L; l++)
+            CHECK(tc->mlen[l] == tg->mlen[l], "%s: block %d: mlen gpu %d cpu %d", label, l, tg->mlen[l], tc->mlen[l]);
+        printf("%s: %d steps, losses within %.2g, weights within %.3g (%s; %zu of %zu unresolved within %.3g)\n",
+               label, steps, worst_loss, worst_res, rn, n_unres, tc->n, worst);
+        free(unres);
+        free(w0);
+    }
+    free(x);
+    free(y);
+    free(buf);
+    tgpu_free(g);
+    trainer_free(tc);
+    trainer_free(tg);
+}
+
+static train_cfg tiny_par(void)
+{
+    train_cfg c;
+    train_cfg_defaults(&c, &train_family_par);
+    c.n_blocks = 4, c.n_head = 2, c.d_model = 8, c.d_head = 3, c.d_inner = 12, c.mem_len = 7, c.tgt_len = 4;
+    c.batch_size = 3, c.search_steps = 100, c.lr = 0.01, c.arch_lr = 0.02, c.grad_clip = 0.25;
+    return c;
+}
+
 /* ---- the loop ---- */
 
 /* The "train" lines' losses and the final val_bpc of a log. */
@@ -254,70 +419,99 @@ static int read_log(FILE *f, double *loss, int cap, double *val)
     return n;
 }
 
-static void test_loop(void)
+/* the text: the first 60,000 characters of tiny_shakespeare; 0 or -1 */
+static int loop_text(const char *dir, char *text, size_t cap)
 {
-    char err[ERR_LEN], dir[] = "/tmp/test_train_gpu.XXXXXX";
-    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
-    char src[1024], text[1100];
+    char src[1024];
     snprintf(src, sizeof src, "%s", ref_path("data/tiny_shakespeare.txt"));
-    snprintf(text, sizeof text, "%s/text.txt", dir);
+    snprintf(text, cap, "%s/text.txt", dir);
     FILE *in = fopen(src, "rb"), *out = fopen(text, "wb");
     CHECK(in && out, "cannot read %s", src);
-    if (!in || !out) { if (in) fclose(in); if (out) fclose(out); return; }
+    if (!in || !out) { if (in) fclose(in); if (out) fclose(out); return -1; }
     char *buf = malloc(60000);
     size_t k = fread(buf, 1, 60000, in);
     fwrite(buf, 1, k, out);
     fclose(in);
     fclose(out);
     free(buf);
+    return 0;
+}
 
-    train_cfg c;
-    train_cfg_defaults(&c, &train_family_aspan);
-    c.hidden_size = 32, c.inner_hidden_size = 64, c.nb_heads = 4, c.nb_layers = 2, c.attn_span = 80;
-    c.block_size = 16, c.batch_size = 8, c.adapt_span_ramp = 8, c.adapt_span_init = 0.1, c.steps = 40;
-    c.log_every = 10, c.eval_every = 20, c.eval_tokens = 2000, c.checkpoint_every = 20, c.lr = 0.07;
-    c.lr_warmup = 10;
+/* The architecture of a log's "arch_fixed" line, as one string ("" if none). */
+static void read_arch(FILE *f, char *arch, size_t cap)
+{
+    char line[65536];
+    arch[0] = 0;
+    rewind(f);
+    while (fgets(line, sizeof line, f)) {
+        json_t *o = json_loads(line, 0, NULL);
+        const char *ev = json_string_value(json_object_get(o, "event"));
+        if (ev && strcmp(ev, "arch_fixed") == 0) {
+            char *a = json_dumps(json_object_get(o, "arch"), JSON_COMPACT);
+            snprintf(arch, cap, "%s", a ? a : "");
+            free(a);
+        }
+        json_decref(o);
+    }
+}
+
+/* `spanserve train`'s loop on the CPU and on the GPU from config C (40
+ * steps, progress every 10): the curves, the validation, the
+ * architecture PAR fixes, the checkpoint, and a stop at 20 resumed to 40 */
+static void test_loop(train_cfg c, const char *what)
+{
+    char err[ERR_LEN], dir[] = "/tmp/test_train_gpu.XXXXXX", text[1100];
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    if (loop_text(dir, text, sizeof text)) return;
+    c.steps = 40, c.log_every = 10, c.eval_every = 20, c.eval_tokens = 2000, c.checkpoint_every = 20;
     snprintf(c.data, sizeof c.data, "%s", text);
     double lc[8], lg[8], lr_[8], vc, vg, vr;
+    char ac[512], ag[512], ar[512];
     FILE *f = tmpfile();
     snprintf(c.out, sizeof c.out, "%s/cpu.safetensors", dir);
-    CHECK(train_run_on(&c, NULL, 0, f, err) == 0, "cpu run: %s", err);
+    CHECK(train_run_on(&c, NULL, 0, f, err) == 0, "%s: cpu run: %s", what, err);
     int nc = read_log(f, lc, 8, &vc);
+    read_arch(f, ac, sizeof ac);
     fclose(f);
     strcpy(c.device, "cuda");
     f = tmpfile();
     snprintf(c.out, sizeof c.out, "%s/gpu.safetensors", dir);
-    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "gpu run: %s", err);
+    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "%s: gpu run: %s", what, err);
     int ng = read_log(f, lg, 8, &vg);
+    read_arch(f, ag, sizeof ag);
     fclose(f);
-    CHECK(nc == 4 && ng == 4, "progress lines: cpu %d, gpu %d (expected 4)", nc, ng);
-    /* 40 steps at lr 0.07 carry float32's rounding further than one step
+    CHECK(nc == 4 && ng == 4, "%s: progress lines: cpu %d, gpu %d (expected 4)", what, nc, ng);
+    /* 40 steps carry float32's rounding further than one step
      * (compare_case): the curves agree to a few thousandths */
     for (int i = 0; i < nc && i < ng; i++)
-        CHECK(rel(lg[i], lc[i]) < 5e-3, "loop: loss at line %d: gpu %.9g cpu %.9g", i, lg[i], lc[i]);
-    CHECK(rel(vg, vc) < 5e-3, "loop: val_bpc gpu %.9g cpu %.9g", vg, vc);
-    CHECK(nc > 0 && lc[nc - 1] < lc[0], "loop: the loss does not fall (%g -> %g)", lc[0], nc ? lc[nc - 1] : 0);
+        CHECK(rel(lg[i], lc[i]) < 5e-3, "%s: loss at line %d: gpu %.9g cpu %.9g", what, i, lg[i], lc[i]);
+    CHECK(rel(vg, vc) < 5e-3, "%s: val_bpc gpu %.9g cpu %.9g", what, vg, vc);
+    CHECK(nc > 0 && lc[nc - 1] < lc[0], "%s: the loss does not fall (%g -> %g)", what, lc[0], nc ? lc[nc - 1] : 0);
+    CHECK(strcmp(ac, ag) == 0, "%s: the search fixed %s on the GPU, %s on the CPU", what, ag, ac);
     /* the GPU's checkpoint serves */
     model_t *m = model_load(c.out, err);
-    CHECK(m != NULL, "the GPU's checkpoint does not load: %s", err);
+    CHECK(m != NULL, "%s: the GPU's checkpoint does not load: %s", what, err);
     model_free(m);
     /* stop at 20, resume to 40: the same as the run that never stopped */
     c.steps = 20;
     f = tmpfile();
     snprintf(c.out, sizeof c.out, "%s/gpu2.safetensors", dir);
-    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "gpu run to 20: %s", err);
+    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "%s: gpu run to 20: %s", what, err);
     fclose(f);
     c.steps = 40;
     f = tmpfile();
-    CHECK(train_run_on(&c, &tgpu_train_device, 1, f, err) == 0, "gpu resume: %s", err);
+    CHECK(train_run_on(&c, &tgpu_train_device, 1, f, err) == 0, "%s: gpu resume: %s", what, err);
     int nr = read_log(f, lr_, 8, &vr);
+    read_arch(f, ar, sizeof ar);
     fclose(f);
-    CHECK(nr == 2, "resumed run: %d progress lines (expected 2)", nr);
+    CHECK(nr == 2, "%s: resumed run: %d progress lines (expected 2)", what, nr);
     for (int i = 0; i < nr && i + 2 < ng; i++)
-        CHECK(lr_[i] == lg[i + 2], "resume: loss at line %d: %.17g vs %.17g without a stop", i + 2, lr_[i], lg[i + 2]);
-    CHECK(vr == vg, "resume: val_bpc %.17g vs %.17g without a stop", vr, vg);
-    printf("loop: cpu losses %.6f .. %.6f val %.6f; gpu %.6f .. %.6f val %.6f\n", lc[0], lc[nc ? nc - 1 : 0], vc, lg[0],
-           lg[ng ? ng - 1 : 0], vg);
+        CHECK(lr_[i] == lg[i + 2], "%s: resume: loss at line %d: %.17g vs %.17g without a stop", what, i + 2, lr_[i],
+              lg[i + 2]);
+    CHECK(vr == vg, "%s: resume: val_bpc %.17g vs %.17g without a stop", what, vr, vg);
+    CHECK(strcmp(ar, ag) == 0, "%s: resume: the search fixed %s, %s without a stop", what, ar, ag);
+    printf("%s loop: cpu losses %.6f .. %.6f val %.6f; gpu %.6f .. %.6f val %.6f%s%s\n", what, lc[0],
+           lc[nc ? nc - 1 : 0], vc, lg[0], lg[ng ? ng - 1 : 0], vg, ag[0] ? "; arch " : "", ag);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd)) printf("note: could not remove %s\n", dir);
@@ -367,7 +561,38 @@ int main(void)
     compare_case(c, 40, zm, 4, "heads of 64");
 
     test_tf32();
-    test_loop();
+
+    train_cfg a;
+    train_cfg_defaults(&a, &train_family_aspan);
+    a.hidden_size = 32, a.inner_hidden_size = 64, a.nb_heads = 4, a.nb_layers = 2, a.attn_span = 80;
+    a.block_size = 16, a.batch_size = 8, a.adapt_span_ramp = 8, a.adapt_span_init = 0.1, a.lr = 0.07;
+    a.lr_warmup = 10;
+    test_loop(a, "adaptive-span");
+
+    /* PAR: the memory filling (mem_len 7, blocks of 4), heads narrower
+     * than the model (2 x 3 of 8), untied output */
+    train_cfg p = tiny_par();
+    compare_par(p, 9, 4, "par tiny");
+    p.tie_weight = 0;
+    compare_par(p, 9, 3, "par untied");
+    /* no memory; a memory shorter than a block; Adagrad for the weights */
+    p = tiny_par();
+    p.mem_len = 0;
+    compare_par(p, 9, 3, "par without memory");
+    p = tiny_par();
+    p.mem_len = 3, p.tgt_len = 5, p.optim = OPT_ADAGRAD, p.lr = 0.05;
+    compare_par(p, 9, 3, "par short memory, adagrad");
+    /* par-small's heads (4 x 32 of 128), several streams */
+    p = tiny_par();
+    p.n_blocks = 3, p.n_head = 4, p.d_head = 32, p.d_model = 128, p.d_inner = 256, p.mem_len = 40, p.tgt_len = 24;
+    p.batch_size = 4;
+    compare_par(p, 30, 3, "par heads of 32");
+
+    /* the search ends at step 25, between the stop and the resume */
+    p = tiny_par();
+    p.n_blocks = 4, p.n_head = 4, p.d_head = 8, p.d_model = 32, p.d_inner = 64, p.mem_len = 16, p.tgt_len = 16;
+    p.batch_size = 8, p.search_steps = 25, p.lr = 3e-3, p.arch_lr = 0.05;
+    test_loop(p, "par-transformer-xl");
     return test_summary("test_train_gpu");
 }
 #endif

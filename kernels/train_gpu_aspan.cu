@@ -1,0 +1,186 @@
+/*
+ * train_gpu_aspan.cu - the adaptive-span family on the CUDA trainer
+ * (train_internal.cuh's tg_family): its buffers and its block, in the order
+ * of core/train_aspan.c. The attention's products are cuBLAS batched
+ * products on the full score matrices, head by head; train_attn.cu has the
+ * kernels of the span-masked band, train_ops.cu the rest.
+ *
+ * Memory: every buffer is allocated once for B streams of M tokens and the
+ * longest window S (a layer whose window W is shorter packs its keys,
+ * scores and band at W); a step allocates nothing. The largest are the
+ * softmax bands kept per layer (L B K M S floats) and the two full score
+ * matrices of one layer (B K M (S+M) each).
+ */
+#include "train_internal.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+
+static int aspan_plan(tgpu *g, const trainer *t, char *err)
+{
+    g->S = t->c.attn_span, g->R = t->c.adapt_span_ramp, g->coeff = t->c.adapt_span_loss;
+    g->key_pe = t->key_pe;
+    const size_t L = g->L, B = g->B, M = g->M, H = g->H, K = g->K, S = g->S, I = g->I, N = g->N, SMx = S + M,
+                 F = sizeof(float);
+    g->zoff = (size_t *)calloc(L, sizeof *g->zoff);
+    g->win = (int *)calloc(L, sizeof *g->win);
+    g->cache = (int *)calloc(L, sizeof *g->cache);
+    if (!g->zoff || !g->win || !g->cache) return err_set(err, "out of memory");
+    for (size_t l = 0; l < L; l++) g->zoff[l] = t->ly[l].zfrac;
+    return tg_alloc(g, &g->mem_tmp, F * B * S * H, err) || tg_alloc(g, &g->hall, F * L * B * SMx * H, err) ||
+                   tg_alloc(g, &g->Q, F * L * N * H, err) || tg_alloc(g, &g->Kr, F * L * B * SMx * H, err) ||
+                   tg_alloc(g, &g->Vr, F * L * B * SMx * H, err) || tg_alloc(g, &g->A, F * L * B * K * M * S, err) ||
+                   tg_alloc(g, &g->nrm, F * L * B * K * M, err) || tg_alloc(g, &g->mask, F * L * K * S, err) ||
+                   tg_alloc(g, &g->mskin, F * L * K * S, err) || tg_alloc(g, &g->att, F * L * N * H, err) ||
+                   tg_alloc(g, &g->xh1, F * L * N * H, err) || tg_alloc(g, &g->x1, F * L * N * H, err) ||
+                   tg_alloc(g, &g->xh2, F * L * N * H, err) || tg_alloc(g, &g->r1, F * L * N, err) ||
+                   tg_alloc(g, &g->r2, F * L * N, err) || tg_alloc(g, &g->ff, F * L * N * I, err) ||
+                   tg_alloc(g, &g->F1, F * B * K * M * SMx, err) || tg_alloc(g, &g->F2, F * B * K * M * SMx, err) ||
+                   tg_alloc(g, &g->PB, F * N * K * S, err) || tg_alloc(g, &g->dX1, F * N * H, err) ||
+                   tg_alloc(g, &g->dAtt, F * N * H, err) || tg_alloc(g, &g->dQ, F * N * H, err) ||
+                   tg_alloc(g, &g->dFF, F * N * I, err) || tg_alloc(g, &g->dKr, F * B * SMx * H, err) ||
+                   tg_alloc(g, &g->dVr, F * B * SMx * H, err) || tg_alloc(g, &g->dzrow, F * B * K * M, err)
+               ? -1
+               : 0;
+}
+
+/* The attention's products, head by head: for head h the B streams' D
+ * columns of the row-layout operands (leading dimension H, a stream apart)
+ * and its full-score matrices, in one batched product each. Operand X is
+ * at X + h * hX, advanced by sX a stream. */
+static int heads_gemm(tgpu *g, int ta, int tb, int m, int n, int k, const float *A, int lda, long long sa, size_t ha,
+                      const float *B, int ldb, long long sb, size_t hb, float *C, int ldc, long long sc, size_t hc,
+                      char *err)
+{
+    for (int h = 0; h < g->K; h++)
+        if (tg_gemm_batched(g, ta, tb, m, n, k, 1, A + h * ha, lda, sa, B + h * hb, ldb, sb, 0, C + h * hc, ldc, sc,
+                            g->B, err))
+            return -1;
+    return 0;
+}
+
+static int layer_forward(tgpu *g, int l, int carry, char *err)
+{
+    const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
+              SM = W + M;
+    const size_t SMx = (size_t)S + M;
+    const tlayer *ly = &g->ly[l];
+    const float *w = g->w;
+    float *X = g->X + (size_t)l * N * H, *Xn = X + (size_t)N * H, *hall = g->hall + (size_t)l * B * SMx * H,
+          *Q = g->Q + (size_t)l * N * H, *Kr = g->Kr + (size_t)l * B * SMx * H, *Vr = g->Vr + (size_t)l * B * SMx * H,
+          *A = g->A + (size_t)l * B * K * M * S, *nrm = g->nrm + (size_t)l * B * K * M,
+          *mask = g->mask + (size_t)l * K * S, *mskin = g->mskin + (size_t)l * K * S, *att = g->att + (size_t)l * N * H,
+          *x1 = g->x1 + (size_t)l * N * H, *xh1 = g->xh1 + (size_t)l * N * H, *xh2 = g->xh2 + (size_t)l * N * H,
+          *r1 = g->r1 + (size_t)l * N, *r2 = g->r2 + (size_t)l * N, *ff = g->ff + (size_t)l * N * I,
+          *mem = g->mem + (size_t)l * B * S * H;
+    const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
+    const size_t hf = (size_t)M * SM;
+    if (tg_span_mask(g, mask, mskin, w + ly->zfrac, W, err) ||
+        /* q = X Wq^T and its pe band */
+        tg_gemm(g, 0, 1, N, H, H, 1, X, H, w + ly->wq, H, 0, Q, H, err) ||
+        tg_gemm(g, 0, 0, N * K, W, D, 1, Q, D, w + g->key_pe + (S - W), S, 0, g->PB, W, err) ||
+        /* k, v of [memory window; X] */
+        tg_build_hall(g, hall, mem, X, W, err) ||
+        tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wk, H, 0, Kr, H, err) ||
+        tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wv, H, 0, Vr, H, err) ||
+        /* scores, the masked softmax, o = w v */
+        heads_gemm(g, 0, 1, M, SM, D, Q, H, sq, D, Kr, H, sk, D, g->F1, SM, sf, hf, err) ||
+        tg_band_softmax(g, g->F1, g->PB, A, nrm, g->F2, mask, W, err) ||
+        heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Vr, H, sk, D, att, H, sq, D, err) ||
+        /* X1 = LN1(X + o Wo^T);  X' = LN2(X1 + fc2(relu(fc1(X1)))) */
+        tg_gemm(g, 0, 1, N, H, H, 1, att, H, w + ly->wo, H, 0, g->tmp, H, err) ||
+        tg_ln_fwd(g, x1, xh1, r1, g->tmp, NULL, X, w + ly->ln1_w, w + ly->ln1_b, N, H, err) ||
+        tg_gemm(g, 0, 1, N, I, H, 1, x1, H, w + ly->fc1_w, H, 0, ff, I, err) ||
+        tg_bias_relu(g, ff, w + ly->fc1_b, N, I, err) ||
+        tg_gemm(g, 0, 1, N, H, I, 1, ff, I, w + ly->fc2_w, I, 0, g->tmp, H, err) ||
+        tg_ln_fwd(g, Xn, xh2, r2, g->tmp, w + ly->fc2_b, x1, w + ly->ln2_w, w + ly->ln2_b, N, H, err))
+        return -1;
+    if (carry && tg_mem_carry(g, mem, X, g->cache[l], err)) return -1;
+    return 0;
+}
+
+static int layer_backward(tgpu *g, int l, char *err)
+{
+    const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
+              SM = W + M;
+    const size_t SMx = (size_t)S + M;
+    const tlayer *ly = &g->ly[l];
+    const float *w = g->w;
+    float *gg = g->g;
+    const float *X = g->X + (size_t)l * N * H, *hall = g->hall + (size_t)l * B * SMx * H,
+                *Q = g->Q + (size_t)l * N * H, *Kr = g->Kr + (size_t)l * B * SMx * H,
+                *Vr = g->Vr + (size_t)l * B * SMx * H, *A = g->A + (size_t)l * B * K * M * S,
+                *nrm = g->nrm + (size_t)l * B * K * M, *mask = g->mask + (size_t)l * K * S,
+                *mskin = g->mskin + (size_t)l * K * S, *att = g->att + (size_t)l * N * H,
+                *x1 = g->x1 + (size_t)l * N * H, *xh1 = g->xh1 + (size_t)l * N * H,
+                *xh2 = g->xh2 + (size_t)l * N * H, *r1 = g->r1 + (size_t)l * N, *r2 = g->r2 + (size_t)l * N,
+                *ff = g->ff + (size_t)l * N * I;
+    const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
+    const size_t NH = sizeof(float) * N * H, hf = (size_t)M * SM;
+    /* X' = LN2(X1 + FF(X1)) */
+    if (tg_ln_back(g, g->dY, gg + ly->ln2_w, gg + ly->ln2_b, g->dX, xh2, r2, w + ly->ln2_w, N, H, err)) return -1;
+    CU_TRY(cudaMemcpyAsync(g->dX1, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
+    if (tg_gemm(g, 1, 0, H, I, N, 1, g->dY, H, ff, I, 1, gg + ly->fc2_w, I, err) ||
+        tg_colsum(g, gg + ly->fc2_b, g->dY, NULL, N, H, err) ||
+        tg_gemm(g, 0, 0, N, I, H, 1, g->dY, H, w + ly->fc2_w, I, 0, g->dFF, I, err) ||
+        tg_relu_back(g, g->dFF, ff, (size_t)N * I, err) ||
+        tg_gemm(g, 1, 0, I, H, N, 1, g->dFF, I, x1, H, 1, gg + ly->fc1_w, H, err) ||
+        tg_colsum(g, gg + ly->fc1_b, g->dFF, NULL, N, I, err) ||
+        tg_gemm(g, 0, 0, N, H, I, 1, g->dFF, I, w + ly->fc1_w, H, 1, g->dX1, H, err) ||
+        /* X1 = LN1(X + att Wo^T) */
+        tg_ln_back(g, g->dY, gg + ly->ln1_w, gg + ly->ln1_b, g->dX1, xh1, r1, w + ly->ln1_w, N, H, err))
+        return -1;
+    CU_TRY(cudaMemcpyAsync(g->dX, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
+    if (tg_gemm(g, 1, 0, H, H, N, 1, g->dY, H, att, H, 1, gg + ly->wo, H, err) ||
+        tg_gemm(g, 0, 0, N, H, H, 1, g->dY, H, w + ly->wo, H, 0, g->dAtt, H, err) ||
+        /* attention: dV = w^T dO, dw = dO V^T, then the band's backward */
+        tg_band_weights(g, A, nrm, mask, g->F2, W, err) ||
+        heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, g->dAtt, H, sq, D, g->dVr, H, sk, D, err) ||
+        heads_gemm(g, 0, 1, M, SM, D, g->dAtt, H, sq, D, Vr, H, sk, D, g->F1, SM, sf, hf, err) ||
+        tg_band_back(g, g->F1, A, nrm, mask, mskin, g->F2, g->PB, g->dzrow, W, err) ||
+        tg_span_grad(g, gg + ly->zfrac, g->dzrow, err) ||
+        /* dQ = dS K + dPE pe^T;  dK = dS^T Q;  dpe += Q^T dPE */
+        heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Kr, H, sk, D, g->dQ, H, sq, D, err) ||
+        heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, Q, H, sq, D, g->dKr, H, sk, D, err) ||
+        tg_gemm(g, 0, 1, N * K, D, W, 1, g->PB, W, w + g->key_pe + (S - W), S, 1, g->dQ, D, err) ||
+        tg_gemm(g, 1, 0, D, W, N * K, 1, Q, D, g->PB, W, 1, gg + g->key_pe + (S - W), S, err) ||
+        /* the projections: weights see every row, the input only the block's
+         * (the memory is detached) */
+        tg_gemm(g, 1, 0, H, H, N, 1, g->dQ, H, X, H, 1, gg + ly->wq, H, err) ||
+        tg_gemm(g, 0, 0, N, H, H, 1, g->dQ, H, w + ly->wq, H, 1, g->dX, H, err) ||
+        tg_gemm(g, 1, 0, H, H, B * SM, 1, g->dKr, H, hall, H, 1, gg + ly->wk, H, err) ||
+        tg_gemm(g, 1, 0, H, H, B * SM, 1, g->dVr, H, hall, H, 1, gg + ly->wv, H, err) ||
+        tg_gemm_batched(g, 0, 0, M, H, H, 1, g->dKr + (size_t)W * H, H, (long long)SM * H, w + ly->wk, H, 0, 1,
+                        g->dX, H, (long long)M * H, B, err) ||
+        tg_gemm_batched(g, 0, 0, M, H, H, 1, g->dVr + (size_t)W * H, H, (long long)SM * H, w + ly->wv, H, 0, 1,
+                        g->dX, H, (long long)M * H, B, err))
+        return -1;
+    return 0;
+}
+
+
+static int aspan_block(tgpu *g, const trainer *t, int backward, int carry, double *aux, char *err)
+{
+    const int L = g->L, N = g->N, H = g->H, K = g->K, S = g->S, V = g->V;
+    const int32_t *dx = g->d_tok, *doff = g->d_tok + 2 * N, *didx = doff + V + 1;
+    double span_loss = 0;
+    for (int l = 0; l < L; l++) {
+        aspan_window(t, l, &g->win[l], &g->cache[l]);
+        double zs = 0;
+        for (int h = 0; h < K; h++) zs += t->w[t->ly[l].zfrac + h];
+        span_loss += t->c.adapt_span_loss * S * zs / K;
+    }
+    *aux = span_loss;
+    if (tg_embed(g, g->X, g->w + g->emb, dx, N, H, 1.0f, err)) return -1;
+    for (int l = 0; l < L; l++)
+        if (layer_forward(g, l, carry, err)) return -1;
+    const float *XL = g->X + (size_t)L * N * H;
+    if (tg_loss(g, XL, err)) return -1;
+    if (!backward) return 0;
+    if (tg_loss_back(g, XL, err)) return -1;
+    for (int l = L - 1; l >= 0; l--)
+        if (layer_backward(g, l, err)) return -1;
+    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, H, 1.0f, err);
+}
+
+const tg_family tg_family_aspan = {&train_family_aspan, aspan_plan, aspan_block};
