@@ -234,9 +234,11 @@ load: all
 clean:
 	rm -rf build bin
 
-# The CUDA trainer's speed (tests/bench_train.c, issue 5): `make bench` runs
-# it too; it skips without a GPU.
+# The CUDA trainer's speed (tests/bench_train.c, issues 5 and 19) and the
+# PyTorch baseline of its PAR figure (tests/bench_par_torch.py): `make bench`
+# runs them too; they skip without a GPU (the baseline also without torch).
 .PHONY: bench-train
 bench: bench-train
 bench-train: deps $(BUILD)/tests/bench_train
 	$(BUILD)/tests/bench_train
+	python3 tests/bench_par_torch.py
