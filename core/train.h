@@ -79,6 +79,9 @@ typedef struct {
     train_optim optim;
     long lr_warmup;
     double lr, grad_clip, beta1, beta2, adam_eps;
+    /* dropout (train_drop.h): the references' sites; emb_dropout
+     * adaptive-span's, dropatt PAR's */
+    double dropout, emb_dropout, dropatt;
     /* adaptive-span */
     int hidden_size, inner_hidden_size, nb_heads, nb_layers, attn_span, block_size, adapt_span_ramp;
     double adapt_span_loss, adapt_span_init;
@@ -154,6 +157,10 @@ typedef struct trainer {
     tlayer *ly;
     size_t emb, key_pe, out_w, out_b, r_w_bias, r_r_bias;
     long step;          /* optimizer steps done */
+    /* 1: forwards apply the config's dropout, with the masks of step
+     * `step` (train_drop.h; trainer_new sets it, the loop clears it while
+     * evaluating) */
+    int drop;
     /* memory carried between blocks (no gradient through it):
      *   aspan: per layer, B x S x H, the layer's input of the last S positions,
      *          rows the reference would not keep are zeros;

@@ -1,6 +1,6 @@
 /*
  * train_aspan.c - the adaptive-span Transformer's training forward and
- * backward, as the reference `TransformerSeq` trains (no dropout).
+ * backward, as the reference `TransformerSeq` trains.
  *
  * Per layer l with input X (B streams x M positions x H), memory C of the
  * layer's input at the last S positions (no gradient through it), and the
@@ -21,6 +21,11 @@
  * The memory after a block is the last S rows of [C; X], rows older than
  * the reference's cache_size set to zero (what the reference no longer has
  * and pads with zeros).
+ * Dropout (train_drop.h), while t->drop: `dropout` on the final weights w
+ * (after the mask, before they weigh the values) and on the feed-forward's
+ * hidden layer after its ReLU, as the reference's SeqAttention and
+ * FeedForwardLayer; `emb_dropout` on the embedding's output. The backward
+ * recomputes the masks.
  *
  * The end of the file fills the family's train_family: its config keys and
  * recipe, sizes, tensors and their starting values, the spans its progress
@@ -29,6 +34,7 @@
 #include "err.h"
 #include "st.h"
 #include "train.h"
+#include "train_drop.h"
 #include "train_ops.h"
 
 #include <jansson.h>
@@ -87,6 +93,12 @@ static int aspan_acts_alloc(trainer *t)
     return 0;
 }
 
+/* site S of layer L at rate P this step (none unless t->drop) */
+static td_site drop_site(const trainer *t, int s, int l, double p)
+{
+    return td_make(t->c.seed, t->step, s, l, t->drop ? p : 0);
+}
+
 static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux)
 {
     double **A = t->act->b;
@@ -96,7 +108,10 @@ static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int 
     double *w = t->w, *g = t->g;
     const double *pe = w + t->key_pe;
 
-    for (int n = 0; n < N; n++) memcpy(A[A_X] + (size_t)n * H, w + t->emb + (size_t)x[n] * H, (size_t)H * sizeof(double));
+    const td_site de = drop_site(t, TD_EMB, 0, t->c.emb_dropout);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < H; j++)
+            A[A_X][(size_t)n * H + j] = w[t->emb + (size_t)x[n] * H + j] * td_factor(&de, (uint64_t)n * H + j);
 
     double span_loss = 0;
     for (int l = 0; l < L; l++) {
@@ -106,6 +121,7 @@ static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int 
         A[A_WIN][2 * l] = W;
         A[A_WIN][2 * l + 1] = C;
         const double *zf = w + ly->zfrac;
+        const td_site da = drop_site(t, TD_ATT, l, t->c.dropout), df = drop_site(t, TD_FF, l, t->c.dropout);
         double zs = 0;
         for (int h = 0; h < K; h++) zs += zf[h];
         span_loss += t->c.adapt_span_loss * S * zs / K;
@@ -148,7 +164,11 @@ static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int 
                     }
                     zb += 1e-8;
                     nrm[((size_t)b * K + h) * M + i] = zb;
-                    for (int c = 0; c < W; c++) wf[(size_t)i * (W + M) + i + c] = wi[c] /= zb;
+                    const uint64_t di = (((uint64_t)b * K + h) * M + i) * S;
+                    for (int c = 0; c < W; c++) {
+                        wi[c] /= zb;
+                        wf[(size_t)i * (W + M) + i + c] = wi[c] * td_factor(&da, di + c);
+                    }
                 }
                 tops_gemm(0, 0, M, D, W + M, 1.0, wf, W + M, vb + h * D, H, 0.0, att + (size_t)b * M * H + h * D, H);
             }
@@ -159,7 +179,7 @@ static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int 
         for (size_t j = 0; j < (size_t)N * H; j++) tmp[j] += X[j];
         tops_layernorm(X1, A[A_XH1] + (size_t)l * N * H, A[A_R1] + (size_t)l * N, tmp, w + ly->ln1_w, w + ly->ln1_b, N, H);
         tops_linear(ff, X1, w + ly->fc1_w, w + ly->fc1_b, N, H, I);
-        for (size_t j = 0; j < (size_t)N * I; j++) ff[j] = ff[j] > 0 ? ff[j] : 0;
+        for (size_t j = 0; j < (size_t)N * I; j++) ff[j] = ff[j] > 0 ? ff[j] * td_factor(&df, j) : 0;
         tops_linear(tmp, ff, w + ly->fc2_w, w + ly->fc2_b, N, I, H);
         for (size_t j = 0; j < (size_t)N * H; j++) tmp[j] += X1[j];
         tops_layernorm(Xn, A[A_XH2] + (size_t)l * N * H, A[A_R2] + (size_t)l * N, tmp, w + ly->ln2_w, w + ly->ln2_b, N, H);
@@ -186,6 +206,7 @@ static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int 
     for (int l = L - 1; l >= 0; l--) {
         const tlayer *ly = &t->ly[l];
         const int W = (int)A[A_WIN][2 * l];
+        const td_site da = drop_site(t, TD_ATT, l, t->c.dropout), df = drop_site(t, TD_FF, l, t->c.dropout);
         const double *X = A[A_X] + (size_t)l * N * H, *hall = A[A_HALL] + (size_t)l * B * SM * H,
                      *Q = A[A_Q] + (size_t)l * N * H, *Kb = A[A_K] + (size_t)l * B * SM * H,
                      *Vb = A[A_V] + (size_t)l * B * SM * H, *pa = A[A_PA] + (size_t)l * B * K * M * S,
@@ -199,8 +220,8 @@ static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int 
                             A[A_R2] + (size_t)l * N, w + ly->ln2_w, N, H);
         memcpy(dX1, dY, (size_t)N * H * sizeof *dX1);
         tops_linear_back(dFF, 0, g + ly->fc2_w, g + ly->fc2_b, dY, ff, w + ly->fc2_w, N, I, H);
-        for (size_t j = 0; j < (size_t)N * I; j++)
-            if (ff[j] <= 0) dFF[j] = 0;
+        /* ff > 0: the ReLU passed it and dropout kept it */
+        for (size_t j = 0; j < (size_t)N * I; j++) dFF[j] = ff[j] > 0 ? dFF[j] * td_factor(&df, j) : 0;
         tops_linear_back(dX1, 1, g + ly->fc1_w, g + ly->fc1_b, dFF, X1, w + ly->fc1_w, N, H, I);
         /* X1 = LN1(X + att Wo^T) */
         memset(dY, 0, (size_t)N * H * sizeof *dY);
@@ -216,14 +237,22 @@ static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int 
             for (int h = 0; h < K; h++) {
                 const double *qh = Q + (size_t)b * M * H + h * D, *doh = dAtt + (size_t)b * M * H + h * D;
                 double *dwf = A[A_SC], *wf = A[A_SC2], *dpp = A[A_PE];
-                /* the weights again as an M x (W+M) matrix, for dV = wf^T dO */
+                /* the weights again as an M x (W+M) matrix (dropout's
+                 * mask applied), for dV = wf^T dO */
                 memset(wf, 0, (size_t)M * (W + M) * sizeof *wf);
                 for (int i = 0; i < M; i++) {
                     const double *wi = pw + (((size_t)b * K + h) * M + i) * S;
-                    for (int c = 0; c < W; c++) wf[(size_t)i * (W + M) + i + c] = wi[c];
+                    const uint64_t di = (((uint64_t)b * K + h) * M + i) * S;
+                    for (int c = 0; c < W; c++) wf[(size_t)i * (W + M) + i + c] = wi[c] * td_factor(&da, di + c);
                 }
                 tops_gemm(1, 0, W + M, D, M, 1.0, wf, W + M, doh, H, 0.0, dvb + h * D, H);
                 tops_gemm(0, 1, M, W + M, D, 1.0, doh, H, vb + h * D, H, 0.0, dwf, W + M);
+                /* through dropout: the gradient of w before its mask */
+                if (da.thresh)
+                    for (int i = 0; i < M; i++) {
+                        const uint64_t di = (((uint64_t)b * K + h) * M + i) * S;
+                        for (int c = 0; c < W; c++) dwf[(size_t)i * (W + M) + i + c] *= td_factor(&da, di + c);
+                    }
                 /* dwf becomes d(score) in place, wf becomes zero then dS's full form */
                 memset(wf, 0, (size_t)M * (W + M) * sizeof *wf);
                 for (int i = 0; i < M; i++) {
@@ -267,7 +296,7 @@ static double aspan_forward(trainer *t, const int32_t *x, const int32_t *y, int 
     }
     for (int n = 0; n < N; n++) {
         double *ge = g + t->emb + (size_t)x[n] * H;
-        for (int j = 0; j < H; j++) ge[j] += dX[(size_t)n * H + j];
+        for (int j = 0; j < H; j++) ge[j] += dX[(size_t)n * H + j] * td_factor(&de, (uint64_t)n * H + j);
     }
     return nll;
 }
@@ -286,6 +315,7 @@ static const train_key aspan_keys[] = {
     {"adapt_span_ramp", TK_INT, 1, 1 << 20, 0, F(adapt_span_ramp), "R, the soft mask's ramp"},
     {"adapt_span_loss", TK_REAL, 0, BIG, 0, F(adapt_span_loss), "span loss coefficient: coeff * S * mean(z/S) per layer"},
     {"adapt_span_init", TK_REAL, 0, 1, 0, F(adapt_span_init), "z/S at the start, every head"},
+    {"emb_dropout", TK_REAL, 0, 0.99, 0, F(emb_dropout), "dropout rate of the embedding's output (0: none)"},
 };
 
 /* aspan-small's recipe */
@@ -416,6 +446,8 @@ static void aspan_config_head(const trainer *t, json_t *o)
     json_object_set_new(o, "lr", json_real(c->lr));
     json_object_set_new(o, "lr_warmup", json_integer(c->lr_warmup));
     json_object_set_new(o, "grad_clip", json_real(c->grad_clip));
+    json_object_set_new(o, "dropout", json_real(c->dropout));
+    json_object_set_new(o, "emb_dropout", json_real(c->emb_dropout));
 }
 
 /* The reference's derived buffer, every layer's: linspace(1-S, 0, S). */

@@ -44,6 +44,10 @@ static const train_key shared_keys[] = {
     {"adam_beta1", TK_REAL, 0, 1, 0, F(beta1), "Adam's beta1 (0.9)"},
     {"adam_beta2", TK_REAL, 0, 1, 0, F(beta2), "Adam's beta2 (0.999)"},
     {"adam_eps", TK_REAL, 0, 1, 1, F(adam_eps), "Adam's epsilon (1e-8)"},
+    /* regularisation */
+    {"dropout", TK_REAL, 0, 0.99, 0, F(dropout),
+     "dropout rate at the reference's sites (adaptive-span: attention weights, feed-forward hidden layer; PAR: as "
+     "Transformer-XL's, embedding, positions, attention and feed-forward outputs, hidden layer, last output); 0: none"},
 };
 #define N_SHARED (sizeof shared_keys / sizeof *shared_keys)
 

@@ -213,6 +213,7 @@ static double evaluate(run_t *r, char *err)
         trainer_reset_memory(t);
     }
     if (t->c.fam->eval_begin) t->c.fam->eval_begin(t);
+    t->drop = 0;   /* evaluation sees the whole model */
     double sum = 0;
     for (long k = 0; k < blocks; k++) {
         fill_block(r, r->text.split, r->nbv, k * M);
@@ -220,6 +221,7 @@ static double evaluate(run_t *r, char *err)
         if (!isfinite(nll)) { sum = NAN; break; }
         sum += nll * B * M;
     }
+    t->drop = 1;
     if (r->dev) {
         if (r->dev->stash_memory(r->dev_ctx, 1, err)) return NAN;
     } else {
@@ -361,8 +363,16 @@ static int load_state(run_t *r, char *err)
     if (!now || !json_is_object(was)) { err_set(err, "%s: the state's config is not JSON", path); goto out; }
     const char *k;
     json_t *v;
+    /* a key the state does not have (it came with a later version) may
+     * stand at its default */
+    train_cfg dc;
+    train_cfg_defaults(&dc, r->c->fam);
+    char *def_s = train_cfg_json(&dc);
+    json_t *def = def_s ? json_loads(def_s, 0, NULL) : NULL;
+    free(def_s);
     json_object_foreach(now, k, v) {
         json_t *o = json_object_get(was, k);
+        if (!o && def && json_equal(json_object_get(def, k), v)) continue;
         if (!may_change(k) && (!o || !json_equal(o, v))) {
             char *a = o ? json_dumps(o, JSON_ENCODE_ANY) : NULL, *b = json_dumps(v, JSON_ENCODE_ANY);
             err_set(err, "--resume: config '%s' is %s now but %s in the run being resumed (%s); only steps, "
@@ -370,9 +380,11 @@ static int load_state(run_t *r, char *err)
                     k, b ? b : "?", a ? a : "absent", path);
             free(a);
             free(b);
+            json_decref(def);
             goto out;
         }
     }
+    json_decref(def);
     char hb[32];
     snprintf(hb, sizeof hb, "%016llx", (unsigned long long)r->text.hash);
     if (strcmp(hb, hash) != 0) {

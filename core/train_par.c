@@ -14,6 +14,13 @@
  * Backward of the mixture: dw_k = sum dX' . branch_k, and
  *   dalpha = w (dw - sum_k w_k dw_k) / tau.
  * Memory after a block: the last mem_len rows of cat.
+ * Dropout (train_drop.h), while t->drop, at Transformer-XL's sites:
+ * `dropout` on the embedding's output, on the sinusoid before r_net (one
+ * mask for every block), on the attention's output before the residual,
+ * on the feed-forward's hidden layer after its ReLU and on its output (bias
+ * included) before the residual, and on the last block's output before the
+ * output layer; `dropatt` on the attention probabilities. The backward
+ * recomputes the masks.
  *
  * The end of the file fills the family's train_family: its config keys and
  * recipe, sizes, the supernet's tensors and their starting values, the
@@ -22,6 +29,7 @@
  */
 #include "err.h"
 #include "train.h"
+#include "train_drop.h"
 #include "train_ops.h"
 
 #include <jansson.h>
@@ -43,6 +51,8 @@ enum {
     /* backward scratch */
     P_DX, P_DXN, P_DY, P_DS, P_DAV, P_DFF, P_DQKV, P_DRK, P_QU, P_QV, P_SC, P_SC2, P_DQ,
     P_MLEN,   /* L: the mlen of the forward */
+    P_POSD,   /* KL x D: the sinusoid after dropout */
+    P_XO,     /* N x D: the last output after dropout */
     P_N
 };
 
@@ -56,7 +66,7 @@ static int par_acts_alloc(trainer *t)
         [P_XHA] = L * N * D, [P_RA] = L * N, [P_FF] = L * N * I, [P_OF] = L * N * D, [P_XHF] = L * N * D,
         [P_RF] = L * N, [P_LOGP] = N * V, [P_DX] = N * D, [P_DXN] = N * D, [P_DY] = N * D, [P_DS] = N * D, [P_DAV] = N * A,
         [P_DFF] = N * I, [P_DQKV] = B * KL * 3 * A, [P_DRK] = KL * A, [P_QU] = M * dh, [P_QV] = M * dh,
-        [P_SC] = M * KL, [P_SC2] = M * KL, [P_DQ] = M * dh, [P_MLEN] = L,
+        [P_SC] = M * KL, [P_SC2] = M * KL, [P_DQ] = M * dh, [P_MLEN] = L, [P_POSD] = KL * D, [P_XO] = N * D,
     };
     for (int i = 0; i < P_N; i++)
         if (acts_add(t, i, sz[i])) return -1;
@@ -101,6 +111,19 @@ void par_mix(const trainer *t, double *mix)
     }
 }
 
+/* site S of layer L at rate P this step (none unless t->drop) */
+static td_site drop_site(const trainer *t, int s, int l, double p)
+{
+    return td_make(t->c.seed, t->step, s, l, t->drop ? p : 0);
+}
+
+/* x[j] *= the site's factor of element j, n of them */
+static void drop_apply(double *x, const td_site *s, size_t n)
+{
+    if (s->thresh)
+        for (size_t j = 0; j < n; j++) x[j] *= td_factor(s, j);
+}
+
 static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int backward, int carry, double *aux)
 {
     *aux = 0;   /* no regulariser */
@@ -111,14 +134,21 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
     double *w = t->w, *g = t->g;
     const double *u = w + t->r_w_bias, *vb = w + t->r_r_bias;
     par_mix(t, t->mix);
+    const double pd = t->c.dropout;
+    const td_site de = drop_site(t, TD_EMB, 0, pd), dpos = drop_site(t, TD_POS, 0, pd), dout = drop_site(t, TD_OUT, 0, pd);
 
     for (int n = 0; n < N; n++)
-        for (int j = 0; j < D; j++) P[P_X][(size_t)n * D + j] = w[t->emb + (size_t)x[n] * D + j] * esc;
+        for (int j = 0; j < D; j++)
+            P[P_X][(size_t)n * D + j] = w[t->emb + (size_t)x[n] * D + j] * esc * td_factor(&de, (uint64_t)n * D + j);
+    memcpy(P[P_POSD], P[P_POS], (size_t)KL * D * sizeof(double));
+    drop_apply(P[P_POSD], &dpos, (size_t)KL * D);
 
     for (int l = 0; l < L; l++) {
         const tlayer *ly = &t->ly[l];
         const double *mix = t->mix + 3 * l;
         const int mlen = t->mlen[l], klen = mlen + M;
+        const td_site da = drop_site(t, TD_ATT, l, t->c.dropatt), dao = drop_site(t, TD_AOUT, l, pd),
+                      dff = drop_site(t, TD_FF, l, pd), dfo = drop_site(t, TD_FOUT, l, pd);
         P[P_MLEN][l] = mlen;
         double *X = P[P_X] + (size_t)l * N * D, *Xn = X + (size_t)N * D;
         for (size_t j = 0; j < (size_t)N * D; j++) Xn[j] = mix[BLK_SKIP] * X[j];
@@ -132,7 +162,7 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
             double *qkv = P[P_QKV] + (size_t)l * B * KL * 3 * A, *rk = P[P_RK] + (size_t)l * KL * A,
                    *pr = P[P_P] + (size_t)l * B * nh * M * KL, *av = P[P_AV] + (size_t)l * N * A,
                    *oa = P[P_OA] + (size_t)l * N * D, *tmp = P[P_DY];
-            tops_linear(rk, P[P_POS], w + ly->rnet, NULL, klen, D, A);
+            tops_linear(rk, P[P_POSD], w + ly->rnet, NULL, klen, D, A);
             for (int b = 0; b < B; b++) {
                 double *qb = qkv + (size_t)b * KL * 3 * A;
                 tops_linear(qb, cat + (size_t)b * KL * D, w + ly->qkv, NULL, klen, D, 3 * A);
@@ -158,11 +188,22 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
                         for (int j = 0; j <= qi; j++) pi[j] /= z;
                         for (int j = qi + 1; j < klen; j++) pi[j] = 0;
                     }
-                    tops_gemm(0, 0, M, dh, klen, 1.0, pb, KL, qb + 2 * A + h * dh, 3 * A, 0.0,
+                    /* the probabilities after dropatt weigh the values (ac is free) */
+                    const double *pv = pb;
+                    if (da.thresh) {
+                        for (int i = 0; i < M; i++)
+                            for (int j = 0; j < klen; j++) {
+                                const uint64_t di = (((uint64_t)b * nh + h) * M + i) * KL + j;
+                                ac[(size_t)i * KL + j] = pb[(size_t)i * KL + j] * td_factor(&da, di);
+                            }
+                        pv = ac;
+                    }
+                    tops_gemm(0, 0, M, dh, klen, 1.0, pv, KL, qb + 2 * A + h * dh, 3 * A, 0.0,
                               av + (size_t)b * M * A + h * dh, A);
                 }
             }
             tops_linear(tmp, av, w + ly->onet, NULL, N, A, D);
+            drop_apply(tmp, &dao, (size_t)N * D);
             for (size_t j = 0; j < (size_t)N * D; j++) tmp[j] += X[j];
             tops_layernorm(oa, P[P_XHA] + (size_t)l * N * D, P[P_RA] + (size_t)l * N, tmp, w + ly->ln1_w,
                            w + ly->ln1_b, N, D);
@@ -171,8 +212,9 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
         if (mix[BLK_FFN] != 0) {
             double *ff = P[P_FF] + (size_t)l * N * I, *of = P[P_OF] + (size_t)l * N * D, *tmp = P[P_DY];
             tops_linear(ff, X, w + ly->fc1_w, w + ly->fc1_b, N, D, I);
-            for (size_t j = 0; j < (size_t)N * I; j++) ff[j] = ff[j] > 0 ? ff[j] : 0;
+            for (size_t j = 0; j < (size_t)N * I; j++) ff[j] = ff[j] > 0 ? ff[j] * td_factor(&dff, j) : 0;
             tops_linear(tmp, ff, w + ly->fc2_w, w + ly->fc2_b, N, I, D);
+            drop_apply(tmp, &dfo, (size_t)N * D);
             for (size_t j = 0; j < (size_t)N * D; j++) tmp[j] += X[j];
             tops_layernorm(of, P[P_XHF] + (size_t)l * N * D, P[P_RF] + (size_t)l * N, tmp, w + ly->ln2_w,
                            w + ly->ln2_b, N, D);
@@ -185,7 +227,9 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
             t->mlen[l] = keep;
         }
     }
-    double *logp = P[P_LOGP], *XL = P[P_X] + (size_t)L * N * D;
+    double *logp = P[P_LOGP], *XL = P[P_XO];
+    memcpy(XL, P[P_X] + (size_t)L * N * D, (size_t)N * D * sizeof *XL);
+    drop_apply(XL, &dout, (size_t)N * D);
     tops_linear(logp, XL, w + t->out_w, w + t->out_b, N, D, V);
     double nll = tops_logsoftmax_nll(logp, y, N, V) / N;
     if (!backward) return nll;
@@ -195,10 +239,13 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
     tops_nll_back(logp, y, N, V, 1.0 / N);
     double *dX = P[P_DX], *dXn = P[P_DXN], *dY = P[P_DY];
     tops_linear_back(dX, 0, g + t->out_w, g + t->out_b, logp, XL, w + t->out_w, N, D, V);
+    drop_apply(dX, &dout, (size_t)N * D);
     for (int l = L - 1; l >= 0; l--) {
         const tlayer *ly = &t->ly[l];
         const double *mix = t->mix + 3 * l, *X = P[P_X] + (size_t)l * N * D;
         const int mlen = (int)P[P_MLEN][l], klen = mlen + M;
+        const td_site da = drop_site(t, TD_ATT, l, t->c.dropatt), dao = drop_site(t, TD_AOUT, l, pd),
+                      dff = drop_site(t, TD_FF, l, pd), dfo = drop_site(t, TD_FOUT, l, pd);
         double dmix[3] = {0, 0, 0};
         for (size_t j = 0; j < (size_t)N * D; j++) {
             dmix[BLK_SKIP] += dX[j] * X[j];
@@ -215,9 +262,10 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
             tops_layernorm_back(dY, g + ly->ln2_w, g + ly->ln2_b, dS, P[P_XHF] + (size_t)l * N * D,
                                 P[P_RF] + (size_t)l * N, w + ly->ln2_w, N, D);
             for (size_t j = 0; j < (size_t)N * D; j++) dXn[j] += dY[j];
+            drop_apply(dY, &dfo, (size_t)N * D);   /* the residual took dY before the output's dropout */
             tops_linear_back(dFF, 0, g + ly->fc2_w, g + ly->fc2_b, dY, ff, w + ly->fc2_w, N, I, D);
-            for (size_t j = 0; j < (size_t)N * I; j++)
-                if (ff[j] <= 0) dFF[j] = 0;
+            /* ff > 0: the ReLU passed it and dropout kept it */
+            for (size_t j = 0; j < (size_t)N * I; j++) dFF[j] = ff[j] > 0 ? dFF[j] * td_factor(&dff, j) : 0;
             tops_linear_back(dXn, 1, g + ly->fc1_w, g + ly->fc1_b, dFF, X, w + ly->fc1_w, N, D, I);
         }
         if (mix[BLK_ATTN] != 0) {
@@ -234,6 +282,7 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
             tops_layernorm_back(dY, g + ly->ln1_w, g + ly->ln1_b, dS, P[P_XHA] + (size_t)l * N * D,
                                 P[P_RA] + (size_t)l * N, w + ly->ln1_w, N, D);
             for (size_t j = 0; j < (size_t)N * D; j++) dXn[j] += dY[j];
+            drop_apply(dY, &dao, (size_t)N * D);
             tops_linear_back(dAV, 0, g + ly->onet, NULL, dY, av, w + ly->onet, N, A, D);
             memset(dRK, 0, (size_t)klen * A * sizeof *dRK);
             for (int b = 0; b < B; b++) {
@@ -249,9 +298,23 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
                             qu[i * dh + c] = q + u[h * dh + c];
                             qv[i * dh + c] = q + vb[h * dh + c];
                         }
-                    /* dV = P^T dO;  dP = dO V^T */
-                    tops_gemm(1, 0, klen, dh, M, 1.0, pb, KL, doh, A, 0.0, dqb + 2 * A + h * dh, 3 * A);
+                    /* dV = P'^T dO (P' = P after dropatt, made in dbd);  dP' = dO V^T */
+                    const double *pv = pb;
+                    int pld = KL;
+                    if (da.thresh) {
+                        for (int i = 0; i < M; i++)
+                            for (int j = 0; j < klen; j++)
+                                dbd[(size_t)i * klen + j] =
+                                    pb[(size_t)i * KL + j] * td_factor(&da, (((uint64_t)b * nh + h) * M + i) * KL + j);
+                        pv = dbd;
+                        pld = klen;
+                    }
+                    tops_gemm(1, 0, klen, dh, M, 1.0, pv, pld, doh, A, 0.0, dqb + 2 * A + h * dh, 3 * A);
                     tops_gemm(0, 1, M, klen, dh, 1.0, doh, A, qb + 2 * A + h * dh, 3 * A, 0.0, dp, klen);
+                    if (da.thresh)   /* dP = dP' through the mask */
+                        for (int i = 0; i < M; i++)
+                            for (int j = 0; j < klen; j++)
+                                dp[(size_t)i * klen + j] *= td_factor(&da, (((uint64_t)b * nh + h) * M + i) * KL + j);
                     memset(dbd, 0, (size_t)M * klen * sizeof *dbd);
                     for (int i = 0; i < M; i++) {
                         const int qi = mlen + i;
@@ -285,7 +348,7 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
                 tops_gemm(0, 0, M, D, 3 * A, 1.0, dqb + (size_t)mlen * 3 * A, 3 * A, w + ly->qkv, D, 1.0,
                           dXn + (size_t)b * M * D, D);
             }
-            tops_gemm(1, 0, A, D, klen, 1.0, dRK, A, P[P_POS], D, 1.0, g + ly->rnet, D);
+            tops_gemm(1, 0, A, D, klen, 1.0, dRK, A, P[P_POSD], D, 1.0, g + ly->rnet, D);
         }
         if (t->searching) {   /* through the Gumbel-softmax to alpha */
             double s = 0, *ga = g + ly->alpha;
@@ -296,7 +359,7 @@ static double par_forward(trainer *t, const int32_t *x, const int32_t *y, int ba
     }
     for (int n = 0; n < N; n++) {
         double *ge = g + t->emb + (size_t)x[n] * D;
-        for (int j = 0; j < D; j++) ge[j] += dX[(size_t)n * D + j] * esc;
+        for (int j = 0; j < D; j++) ge[j] += dX[(size_t)n * D + j] * esc * td_factor(&de, (uint64_t)n * D + j);
     }
     return nll;
 }
@@ -318,6 +381,7 @@ static const train_key par_keys[] = {
     {"arch_lr", TK_REAL, 0, BIG, 1, F(arch_lr), "Adam learning rate of alpha (not clipped)"},
     {"tau_start", TK_REAL, 0, BIG, 1, F(tau_start), "Gumbel-softmax temperature at the start of the search"},
     {"tau_end", TK_REAL, 0, BIG, 1, F(tau_end), "temperature at the end: tau = start * (end/start)^(step/search_steps)"},
+    {"dropatt", TK_REAL, 0, 0.99, 0, F(dropatt), "dropout rate of the attention probabilities (Transformer-XL's; 0: none)"},
 };
 
 /* par-small's recipe */
@@ -497,6 +561,8 @@ static void par_config_head(const trainer *t, json_t *o)
     json_object_set_new(o, "tau_start", json_real(c->tau_start));
     json_object_set_new(o, "tau_end", json_real(c->tau_end));
     json_object_set_new(o, "search_steps", json_integer(c->search_steps));
+    json_object_set_new(o, "dropout", json_real(c->dropout));
+    json_object_set_new(o, "dropatt", json_real(c->dropatt));
 }
 
 static void par_config_tail(const trainer *t, json_t *o)

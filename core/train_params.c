@@ -50,6 +50,7 @@ trainer *trainer_new(const train_cfg *c, int V, char *err)
     t->c = *c;
     t->V = V;
     t->B = c->batch_size;
+    t->drop = 1;
     c->fam->setup(t);
     t->tp = calloc((size_t)14 * t->L + 8, sizeof *t->tp);
     t->ly = calloc((size_t)t->L, sizeof *t->ly);

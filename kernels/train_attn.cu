@@ -66,7 +66,7 @@ __device__ __forceinline__ void band_row_ids(int r, int M, int K, int &b, int &h
 }
 
 __global__ static void band_softmax_kernel(const float *F1, const float *PB, float *A, float *nrm, float *F2,
-                                           const float *mask, int W, int M, int K, int S, float scale)
+                                           const float *mask, int W, int M, int K, int S, float scale, td_site drop)
 {
     __shared__ float fs[32];
     __shared__ double ds[32];
@@ -96,22 +96,22 @@ __global__ static void band_softmax_kernel(const float *F1, const float *PB, flo
     if (threadIdx.x == 0) nrm[r] = (float)zb;
     for (int j = threadIdx.x; j < SM; j += blockDim.x) {
         const int c = j - i;
-        fr[j] = c >= 0 && c < W ? (float)(ar[c] * mk[c] / zb) : 0.0f;
+        fr[j] = c >= 0 && c < W ? (float)(ar[c] * mk[c] / zb) * tg_keep(drop, (size_t)r * S + c) : 0.0f;
     }
 }
 
 int tg_band_softmax(tgpu *g, const float *F1, const float *PB, float *A, float *nrm, float *F2, const float *mask,
-                    int W, char *err)
+                    int W, td_site ds, char *err)
 {
     const float scale = (float)(1.0 / sqrt((double)g->D));
     band_softmax_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(F1, PB, A, nrm, F2, mask, W, g->M, g->K, g->S,
-                                                                    scale);
+                                                                    scale, ds);
     LAUNCH_TRY(err, "band softmax");
     return 0;
 }
 
 __global__ static void band_weights_kernel(const float *A, const float *nrm, const float *mask, float *F2, int W,
-                                           int M, int K, int S)
+                                           int M, int K, int S, td_site drop)
 {
     const int r = blockIdx.x, SM = W + M;
     int b, h, i;
@@ -121,20 +121,21 @@ __global__ static void band_weights_kernel(const float *A, const float *nrm, con
     float *fr = F2 + (size_t)r * SM;
     for (int j = threadIdx.x; j < SM; j += blockDim.x) {
         const int c = j - i;
-        fr[j] = c >= 0 && c < W ? (float)(ar[c] * mk[c] / zb) : 0.0f;
+        fr[j] = c >= 0 && c < W ? (float)(ar[c] * mk[c] / zb) * tg_keep(drop, (size_t)r * S + c) : 0.0f;
     }
 }
 
-int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, char *err)
+int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, td_site ds,
+                    char *err)
 {
-    band_weights_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(A, nrm, mask, F2, W, g->M, g->K, g->S);
+    band_weights_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(A, nrm, mask, F2, W, g->M, g->K, g->S, ds);
     LAUNCH_TRY(err, "band weights");
     return 0;
 }
 
 __global__ static void band_back_kernel(const float *F1, const float *A, const float *nrm, const float *mask,
                                         const float *mskin, float *F2, float *PB, float *dzrow, int W, int M, int K,
-                                        int S, float scale, float s_over_r)
+                                        int S, float scale, float s_over_r, td_site drop)
 {
     __shared__ double ds[32];
     const int r = blockIdx.x, SM = W + M;
@@ -144,12 +145,14 @@ __global__ static void band_back_kernel(const float *F1, const float *A, const f
                 *mi = mskin + (size_t)h * S;
     float *pr = PB + ((size_t)(b * M + i) * K + h) * W, *fr = F2 + (size_t)r * SM;
     const double n = nrm[r];
+    /* dw before dropout's mask */
     double sw = 0;
-    for (int c = threadIdx.x; c < W; c += blockDim.x) sw += (double)dwr[c] * (ar[c] * mk[c] / n);
+    for (int c = threadIdx.x; c < W; c += blockDim.x)
+        sw += (double)(dwr[c] * tg_keep(drop, (size_t)r * S + c)) * (ar[c] * mk[c] / n);
     sw = block_sum(sw, ds);
     double sa = 0, dz = 0;
     for (int c = threadIdx.x; c < W; c += blockDim.x) {
-        const double db = (dwr[c] - sw) / n, da = db * mk[c];
+        const double db = (dwr[c] * tg_keep(drop, (size_t)r * S + c) - sw) / n, da = db * mk[c];
         if (mi[c] != 0.0f) dz += db * ar[c];
         sa += ar[c] * da;
         pr[c] = (float)da;   /* da for now; ds below, by the same thread */
@@ -169,11 +172,11 @@ __global__ static void band_back_kernel(const float *F1, const float *A, const f
 }
 
 int tg_band_back(tgpu *g, const float *F1, const float *A, const float *nrm, const float *mask, const float *mskin,
-                 float *F2, float *PB, float *dzrow, int W, char *err)
+                 float *F2, float *PB, float *dzrow, int W, td_site ds, char *err)
 {
     const float scale = (float)(1.0 / sqrt((double)g->D));
     band_back_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(F1, A, nrm, mask, mskin, F2, PB, dzrow, W, g->M,
-                                                                 g->K, g->S, scale, (float)g->S / g->R);
+                                                                 g->K, g->S, scale, (float)g->S / g->R, ds);
     LAUNCH_TRY(err, "band back");
     return 0;
 }

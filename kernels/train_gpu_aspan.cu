@@ -5,6 +5,12 @@
  * products on the full score matrices, head by head; train_attn.cu has the
  * kernels of the span-masked band, train_ops.cu the rest.
  *
+ * Dropout (core/train_drop.h, the CPU trainer's masks): `dropout` on the
+ * final weights (in the band softmax's full form, again in the backward's,
+ * and on the gradient the band's backward reads) and on the hidden layer
+ * (in the bias + ReLU; its backward scales what the ReLU passed);
+ * `emb_dropout` in the embedding and its backward.
+ *
  * Memory: every buffer is allocated once for B streams of M tokens and the
  * longest window S (a layer whose window W is shorter packs its keys,
  * scores and band at W); a step allocates nothing. The largest are the
@@ -59,8 +65,9 @@ static int heads_gemm(tgpu *g, int ta, int tb, int m, int n, int k, const float 
     return 0;
 }
 
-static int layer_forward(tgpu *g, int l, int carry, char *err)
+static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
 {
+    const td_site da = tg_site(t, TD_ATT, l, t->c.dropout), df = tg_site(t, TD_FF, l, t->c.dropout);
     const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
               SM = W + M;
     const size_t SMx = (size_t)S + M;
@@ -85,13 +92,13 @@ static int layer_forward(tgpu *g, int l, int carry, char *err)
         tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wv, H, 0, Vr, H, err) ||
         /* scores, the masked softmax, o = w v */
         heads_gemm(g, 0, 1, M, SM, D, Q, H, sq, D, Kr, H, sk, D, g->F1, SM, sf, hf, err) ||
-        tg_band_softmax(g, g->F1, g->PB, A, nrm, g->F2, mask, W, err) ||
+        tg_band_softmax(g, g->F1, g->PB, A, nrm, g->F2, mask, W, da, err) ||
         heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Vr, H, sk, D, att, H, sq, D, err) ||
         /* X1 = LN1(X + o Wo^T);  X' = LN2(X1 + fc2(relu(fc1(X1)))) */
         tg_gemm(g, 0, 1, N, H, H, 1, att, H, w + ly->wo, H, 0, g->tmp, H, err) ||
         tg_ln_fwd(g, x1, xh1, r1, g->tmp, NULL, X, w + ly->ln1_w, w + ly->ln1_b, N, H, err) ||
         tg_gemm(g, 0, 1, N, I, H, 1, x1, H, w + ly->fc1_w, H, 0, ff, I, err) ||
-        tg_bias_relu(g, ff, w + ly->fc1_b, N, I, err) ||
+        tg_bias_relu(g, ff, w + ly->fc1_b, N, I, df, err) ||
         tg_gemm(g, 0, 1, N, H, I, 1, ff, I, w + ly->fc2_w, I, 0, g->tmp, H, err) ||
         tg_ln_fwd(g, Xn, xh2, r2, g->tmp, w + ly->fc2_b, x1, w + ly->ln2_w, w + ly->ln2_b, N, H, err))
         return -1;
@@ -99,8 +106,9 @@ static int layer_forward(tgpu *g, int l, int carry, char *err)
     return 0;
 }
 
-static int layer_backward(tgpu *g, int l, char *err)
+static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
 {
+    const td_site da = tg_site(t, TD_ATT, l, t->c.dropout), df = tg_site(t, TD_FF, l, t->c.dropout);
     const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
               SM = W + M;
     const size_t SMx = (size_t)S + M;
@@ -123,7 +131,7 @@ static int layer_backward(tgpu *g, int l, char *err)
     if (tg_gemm(g, 1, 0, H, I, N, 1, g->dY, H, ff, I, 1, gg + ly->fc2_w, I, err) ||
         tg_colsum(g, gg + ly->fc2_b, g->dY, NULL, N, H, err) ||
         tg_gemm(g, 0, 0, N, I, H, 1, g->dY, H, w + ly->fc2_w, I, 0, g->dFF, I, err) ||
-        tg_relu_back(g, g->dFF, ff, (size_t)N * I, err) ||
+        tg_relu_back(g, g->dFF, ff, (size_t)N * I, df.scale, err) ||
         tg_gemm(g, 1, 0, I, H, N, 1, g->dFF, I, x1, H, 1, gg + ly->fc1_w, H, err) ||
         tg_colsum(g, gg + ly->fc1_b, g->dFF, NULL, N, I, err) ||
         tg_gemm(g, 0, 0, N, H, I, 1, g->dFF, I, w + ly->fc1_w, H, 1, g->dX1, H, err) ||
@@ -134,10 +142,10 @@ static int layer_backward(tgpu *g, int l, char *err)
     if (tg_gemm(g, 1, 0, H, H, N, 1, g->dY, H, att, H, 1, gg + ly->wo, H, err) ||
         tg_gemm(g, 0, 0, N, H, H, 1, g->dY, H, w + ly->wo, H, 0, g->dAtt, H, err) ||
         /* attention: dV = w^T dO, dw = dO V^T, then the band's backward */
-        tg_band_weights(g, A, nrm, mask, g->F2, W, err) ||
+        tg_band_weights(g, A, nrm, mask, g->F2, W, da, err) ||
         heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, g->dAtt, H, sq, D, g->dVr, H, sk, D, err) ||
         heads_gemm(g, 0, 1, M, SM, D, g->dAtt, H, sq, D, Vr, H, sk, D, g->F1, SM, sf, hf, err) ||
-        tg_band_back(g, g->F1, A, nrm, mask, mskin, g->F2, g->PB, g->dzrow, W, err) ||
+        tg_band_back(g, g->F1, A, nrm, mask, mskin, g->F2, g->PB, g->dzrow, W, da, err) ||
         tg_span_grad(g, gg + ly->zfrac, g->dzrow, err) ||
         /* dQ = dS K + dPE pe^T;  dK = dS^T Q;  dpe += Q^T dPE */
         heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Kr, H, sk, D, g->dQ, H, sq, D, err) ||
@@ -171,16 +179,17 @@ static int aspan_block(tgpu *g, const trainer *t, int backward, int carry, doubl
         span_loss += t->c.adapt_span_loss * S * zs / K;
     }
     *aux = span_loss;
-    if (tg_embed(g, g->X, g->w + g->emb, dx, N, H, 1.0f, err)) return -1;
+    const td_site de = tg_site(t, TD_EMB, 0, t->c.emb_dropout);
+    if (tg_embed(g, g->X, g->w + g->emb, dx, N, H, 1.0f, de, err)) return -1;
     for (int l = 0; l < L; l++)
-        if (layer_forward(g, l, carry, err)) return -1;
+        if (layer_forward(g, t, l, carry, err)) return -1;
     const float *XL = g->X + (size_t)L * N * H;
     if (tg_loss(g, XL, err)) return -1;
     if (!backward) return 0;
     if (tg_loss_back(g, XL, err)) return -1;
     for (int l = L - 1; l >= 0; l--)
-        if (layer_backward(g, l, err)) return -1;
-    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, H, 1.0f, err);
+        if (layer_backward(g, t, l, err)) return -1;
+    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, H, 1.0f, de, err);
 }
 
 const tg_family tg_family_aspan = {&train_family_aspan, aspan_plan, aspan_block};

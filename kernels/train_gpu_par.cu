@@ -19,6 +19,12 @@
  *   dalpha_k = w_k (dw_k - sum_j w_j dw_j) / tau,  dw_k = dX' . branch_k.
  * The memory after a block is the last mem_len rows of cat. Every
  * reduction runs in a fixed order: a run repeats itself on one GPU.
+ * Dropout (core/train_drop.h, the CPU trainer's masks and sites): the
+ * embedding, the sinusoid (once a forward), the attention probabilities
+ * (dropatt: a copy after the mask weighs the values; the softmax's
+ * backward takes the mask off the gradient), the attention's output, the
+ * hidden layer (in the bias + ReLU), the feed-forward's output with its
+ * bias, and the last output.
  */
 #include "train_internal.cuh"
 
@@ -43,7 +49,8 @@ static int par_plan(tgpu *g, const trainer *t, char *err)
         tg_alloc(g, &g->par.dS, F * N * D, err) || tg_alloc(g, &g->par.dAV, F * N * A, err) ||
         tg_alloc(g, &g->par.dq1, F * N * A, err) || tg_alloc(g, &g->par.dq2, F * N * A, err) ||
         tg_alloc(g, &g->par.dFF, F * N * I, err) || tg_alloc(g, &g->par.dqkv, F * B * KL * 3 * A, err) ||
-        tg_alloc(g, &g->par.dRK, F * KL * A, err) || tg_alloc(g, &g->par.dmix, sizeof(double) * 3, err))
+        tg_alloc(g, &g->par.dRK, F * KL * A, err) || tg_alloc(g, &g->par.dmix, sizeof(double) * 3, err) ||
+        tg_alloc(g, &g->par.posd, F * KL * D, err) || tg_alloc(g, &g->par.xo, F * N * D, err))
         return -1;
     /* Transformer-XL's sinusoid of distance p: [sin(p f_i), cos(p f_i)],
      * f_i = 1/10000^(2i/D), in double as the CPU's, then float */
@@ -101,10 +108,27 @@ __global__ static void rel_softmax_kernel(float *P, const float *S1, const float
     for (int j = threadIdx.x; j < KL; j += blockDim.x) pr[j] = j <= qi ? (float)(pr[j] / z) : 0.0f;
 }
 
-/* the softmax's backward, a block a row: dP in S1 -> d(content score) in
- * S1, d(position score) by distance in S2 (zeros past the causal rows) */
-__global__ static void rel_softmax_back_kernel(float *S1, float *S2, const float *P, int M, int KL, int mlen,
-                                               float scale)
+/* dropatt's element of score row r = (h B + b) M + i, column j: the CPU's
+ * ((b nh + h) M + i) KL + j */
+__device__ __forceinline__ uint64_t att_index(size_t r, int j, int B, int nh, int M, int KL)
+{
+    const size_t i = r % M, b = (r / M) % B, h = r / ((size_t)M * B);
+    return (((uint64_t)b * nh + h) * M + i) * KL + j;
+}
+
+/* out = P after dropatt, a block a row */
+__global__ static void probs_drop_kernel(float *out, const float *P, int B, int nh, int M, int KL, td_site drop)
+{
+    const size_t r = blockIdx.x;
+    for (int j = threadIdx.x; j < KL; j += blockDim.x)
+        out[r * KL + j] = P[r * KL + j] * tg_keep(drop, att_index(r, j, B, nh, M, KL));
+}
+
+/* the softmax's backward, a block a row: dP' (after dropatt) in S1 ->
+ * d(content score) in S1, d(position score) by distance in S2 (zeros past
+ * the causal rows) */
+__global__ static void rel_softmax_back_kernel(float *S1, float *S2, const float *P, int B, int nh, int M, int KL,
+                                               int mlen, float scale, td_site drop)
 {
     __shared__ double ds[32];
     const size_t r = blockIdx.x;
@@ -112,11 +136,12 @@ __global__ static void rel_softmax_back_kernel(float *S1, float *S2, const float
     const float *pr = P + r * KL;
     float *dp = S1 + r * KL, *dbd = S2 + r * KL;
     double s = 0;
-    for (int j = threadIdx.x; j <= qi; j += blockDim.x) s += (double)pr[j] * dp[j];
+    for (int j = threadIdx.x; j <= qi; j += blockDim.x)
+        s += (double)pr[j] * (dp[j] * tg_keep(drop, att_index(r, j, B, nh, M, KL)));
     s = block_sum(s, ds);
     for (int j = threadIdx.x; j < KL; j += blockDim.x) {
         if (j <= qi) {
-            const float d = (float)(pr[j] * (dp[j] - s) * scale);
+            const float d = (float)(pr[j] * (dp[j] * tg_keep(drop, att_index(r, j, B, nh, M, KL)) - s) * scale);
             dp[j] = d;
             dbd[qi - j] = d;
         } else {
@@ -163,8 +188,9 @@ static int build_cat(tgpu *g, float *cat, const float *mem, const float *X, int 
     return 0;
 }
 
-static int attn_forward(tgpu *g, int l, const float *X, int mlen, char *err)
+static int attn_forward(tgpu *g, const trainer *t, int l, const float *X, int mlen, char *err)
 {
+    const td_site da = tg_site(t, TD_ATT, l, t->c.dropatt), dao = tg_site(t, TD_AOUT, l, t->c.dropout);
     const int B = g->B, M = g->M, D = g->H, nh = g->K, dh = g->D, A = g->AW, N = g->N, KL = g->par.KL,
               klen = mlen + M;
     const tlayer *ly = &g->ly[l];
@@ -175,7 +201,7 @@ static int attn_forward(tgpu *g, int l, const float *X, int mlen, char *err)
           *S1 = g->par.S1, *S2 = g->par.S2, *qu = g->par.qu, *qv = g->par.qv;
     const long long sc = (long long)M * KL, sq = (long long)M * A, skv = (long long)KL * 3 * A;
     /* r = Wr sinusoid; q k v of every row of cat */
-    if (tg_gemm(g, 0, 1, klen, A, D, 1, g->par.pos, D, w + ly->rnet, D, 0, rk, A, err) ||
+    if (tg_gemm(g, 0, 1, klen, A, D, 1, g->par.posu, D, w + ly->rnet, D, 0, rk, A, err) ||
         tg_gemm_batched(g, 0, 1, klen, 3 * A, D, 1, cat, D, (long long)KL * D, w + ly->qkv, D, 0, 0, qkv, 3 * A, skv, B,
                         err))
         return -1;
@@ -194,36 +220,46 @@ static int attn_forward(tgpu *g, int l, const float *X, int mlen, char *err)
     rel_softmax_kernel<<<(unsigned)(nh * (size_t)N), 128, 0, g->stream>>>(P, S1, S2, M, KL, mlen,
                                                                           (float)(1.0 / sqrt((double)dh)));
     LAUNCH_TRY(err, "relative softmax");
+    const float *pv = P;   /* the probabilities that weigh the values: after dropatt, in S1 */
+    if (da.thresh) {
+        probs_drop_kernel<<<(unsigned)(nh * (size_t)N), 128, 0, g->stream>>>(S1, P, B, nh, M, KL, da);
+        LAUNCH_TRY(err, "dropatt");
+        pv = S1;
+    }
     for (int h = 0; h < nh; h++) {
         const size_t ho = (size_t)h * dh;
-        if (tg_gemm_batched(g, 0, 0, M, dh, klen, 1, P + h * BMK, KL, sc, qkv + 2 * A + ho, 3 * A, skv, 0, av + ho, A,
+        if (tg_gemm_batched(g, 0, 0, M, dh, klen, 1, pv + h * BMK, KL, sc, qkv + 2 * A + ho, 3 * A, skv, 0, av + ho, A,
                             sq, B, err))
             return -1;
     }
-    /* LN_a(X + av Wo^T) */
+    /* LN_a(X + drop(av Wo^T)) */
     return tg_gemm(g, 0, 1, N, D, A, 1, av, A, w + ly->onet, A, 0, g->tmp, D, err) ||
+                   (dao.thresh && tg_dropout(g, g->tmp, g->tmp, NULL, D, (size_t)N * D, dao, err)) ||
                    tg_ln_fwd(g, g->par.oa + (size_t)l * N * D, g->par.xha + (size_t)l * N * D, g->par.ra + (size_t)l * N,
                              g->tmp, NULL, X, w + ly->ln1_w, w + ly->ln1_b, N, D, err)
                ? -1
                : 0;
 }
 
-static int ffn_forward(tgpu *g, int l, const float *X, char *err)
+static int ffn_forward(tgpu *g, const trainer *t, int l, const float *X, char *err)
 {
     const int N = g->N, D = g->H, I = g->I;
     const tlayer *ly = &g->ly[l];
     const float *w = g->w;
     float *ff = g->par.ff + (size_t)l * N * I;
+    const td_site dff = tg_site(t, TD_FF, l, t->c.dropout), dfo = tg_site(t, TD_FOUT, l, t->c.dropout);
+    /* the output's dropout takes the bias with it; else the LayerNorm adds it */
     return tg_gemm(g, 0, 1, N, I, D, 1, X, D, w + ly->fc1_w, D, 0, ff, I, err) ||
-                   tg_bias_relu(g, ff, w + ly->fc1_b, N, I, err) ||
+                   tg_bias_relu(g, ff, w + ly->fc1_b, N, I, dff, err) ||
                    tg_gemm(g, 0, 1, N, D, I, 1, ff, I, w + ly->fc2_w, I, 0, g->tmp, D, err) ||
+                   (dfo.thresh && tg_dropout(g, g->tmp, g->tmp, w + ly->fc2_b, D, (size_t)N * D, dfo, err)) ||
                    tg_ln_fwd(g, g->par.of + (size_t)l * N * D, g->par.xhf + (size_t)l * N * D, g->par.rf + (size_t)l * N,
-                             g->tmp, w + ly->fc2_b, X, w + ly->ln2_w, w + ly->ln2_b, N, D, err)
+                             g->tmp, dfo.thresh ? NULL : w + ly->fc2_b, X, w + ly->ln2_w, w + ly->ln2_b, N, D, err)
                ? -1
                : 0;
 }
 
-static int layer_forward(tgpu *g, int l, const double *mix, int carry, char *err)
+static int layer_forward(tgpu *g, const trainer *t, int l, const double *mix, int carry, char *err)
 {
     const int B = g->B, M = g->M, D = g->H, N = g->N, KL = g->par.KL, ML = KL - M, mlen = g->mlen[l],
               klen = mlen + M;
@@ -233,11 +269,11 @@ static int layer_forward(tgpu *g, int l, const double *mix, int carry, char *err
     g->mlen_fwd[l] = mlen;
     if (tg_axpy(g, Xn, X, (float)mix[BLK_SKIP], ND, 0, err) || build_cat(g, cat, mem, X, mlen, err)) return -1;
     if (mix[BLK_ATTN] != 0 &&
-        (attn_forward(g, l, X, mlen, err) ||
+        (attn_forward(g, t, l, X, mlen, err) ||
          tg_axpy(g, Xn, g->par.oa + (size_t)l * ND, (float)mix[BLK_ATTN], ND, 1, err)))
         return -1;
     if (mix[BLK_FFN] != 0 &&
-        (ffn_forward(g, l, X, err) || tg_axpy(g, Xn, g->par.of + (size_t)l * ND, (float)mix[BLK_FFN], ND, 1, err)))
+        (ffn_forward(g, t, l, X, err) || tg_axpy(g, Xn, g->par.of + (size_t)l * ND, (float)mix[BLK_FFN], ND, 1, err)))
         return -1;
     if (carry && ML > 0) {   /* the last mem_len rows of [memory; X] */
         const int keep = klen < ML ? klen : ML;
@@ -250,9 +286,10 @@ static int layer_forward(tgpu *g, int l, const double *mix, int carry, char *err
 }
 
 /* dX: the gradient of block l's output; into dXn its input's */
-static int ffn_backward(tgpu *g, int l, const float *X, float w_ffn, char *err)
+static int ffn_backward(tgpu *g, const trainer *t, int l, const float *X, float w_ffn, char *err)
 {
     const int N = g->N, D = g->H, I = g->I;
+    const td_site dff = tg_site(t, TD_FF, l, t->c.dropout), dfo = tg_site(t, TD_FOUT, l, t->c.dropout);
     const tlayer *ly = &g->ly[l];
     const float *w = g->w, *ff = g->par.ff + (size_t)l * N * I;
     float *gg = g->g, *dY = g->dY, *dFF = g->par.dFF;
@@ -260,10 +297,11 @@ static int ffn_backward(tgpu *g, int l, const float *X, float w_ffn, char *err)
                    tg_ln_back(g, dY, gg + ly->ln2_w, gg + ly->ln2_b, g->par.dS, g->par.xhf + (size_t)l * N * D,
                               g->par.rf + (size_t)l * N, w + ly->ln2_w, N, D, err) ||
                    tg_axpy(g, g->par.dXn, dY, 1.0f, (size_t)N * D, 1, err) ||
+                   (dfo.thresh && tg_dropout(g, dY, dY, NULL, D, (size_t)N * D, dfo, err)) ||
                    tg_gemm(g, 1, 0, D, I, N, 1, dY, D, ff, I, 1, gg + ly->fc2_w, I, err) ||
                    tg_colsum(g, gg + ly->fc2_b, dY, NULL, N, D, err) ||
                    tg_gemm(g, 0, 0, N, I, D, 1, dY, D, w + ly->fc2_w, I, 0, dFF, I, err) ||
-                   tg_relu_back(g, dFF, ff, (size_t)N * I, err) ||
+                   tg_relu_back(g, dFF, ff, (size_t)N * I, dff.scale, err) ||
                    tg_gemm(g, 1, 0, I, D, N, 1, dFF, I, X, D, 1, gg + ly->fc1_w, D, err) ||
                    tg_colsum(g, gg + ly->fc1_b, dFF, NULL, N, I, err) ||
                    tg_gemm(g, 0, 0, N, D, I, 1, dFF, I, w + ly->fc1_w, D, 1, g->par.dXn, D, err)
@@ -271,8 +309,9 @@ static int ffn_backward(tgpu *g, int l, const float *X, float w_ffn, char *err)
                : 0;
 }
 
-static int attn_backward(tgpu *g, int l, float w_attn, char *err)
+static int attn_backward(tgpu *g, const trainer *t, int l, float w_attn, char *err)
 {
+    const td_site da = tg_site(t, TD_ATT, l, t->c.dropatt), dao = tg_site(t, TD_AOUT, l, t->c.dropout);
     const int B = g->B, M = g->M, D = g->H, nh = g->K, dh = g->D, A = g->AW, N = g->N, KL = g->par.KL,
               mlen = g->mlen_fwd[l], klen = mlen + M;
     const tlayer *ly = &g->ly[l];
@@ -289,6 +328,7 @@ static int attn_backward(tgpu *g, int l, float w_attn, char *err)
         tg_ln_back(g, dY, gg + ly->ln1_w, gg + ly->ln1_b, g->par.dS, g->par.xha + (size_t)l * N * D,
                    g->par.ra + (size_t)l * N, w + ly->ln1_w, N, D, err) ||
         tg_axpy(g, g->par.dXn, dY, 1.0f, (size_t)N * D, 1, err) ||
+        (dao.thresh && tg_dropout(g, dY, dY, NULL, D, (size_t)N * D, dao, err)) ||
         tg_gemm(g, 1, 0, D, A, N, 1, dY, D, av, A, 1, gg + ly->onet, A, err) ||
         tg_gemm(g, 0, 0, N, A, D, 1, dY, D, w + ly->onet, A, 0, dAV, A, err))
         return -1;
@@ -298,17 +338,23 @@ static int attn_backward(tgpu *g, int l, float w_attn, char *err)
     bias_q_kernel<<<tg_blocks(nq, 256), 256, 0, g->stream>>>(qu, qv, qkv, w + g->r_w_bias, w + g->r_r_bias, M, A, KL,
                                                               mlen, nq);
     LAUNCH_TRY(err, "q biases");
+    const float *pv = P;   /* the probabilities after dropatt, in S2 until the softmax's backward */
+    if (da.thresh) {
+        probs_drop_kernel<<<(unsigned)(nh * (size_t)N), 128, 0, g->stream>>>(S2, P, B, nh, M, KL, da);
+        LAUNCH_TRY(err, "dropatt");
+        pv = S2;
+    }
     for (int h = 0; h < nh; h++) {
         const size_t ho = (size_t)h * dh;
-        /* dV = P^T dO;  dP = dO V^T */
-        if (tg_gemm_batched(g, 1, 0, klen, dh, M, 1, P + h * BMK, KL, sc, dAV + ho, A, sq, 0, dqkv + 2 * A + ho, 3 * A,
+        /* dV = P'^T dO;  dP' = dO V^T */
+        if (tg_gemm_batched(g, 1, 0, klen, dh, M, 1, pv + h * BMK, KL, sc, dAV + ho, A, sq, 0, dqkv + 2 * A + ho, 3 * A,
                             skv, B, err) ||
             tg_gemm_batched(g, 0, 1, M, klen, dh, 1, dAV + ho, A, sq, qkv + 2 * A + ho, 3 * A, skv, 0, S1 + h * BMK, KL,
                             sc, B, err))
             return -1;
     }
-    rel_softmax_back_kernel<<<(unsigned)(nh * (size_t)N), 128, 0, g->stream>>>(S1, S2, P, M, KL, mlen,
-                                                                               (float)(1.0 / sqrt((double)dh)));
+    rel_softmax_back_kernel<<<(unsigned)(nh * (size_t)N), 128, 0, g->stream>>>(S1, S2, P, B, nh, M, KL, mlen,
+                                                                               (float)(1.0 / sqrt((double)dh)), da);
     LAUNCH_TRY(err, "relative softmax back");
     for (int h = 0; h < nh; h++) {
         const size_t ho = (size_t)h * dh;
@@ -332,7 +378,7 @@ static int attn_backward(tgpu *g, int l, float w_attn, char *err)
     return tg_gemm(g, 1, 0, 3 * A, D, B * KL, 1, dqkv, 3 * A, cat, D, 1, gg + ly->qkv, D, err) ||
                    tg_gemm_batched(g, 0, 0, M, D, 3 * A, 1, dqkv + (size_t)mlen * 3 * A, 3 * A, skv, w + ly->qkv, D, 0,
                                    1, g->par.dXn, D, (long long)M * D, B, err) ||
-                   tg_gemm(g, 1, 0, A, D, klen, 1, dRK, A, g->par.pos, D, 1, gg + ly->rnet, D, err)
+                   tg_gemm(g, 1, 0, A, D, klen, 1, dRK, A, g->par.posu, D, 1, gg + ly->rnet, D, err)
                ? -1
                : 0;
 }
@@ -350,10 +396,10 @@ static int layer_backward(tgpu *g, const trainer *t, int l, const double *mix, c
         tg_axpy(g, g->par.dXn, g->dX, (float)mix[BLK_SKIP], ND, 0, err))
         return -1;
     if (mix[BLK_FFN] != 0 && ((search && tg_dot(g, dmix + BLK_FFN, g->dX, g->par.of + (size_t)l * ND, ND, err)) ||
-                              ffn_backward(g, l, X, (float)mix[BLK_FFN], err)))
+                              ffn_backward(g, t, l, X, (float)mix[BLK_FFN], err)))
         return -1;
     if (mix[BLK_ATTN] != 0 && ((search && tg_dot(g, dmix + BLK_ATTN, g->dX, g->par.oa + (size_t)l * ND, ND, err)) ||
-                               attn_backward(g, l, (float)mix[BLK_ATTN], err)))
+                               attn_backward(g, t, l, (float)mix[BLK_ATTN], err)))
         return -1;
     if (search) {
         alpha_grad_kernel<<<1, 1, 0, g->stream>>>(g->g + g->ly[l].alpha, dmix, mix[0], mix[1], mix[2], t->tau);
@@ -374,16 +420,28 @@ static int par_block(tgpu *g, const trainer *t, int backward, int carry, double 
     double mix[3 * 1024];   /* n_blocks <= 1024 (train_par.c's check) */
     *aux = 0;
     par_mix(t, mix);
-    if (tg_embed(g, g->X, g->w + g->emb, dx, N, D, esc, err)) return -1;
+    const td_site de = tg_site(t, TD_EMB, 0, t->c.dropout), dpos = tg_site(t, TD_POS, 0, t->c.dropout),
+                  dout = tg_site(t, TD_OUT, 0, t->c.dropout);
+    const size_t ND = (size_t)N * D;
+    g->par.posu = g->par.pos;
+    if (dpos.thresh) {   /* one mask of the sinusoid for every block */
+        if (tg_dropout(g, g->par.posd, g->par.pos, NULL, D, (size_t)g->par.KL * D, dpos, err)) return -1;
+        g->par.posu = g->par.posd;
+    }
+    if (tg_embed(g, g->X, g->w + g->emb, dx, N, D, esc, de, err)) return -1;
     for (int l = 0; l < L; l++)
-        if (layer_forward(g, l, mix + 3 * l, carry, err)) return -1;
+        if (layer_forward(g, t, l, mix + 3 * l, carry, err)) return -1;
     const float *XL = g->X + (size_t)L * N * D;
+    if (dout.thresh) {
+        if (tg_dropout(g, g->par.xo, XL, NULL, D, ND, dout, err)) return -1;
+        XL = g->par.xo;
+    }
     if (tg_loss(g, XL, err)) return -1;
     if (!backward) return 0;
-    if (tg_loss_back(g, XL, err)) return -1;
+    if (tg_loss_back(g, XL, err) || (dout.thresh && tg_dropout(g, g->dX, g->dX, NULL, D, ND, dout, err))) return -1;
     for (int l = L - 1; l >= 0; l--)
         if (layer_backward(g, t, l, mix + 3 * l, err)) return -1;
-    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, D, esc, err);
+    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, D, esc, de, err);
 }
 
 const tg_family tg_family_par = {&train_family_par, par_plan, par_block};

@@ -38,6 +38,7 @@ extern "C" {
 #include "err.h"
 #include "train.h"
 }
+#include "train_drop.h"
 #include "train_gpu.h"
 
 #include "check.cuh"    /* CU_TRY, BLAS_TRY, LAUNCH_TRY */
@@ -112,6 +113,10 @@ struct tgpu {
     struct {
         int KL;
         float *cat, *qkv, *pos, *rk, *P, *av, *oa, *xha, *ra, *ff, *of, *xhf, *rf;
+        /* dropout: the sinusoid after its mask (KL x D) and the sinusoid
+         * this forward used (pos or posd); the last output after its mask
+         * (N x D) */
+        float *posd, *posu, *xo;
         /* scratch: q + r_w_bias, q + r_r_bias (N x A), two score matrices,
          * the gradients of the next layer's input, of a branch's output
          * (N x D), of av and the two parts of dq (N x A), of the
@@ -167,6 +172,17 @@ int tg_alloc(tgpu *g, void *pp, size_t bytes, char *err);
 int tg_loss(tgpu *g, const float *XL, char *err);
 int tg_loss_back(tgpu *g, const float *XL, char *err);
 
+/* the factor of element I at dropout site S on the device: 0 or 1/(1-p) */
+__device__ __forceinline__ float tg_keep(const td_site &s, uint64_t i)
+{
+    return s.thresh == 0 ? 1.0f : td_kept(&s, i) ? s.scale : 0.0f;
+}
+/* dropout site SITE of layer L at rate P for T's step (none unless t->drop) */
+static inline td_site tg_site(const trainer *t, int site, int l, double p)
+{
+    return td_make(t->c.seed, t->step, site, l, t->drop ? p : 0);
+}
+
 static inline unsigned tg_blocks(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
 /* ---- train_ops.cu ---- */
@@ -179,11 +195,14 @@ int tg_gemm(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const flo
 int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
                     long long sa, const float *B, int ldb, long long sb, float beta, float *C, int ldc,
                     long long sc, int count, char *err);
-/* x[n] = emb[tok[n]] * scale */
-int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, char *err);
-/* gemb[v] += scale * the sum of dx's rows of token v (rows listed by off/idx) */
+/* x[n] = emb[tok[n]] * scale, then dropout site DS (element n*d + j) */
+int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, td_site ds,
+             char *err);
+/* gemb[v] += scale * the sum of dx's rows of token v (rows listed by off/idx), through DS */
 int tg_embed_back(tgpu *g, float *gemb, const float *dx, const int32_t *off, const int32_t *idx, int V, int d,
-                  float scale, char *err);
+                  float scale, td_site ds, char *err);
+/* y[i] = (x[i] (+ bias[i % cols])) * dropout DS's factor of element i, n elements (y may be x) */
+int tg_dropout(tgpu *g, float *y, const float *x, const float *bias, int cols, size_t n, td_site ds, char *err);
 /* y = a x (ACC 0) or y += a x (ACC 1), n elements */
 int tg_axpy(tgpu *g, float *y, const float *x, float a, size_t n, int acc, char *err);
 /* *out (device double) = sum of x[i] y[i] over n */
@@ -197,10 +216,10 @@ int tg_ln_back(tgpu *g, float *dx, float *gw, float *gb, const float *dy, const 
                const float *w, int n, int d, char *err);
 /* out[j] += sum_i a[i][j] (* b[i][j] if b), rows of COLS */
 int tg_colsum(tgpu *g, float *out, const float *a, const float *b, int rows, int cols, char *err);
-/* y = max(y + bias, 0) */
-int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, char *err);
-/* dy = y > 0 ? dy : 0 */
-int tg_relu_back(tgpu *g, float *dy, const float *y, size_t n, char *err);
+/* y = max(y + bias, 0), then dropout DS (element n*d + j) */
+int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, td_site ds, char *err);
+/* dy = y > 0 ? dy * scale : 0 (y after the ReLU and dropout; SCALE the kept elements' factor) */
+int tg_relu_back(tgpu *g, float *dy, const float *y, size_t n, float scale, char *err);
 /* logits += bias, log-softmax in place, nll[i] = -logp[i][y_i] */
 int tg_xent(tgpu *g, float *logits, float *nll, const float *bias, const int32_t *y, int n, int V, char *err);
 /* logp -> SCALE (softmax - onehot) */
@@ -225,15 +244,16 @@ int tg_span_mask(tgpu *g, float *mask, float *mskin, const float *zf, int W, cha
 /* hall[b] = [mem[b][S-W..S); x[b]] */
 int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W, char *err);
 /* full scores F1 + pe band -> a (band), nrm, and the final weights w in
- * full form into F2 */
+ * full form into F2, through dropout DS (element row * S + c) */
 int tg_band_softmax(tgpu *g, const float *F1, const float *PB, float *A, float *nrm, float *F2, const float *mask,
-                    int W, char *err);
-/* the final weights again, in full form, from a, mask and nrm */
-int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, char *err);
-/* from dw (full form F1): d(score) in full form into F2 and as the pe band
- * into PB, each row's z/S gradient into dzrow */
+                    int W, td_site ds, char *err);
+/* the final weights again, in full form, from a, mask and nrm, through DS */
+int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, td_site ds,
+                    char *err);
+/* from dw (full form F1, after dropout DS): d(score) in full form into F2
+ * and as the pe band into PB, each row's z/S gradient into dzrow */
 int tg_band_back(tgpu *g, const float *F1, const float *A, const float *nrm, const float *mask, const float *mskin,
-                 float *F2, float *PB, float *dzrow, int W, char *err);
+                 float *F2, float *PB, float *dzrow, int W, td_site ds, char *err);
 /* gz[h] += sum of head h's dzrow + coeff S / K */
 int tg_span_grad(tgpu *g, float *gz, const float *dzrow, char *err);
 /* mem = the last S rows of [mem; x], rows before S - C zeroed */

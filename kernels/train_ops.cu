@@ -48,37 +48,42 @@ int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, c
     return 0;
 }
 
-__global__ static void embed_kernel(float *x, const float *emb, const int32_t *tok, int n, int d, float scale)
+__global__ static void embed_kernel(float *x, const float *emb, const int32_t *tok, int n, int d, float scale,
+                                    td_site ds)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * d) return;
-    x[i] = emb[(size_t)tok[i / d] * d + i % d] * scale;
+    x[i] = emb[(size_t)tok[i / d] * d + i % d] * scale * tg_keep(ds, i);
 }
 
-int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, char *err)
+int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, td_site ds,
+             char *err)
 {
-    embed_kernel<<<tg_blocks((size_t)n * d, 256), 256, 0, g->stream>>>(x, emb, tok, n, d, scale);
+    embed_kernel<<<tg_blocks((size_t)n * d, 256), 256, 0, g->stream>>>(x, emb, tok, n, d, scale, ds);
     LAUNCH_TRY(err, "embed");
     return 0;
 }
 
 /* one block per token id, a thread per column */
 __global__ static void embed_back_kernel(float *gemb, const float *dx, const int32_t *off, const int32_t *idx,
-                                         int d, float scale)
+                                         int d, float scale, td_site ds)
 {
     const int v = blockIdx.x, a = off[v], b = off[v + 1];
     if (a == b) return;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float s = 0;
-        for (int k = a; k < b; k++) s += dx[(size_t)idx[k] * d + j];
+        for (int k = a; k < b; k++) {
+            const size_t at = (size_t)idx[k] * d + j;
+            s += dx[at] * tg_keep(ds, at);
+        }
         gemb[(size_t)v * d + j] += s * scale;
     }
 }
 
 int tg_embed_back(tgpu *g, float *gemb, const float *dx, const int32_t *off, const int32_t *idx, int V, int d,
-                  float scale, char *err)
+                  float scale, td_site ds, char *err)
 {
-    embed_back_kernel<<<V, d >= 256 ? 256 : 64, 0, g->stream>>>(gemb, dx, off, idx, d, scale);
+    embed_back_kernel<<<V, d >= 256 ? 256 : 64, 0, g->stream>>>(gemb, dx, off, idx, d, scale, ds);
     LAUNCH_TRY(err, "embed_back");
     return 0;
 }
@@ -191,31 +196,31 @@ int tg_colsum(tgpu *g, float *out, const float *a, const float *b, int rows, int
     return 0;
 }
 
-__global__ static void bias_relu_kernel(float *y, const float *bias, size_t n, int d)
+__global__ static void bias_relu_kernel(float *y, const float *bias, size_t n, int d, td_site ds)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = y[i] + bias[i % d];
-    y[i] = v > 0 ? v : 0;
+    y[i] = v > 0 ? v * tg_keep(ds, i) : 0;
 }
 
-int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, char *err)
+int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, td_site ds, char *err)
 {
     const size_t total = (size_t)n * d;
-    bias_relu_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(y, bias, total, d);
+    bias_relu_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(y, bias, total, d, ds);
     LAUNCH_TRY(err, "bias_relu");
     return 0;
 }
 
-__global__ static void relu_back_kernel(float *dy, const float *y, size_t n)
+__global__ static void relu_back_kernel(float *dy, const float *y, size_t n, float scale)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n && !(y[i] > 0)) dy[i] = 0;
+    if (i < n) dy[i] = y[i] > 0 ? dy[i] * scale : 0.0f;
 }
 
-int tg_relu_back(tgpu *g, float *dy, const float *y, size_t n, char *err)
+int tg_relu_back(tgpu *g, float *dy, const float *y, size_t n, float scale, char *err)
 {
-    relu_back_kernel<<<tg_blocks(n, 256), 256, 0, g->stream>>>(dy, y, n);
+    relu_back_kernel<<<tg_blocks(n, 256), 256, 0, g->stream>>>(dy, y, n, scale);
     LAUNCH_TRY(err, "relu_back");
     return 0;
 }
@@ -276,6 +281,20 @@ int tg_sum(tgpu *g, double *out, const float *x, int n, char *err)
 {
     sum_kernel<<<1, 1024, 0, g->stream>>>(out, x, n);
     LAUNCH_TRY(err, "sum");
+    return 0;
+}
+
+__global__ static void dropout_kernel(float *y, const float *x, const float *bias, int cols, size_t n, td_site ds)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = (bias ? x[i] + bias[i % cols] : x[i]) * tg_keep(ds, i);
+}
+
+int tg_dropout(tgpu *g, float *y, const float *x, const float *bias, int cols, size_t n, td_site ds, char *err)
+{
+    if (!n) return 0;
+    dropout_kernel<<<tg_blocks(n, 256), 256, 0, g->stream>>>(y, x, bias, cols, n, ds);
+    LAUNCH_TRY(err, "dropout");
     return 0;
 }
 

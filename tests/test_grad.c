@@ -8,14 +8,18 @@
  *   - PAR: the search supernet (every branch and alpha through the
  *     Gumbel-softmax at a temperature), and a fixed architecture of all
  *     three kinds with an untied output layer;
- * and the optimizers' updates against values worked out by hand; and the
- * table of families the config parser finds them in.
+ * both again with dropout at every site (the masks are fixed by the seed
+ * and the step, so the loss is a function of the weights); the dropout
+ * masks' rate, scale and independence; and the optimizers' updates against
+ * values worked out by hand; and the table of families the config parser
+ * finds them in.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
 #include "err.h"
 #include "model.h"
 #include "train.h"
+#include "train_drop.h"
 
 #include <unistd.h>
 
@@ -138,6 +142,78 @@ static void test_aspan(void)
     rand_tokens(x, y, 10, 7);
     grad_check(t, x, y, "aspan trimmed");
     trainer_free(t);
+
+    /* dropout on the attention weights, the hidden layer and the embedding */
+    c.attn_span = 12;
+    c.nb_layers = 2;
+    c.dropout = 0.3;
+    c.emb_dropout = 0.2;
+    t = trainer_new(&c, 7, err);
+    trainer_init(t, 3);
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++) t->w[t->ly[l].zfrac + h] = zf[2 * l + h];
+    t->step = 17;
+    for (int s = 0; s < 2; s++) {
+        rand_tokens(x, y, 10, 7);
+        trainer_forward(t, x, y, 0, 1, &aux, err);
+    }
+    rand_tokens(x, y, 10, 7);
+    grad_check(t, x, y, "aspan dropout");
+    /* the masks change the loss, evaluation has none, and the next step draws others */
+    double with = trainer_forward(t, x, y, 0, 0, &aux, err);
+    t->drop = 0;
+    double without = trainer_forward(t, x, y, 0, 0, &aux, err);
+    t->drop = 1;
+    t->step++;
+    double next = trainer_forward(t, x, y, 0, 0, &aux, err);
+    CHECK(fabs(with - without) > 1e-3 && fabs(next - with) > 1e-3, "aspan dropout: loss %g, without dropout %g, "
+          "next step %g", with, without, next);
+    c.dropout = c.emb_dropout = 0;
+    trainer *t0 = trainer_new(&c, 7, err);
+    trainer_init(t0, 3);
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++) t0->w[t0->ly[l].zfrac + h] = zf[2 * l + h];
+    memcpy(t0->mem, t->mem, trainer_mem_floats(t) * sizeof *t->mem);
+    CHECK(trainer_forward(t0, x, y, 0, 0, &aux, err) == without, "aspan dropout: evaluation differs from a model "
+          "without dropout");
+    trainer_free(t0);
+    trainer_free(t);
+}
+
+/* the masks: the kept fraction is 1 - p, a kept element is scaled by
+ * 1/(1-p), the sites, layers and steps draw different masks, the same
+ * numbers the same mask */
+static void test_dropout_masks(void)
+{
+    const size_t n = 1 << 20;
+    td_site a = td_make(1, 5, TD_FF, 2, 0.3), b = td_make(1, 5, TD_FF, 2, 0.3), s2 = td_make(1, 6, TD_FF, 2, 0.3),
+            l2 = td_make(1, 5, TD_FF, 3, 0.3), k2 = td_make(1, 5, TD_ATT, 2, 0.3), d2 = td_make(2, 5, TD_FF, 2, 0.3),
+            none = td_make(1, 5, TD_FF, 2, 0);
+    size_t kept = 0, same_s = 0, same_l = 0, same_k = 0, same_d = 0, differ = 0, dropped0 = 0;
+    double mean = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int ka = td_kept(&a, i);
+        kept += ka;
+        mean += td_factor(&a, i);
+        differ += ka != td_kept(&b, i);
+        same_s += ka == td_kept(&s2, i);
+        same_l += ka == td_kept(&l2, i);
+        same_k += ka == td_kept(&k2, i);
+        same_d += ka == td_kept(&d2, i);
+        dropped0 += td_factor(&none, i) != 1.0;
+    }
+    CHECK(differ == 0, "dropout: the same site draws another mask at %zu elements", differ);
+    CHECK(dropped0 == 0, "dropout: p = 0 drops %zu elements", dropped0);
+    /* independent masks agree on 0.7^2 + 0.3^2 = 58% of the elements */
+    CHECK(fabs((double)kept / n - 0.7) < 3e-3, "dropout: kept %.4f (expected 0.7)", (double)kept / n);
+    CHECK(fabs(mean / n - 1.0) < 5e-3, "dropout: the mean factor %.4f (expected 1)", mean / n);
+    CHECK(fabs((double)same_s / n - 0.58) < 3e-3 && fabs((double)same_l / n - 0.58) < 3e-3 &&
+              fabs((double)same_k / n - 0.58) < 3e-3 && fabs((double)same_d / n - 0.58) < 3e-3,
+          "dropout: masks of another step %.4f, layer %.4f, site %.4f, seed %.4f agree (expected 0.58)",
+          (double)same_s / n, (double)same_l / n, (double)same_k / n, (double)same_d / n);
+    CHECK(fabs(td_factor(&a, 0) + td_factor(&a, 1) + td_factor(&a, 2) + td_factor(&a, 3)) > 0 &&
+              fabs(a.scale - 1 / 0.7) < 1e-6,
+          "dropout: scale %g (expected 1/0.7)", a.scale);
 }
 
 static train_cfg par_cfg(int tie)
@@ -218,6 +294,43 @@ static void test_par(void)
     CHECK(inactive == 3 + 5 + 6 + 6 + 5, "par fixed: %d inactive tensors (alpha x3, block 0's attention, "
           "block 1's both branches, block 2's feed-forward)", inactive);
     trainer_free(t);
+}
+
+/* PAR with dropout at every site and dropatt, searching and fixed */
+static void test_par_dropout(void)
+{
+    char err[ERR_LEN];
+    double aux;
+    int32_t x[8], y[8];
+    for (int fixed = 0; fixed < 2; fixed++) {
+        train_cfg c = par_cfg(fixed);
+        c.dropout = 0.25;
+        c.dropatt = 0.3;
+        trainer *t = trainer_new(&c, 7, err);
+        trainer_init(t, 8);
+        t->step = 4;
+        if (fixed) {
+            for (int b = 0; b < 3; b++) t->w[t->ly[b].alpha + (b == 1 ? 1 : 0)] = 1.0;   /* attn, ffn, attn */
+            par_fix_arch(t);
+        } else {
+            t->tau = 0.8;
+            double gn[9];
+            for (int i = 0; i < 9; i++) gn[i] = -log(-log(train_rng_unif(&rng)));
+            par_set_mix(t, gn);
+        }
+        for (int s = 0; s < 2; s++) {
+            rand_tokens(x, y, 8, 7);
+            trainer_forward(t, x, y, 0, 1, &aux, err);
+        }
+        rand_tokens(x, y, 8, 7);
+        grad_check(t, x, y, fixed ? "par dropout fixed" : "par dropout search");
+        double with = trainer_forward(t, x, y, 0, 0, &aux, err);
+        t->drop = 0;
+        double without = trainer_forward(t, x, y, 0, 0, &aux, err);
+        t->drop = 1;
+        CHECK(fabs(with - without) > 1e-3, "par dropout: loss %g, without dropout %g", with, without);
+        trainer_free(t);
+    }
 }
 
 /* Updates worked out by hand on a one-layer model's tensors. */
@@ -369,6 +482,8 @@ static void test_families(void)
 
 int main(void)
 {
+    test_dropout_masks();
+    test_par_dropout();
     test_families();
     test_aspan();
     test_par();

@@ -26,13 +26,15 @@ cat >"$tmp/aspan.json" <<EOF
 {"family": "adaptive-span", "data": "$tmp/text.txt", "out": "$tmp/aspan.safetensors",
  "hidden_size": 32, "inner_hidden_size": 64, "nb_heads": 4, "nb_layers": 2, "attn_span": 80,
  "block_size": 16, "batch_size": 8, "adapt_span_ramp": 8, "adapt_span_init": 0.1, "steps": 60,
- "log_every": 10, "eval_every": 30, "eval_tokens": 2000, "checkpoint_every": 20, "lr": 0.07, "lr_warmup": 10}
+ "log_every": 10, "eval_every": 30, "eval_tokens": 2000, "checkpoint_every": 20, "lr": 0.07, "lr_warmup": 10,
+ "dropout": 0.1, "emb_dropout": 0.05}
 EOF
 cat >"$tmp/par.json" <<EOF
 {"family": "par-transformer-xl", "data": "$tmp/text.txt", "out": "$tmp/par.safetensors",
  "n_blocks": 4, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 16, "tgt_len": 16,
  "batch_size": 8, "steps": 60, "search_steps": 40, "log_every": 10, "eval_every": 30, "eval_tokens": 2000,
- "checkpoint_every": 20, "lr": 0.003, "arch_lr": 0.03, "tau_start": 1.0, "tau_end": 0.1}
+ "checkpoint_every": 20, "lr": 0.003, "arch_lr": 0.03, "tau_start": 1.0, "tau_end": 0.1,
+ "dropout": 0.1, "dropatt": 0.1}
 EOF
 
 # the log's numbers, without the wall-clock ones

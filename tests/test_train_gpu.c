@@ -28,6 +28,8 @@
  *     narrower than the model, Adagrad;
  *   - the loop: the same architecture fixed, a stop during the search
  *     resumed past its end.
+ * Both with dropout at every site (the masks are the CPU trainer's:
+ * core/train_drop.h), in the comparisons and in the loops.
  * Without a GPU (or built without nvcc) it reports itself skipped.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -530,6 +532,12 @@ int main(void)
     c.optim = OPT_ADAM;
     c.lr = 0.01;
     compare_case(c, 7, zf, 5, "tiny adam");
+    /* dropout on the attention weights, the hidden layer and the embedding:
+     * the CPU's masks (core/train_drop.h) */
+    c = tiny();
+    c.dropout = 0.3;
+    c.emb_dropout = 0.2;
+    compare_case(c, 7, zf, 4, "tiny dropout");
 
     /* a window trimmed to 8 of 200 (cache 72), blocks longer than S - W */
     static const double zs[8] = {0.0123, 0.0173, 0.01, 0.02, 0, 0, 0, 0};
@@ -567,6 +575,8 @@ int main(void)
     a.hidden_size = 32, a.inner_hidden_size = 64, a.nb_heads = 4, a.nb_layers = 2, a.attn_span = 80;
     a.block_size = 16, a.batch_size = 8, a.adapt_span_ramp = 8, a.adapt_span_init = 0.1, a.lr = 0.07;
     a.lr_warmup = 10;
+    a.dropout = 0.1;
+    a.emb_dropout = 0.05;
     test_loop(a, "adaptive-span");
 
     /* PAR: the memory filling (mem_len 7, blocks of 4), heads narrower
@@ -587,11 +597,17 @@ int main(void)
     p.n_blocks = 3, p.n_head = 4, p.d_head = 32, p.d_model = 128, p.d_inner = 256, p.mem_len = 40, p.tgt_len = 24;
     p.batch_size = 4;
     compare_par(p, 30, 3, "par heads of 32");
+    /* dropout at Transformer-XL's sites and dropatt */
+    p = tiny_par();
+    p.dropout = 0.2;
+    p.dropatt = 0.3;
+    compare_par(p, 9, 3, "par dropout");
 
     /* the search ends at step 25, between the stop and the resume */
     p = tiny_par();
     p.n_blocks = 4, p.n_head = 4, p.d_head = 8, p.d_model = 32, p.d_inner = 64, p.mem_len = 16, p.tgt_len = 16;
     p.batch_size = 8, p.search_steps = 25, p.lr = 3e-3, p.arch_lr = 0.05;
+    p.dropout = 0.1, p.dropatt = 0.1;
     test_loop(p, "par-transformer-xl");
     return test_summary("test_train_gpu");
 }
