@@ -57,10 +57,19 @@ NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2
 CU_SRC   := $(wildcard kernels/*.cu)
 # the host compiler's warnings and nvcc's own (device code), all errors
 NVCC_WARN := -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings
+# NCCL (several GPUs in one training run, kernels/train_multi.cu) where the
+# toolkit has it; without it `train --gpus N` says so.
+NVCC_DEFS :=
 ifneq ($(and $(NVCC),$(CU_SRC)),)
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS   += -DSPANSERVE_CUDA
 LDLIBS   += -L$(dir $(NVCC))../lib64 -lcudart -lcublas -lcublasLt -lstdc++
+ifneq ($(wildcard $(dir $(NVCC))../include/nccl.h),)
+ifneq ($(wildcard $(dir $(NVCC))../lib64/libnccl.so),)
+NVCC_DEFS += -DSPANSERVE_NCCL
+LDLIBS   += -lnccl
+endif
+endif
 endif
 
 .PHONY: all deps test asan fuzz soak run load clean test-gpu bench
@@ -95,7 +104,7 @@ $(OPENAPI_C:.c=.o) $(UI_C:.c=.o): %.o: %.c
 
 $(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -arch=sm_90 -Icore $(NVCC_WARN) -c $< -o $@
+	$(NVCC) -O3 -arch=sm_90 -Icore $(NVCC_DEFS) $(NVCC_WARN) -c $< -o $@
 
 $(BUILD)/libcore.a: $(CORE_OBJ) $(CU_OBJ)
 	@rm -f $@

@@ -70,6 +70,7 @@ typedef struct {
     char device[16];             /* "cpu", "cuda" (builds with nvcc), or "auto": the GPU
                                   * trainer when train_run_on is given one, else the CPU */
     int tf32;                    /* cuda: linear layers in TF32 */
+    int gpus;                    /* cuda: the GPUs of this machine a step's streams are spread over (data parallel) */
     double val_fraction;         /* the last fraction of the text (in characters) is validation */
     /* schedule */
     long steps, log_every, eval_every, checkpoint_every, eval_tokens;

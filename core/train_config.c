@@ -26,6 +26,7 @@ static const train_key shared_keys[] = {
     {"log", TK_PATH, 0, 0, 0, F(log), "progress as JSON lines to this file (default: standard output)"},
     {"device", TK_DEVICE, 0, 0, 0, F(device), "cpu, cuda (builds with nvcc), or auto (cuda where it can, else cpu)"},
     {"tf32", TK_BOOL, 0, 0, 0, F(tf32), "device cuda: the linear layers' products on tensor cores in TF32 (faster; not within 1e-3 of the CPU's gradients)"},
+    {"gpus", TK_INT, 1, 16, 0, F(gpus), "device cuda: the GPUs of this machine the batch's streams are spread over (data parallel; batch_size a multiple of it)"},
     {"val_fraction", TK_REAL, 0, 0.5, 1, F(val_fraction), "the last fraction of the text, in characters, is the validation text (0.1)"},
     /* schedule */
     {"steps", TK_LONG, 0, BIG, 0, F(steps), "optimizer steps in all (search included for PAR)"},
@@ -52,7 +53,7 @@ static const train_key shared_keys[] = {
 #define N_SHARED (sizeof shared_keys / sizeof *shared_keys)
 
 /* tf32 is the CUDA trainer's: a key only of the families it runs */
-static int cuda_key(const train_key *k) { return k->off == F(tf32); }
+static int cuda_key(const train_key *k) { return k->off == F(tf32) || k->off == F(gpus); }
 
 static const train_key *key_in(const train_key *keys, size_t n, const char *key)
 {
@@ -76,6 +77,7 @@ void train_cfg_defaults(train_cfg *c, const train_family *fam)
     c->beta1 = 0.9;
     c->beta2 = 0.999;
     c->adam_eps = 1e-8;
+    c->gpus = 1;
     fam->defaults(c);
 }
 
@@ -186,6 +188,12 @@ int train_cfg_check(const train_cfg *c, char *err)
                        "--device cpu", c->device, train_family_names(names, sizeof names, 1, ""), c->fam->name);
     if (c->tf32 && strcmp(c->device, "cpu") == 0)
         return err_set(err, "config 'tf32' is true but 'device' is \"%s\": TF32 is the CUDA trainer's", c->device);
+    if (c->gpus > 1 && strcmp(c->device, "cpu") == 0)
+        return err_set(err, "config 'gpus' = %d but 'device' is \"%s\": several GPUs are the CUDA trainer's", c->gpus,
+                       c->device);
+    if (c->batch_size % c->gpus)
+        return err_set(err, "config 'batch_size' = %d is not a multiple of 'gpus' = %d (each GPU takes as many streams)",
+                       c->batch_size, c->gpus);
     if (!c->data[0]) return err_set(err, "config 'data' is required: the text file to train on (or --data FILE)");
     if (!c->out[0]) return err_set(err, "config 'out' is required: the checkpoint to write (or --out FILE)");
     return c->fam->check(c, err);

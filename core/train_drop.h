@@ -40,6 +40,7 @@ enum {
  * below thresh. */
 typedef struct {
     uint64_t key;      /* the site's key at this step */
+    uint64_t off;      /* added to every element index: where a device's share of the streams starts (0 on the CPU) */
     uint32_t thresh;   /* round(p 2^24); 0: nothing dropped */
     float scale;       /* 1 / (1 - p) */
 } td_site;
@@ -62,7 +63,7 @@ TD_FN uint64_t td_key(uint64_t seed, long step, int site, int layer)
 /* 1 if element I is kept */
 TD_FN int td_kept(const td_site *s, uint64_t i)
 {
-    return (uint32_t)(td_mix(s->key + (i + 1) * 0xD1B54A32D192ED03ULL) >> 40) >= s->thresh;
+    return (uint32_t)(td_mix(s->key + (i + s->off + 1) * 0xD1B54A32D192ED03ULL) >> 40) >= s->thresh;
 }
 
 /* the factor of element I: 0, or 1 / (1 - p) (1 when nothing drops) */
@@ -79,6 +80,7 @@ TD_FN td_site td_make(uint64_t seed, long step, int site, int layer, double p)
     double t = p * 16777216.0 + 0.5;
     s.thresh = p > 0 ? (uint32_t)(t < 16777215.0 ? t : 16777215.0) : 0u;
     s.key = td_key(seed, step, site, layer);
+    s.off = 0;
     s.scale = s.thresh ? (float)(1.0 / (1.0 - (double)s.thresh / 16777216.0)) : 1.0f;
     return s;
 }

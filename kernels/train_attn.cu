@@ -197,7 +197,8 @@ __global__ static void span_grad_kernel(float *gz, const float *dzrow, int B, in
 
 int tg_span_grad(tgpu *g, float *gz, const float *dzrow, char *err)
 {
-    span_grad_kernel<<<g->K, 256, 0, g->stream>>>(gz, dzrow, g->B, g->K, g->M, g->coeff * g->S / g->K);
+    /* the span loss's own gradient once, on the first device */
+    span_grad_kernel<<<g->K, 256, 0, g->stream>>>(gz, dzrow, g->B, g->K, g->M, g->rank == 0 ? g->coeff * g->S / g->K : 0.0);
     LAUNCH_TRY(err, "span grad");
     return 0;
 }

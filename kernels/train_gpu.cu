@@ -11,6 +11,10 @@
  */
 #include "train_internal.cuh"
 
+#ifdef SPANSERVE_NCCL
+#include <nccl.h>
+#endif
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +58,13 @@ void tgpu_free(tgpu *g)
     for (int i = 0; i < g->n_allocs; i++) cudaFree(g->allocs[i]);
     if (g->h_tok) cudaFreeHost(g->h_tok);
     if (g->h_mirror) cudaFreeHost(g->h_mirror);
+    if (g->cstream) cudaStreamDestroy(g->cstream);
+    if (g->ev_grad) cudaEventDestroy(g->ev_grad);
+    if (g->ev_comm) cudaEventDestroy(g->ev_comm);
+    free(g->bk_lo);
+    free(g->bk_hi);
+    free(g->rest_lo);
+    free(g->rest_hi);
     if (g->blas) cublasDestroy(g->blas);
     if (g->stream) cudaStreamDestroy(g->stream);
     free(g->zoff);
@@ -146,9 +157,49 @@ static int plan_mirror(tgpu *g, const trainer *t, char *err)
     return 0;
 }
 
+/* the gradient's buckets: each layer's tensors when they are one run of the
+ * arena, and the runs of the tensors of no layer; else one bucket, the whole
+ * arena, at the end */
+static int plan_buckets(tgpu *g, const trainer *t, char *err)
+{
+    const int L = t->L;
+    g->bk_lo = (size_t *)calloc(L, sizeof(size_t));
+    g->bk_hi = (size_t *)calloc(L, sizeof(size_t));
+    g->rest_lo = (size_t *)calloc(t->n_tp + 1, sizeof(size_t));
+    g->rest_hi = (size_t *)calloc(t->n_tp + 1, sizeof(size_t));
+    if (!g->bk_lo || !g->bk_hi || !g->rest_lo || !g->rest_hi) return err_set(err, "out of memory");
+    g->buckets = 1;
+    for (int l = 0; l < L; l++) {
+        size_t lo = (size_t)-1, hi = 0, n = 0;
+        for (int i = 0; i < t->n_tp; i++)
+            if (t->tp[i].layer == l) {
+                lo = t->tp[i].off < lo ? t->tp[i].off : lo;
+                hi = t->tp[i].off + t->tp[i].n > hi ? t->tp[i].off + t->tp[i].n : hi;
+                n += t->tp[i].n;
+            }
+        if (n == 0 || hi - lo != n) g->buckets = 0;   /* not one run of its own */
+        g->bk_lo[l] = lo, g->bk_hi[l] = hi;
+    }
+    /* the tensors of no layer, in arena order, adjacent ones merged */
+    g->n_rest = 0;
+    for (size_t at = 0;;) {
+        int next = -1;
+        for (int i = 0; i < t->n_tp; i++)
+            if (t->tp[i].layer < 0 && t->tp[i].off >= at && (next < 0 || t->tp[i].off < t->tp[next].off)) next = i;
+        if (next < 0) break;
+        const tparam *p = &t->tp[next];
+        if (g->n_rest && g->rest_hi[g->n_rest - 1] == p->off) g->rest_hi[g->n_rest - 1] = p->off + p->n;
+        else g->rest_lo[g->n_rest] = p->off, g->rest_hi[g->n_rest] = p->off + p->n, g->n_rest++;
+        at = p->off + p->n;
+    }
+    return 0;
+}
+
 static const tg_family *const tg_families[] = {&tg_family_aspan, &tg_family_par};
 
-tgpu *tgpu_new(const trainer *t, char *err)
+tgpu *tgpu_new(const trainer *t, char *err) { return tgpu_new_part(t, 0, t->B, 0, err); }
+
+tgpu *tgpu_new_part(const trainer *t, int b0, int nb, int rank, char *err)
 {
     const tg_family *fam = NULL;
     for (size_t i = 0; i < sizeof tg_families / sizeof *tg_families; i++)
@@ -161,13 +212,15 @@ tgpu *tgpu_new(const trainer *t, char *err)
     tgpu *g = (tgpu *)calloc(1, sizeof *g);
     if (!g) { err_set(err, "out of memory"); return NULL; }
     g->fam = fam;
-    g->L = t->L, g->B = t->B, g->M = t->M, g->H = t->H, g->K = t->K, g->D = t->D, g->I = t->I, g->V = t->V;
-    g->AW = t->A, g->N = t->B * t->M;
+    g->L = t->L, g->B = nb, g->M = t->M, g->H = t->H, g->K = t->K, g->D = t->D, g->I = t->I, g->V = t->V;
+    g->AW = t->A, g->N = nb * t->M;
+    g->b0 = b0, g->B_all = t->B, g->rank = rank, g->N_all = (size_t)t->B * t->M;
     g->optim = t->c.optim, g->grad_clip = t->c.grad_clip;
     g->beta1 = t->c.beta1, g->beta2 = t->c.beta2, g->adam_eps = t->c.adam_eps;
     g->n = t->n;
     g->emb = t->emb, g->out_w = t->out_w, g->out_b = t->out_b, g->r_w_bias = t->r_w_bias, g->r_r_bias = t->r_r_bias;
-    g->mem_n = trainer_mem_floats(t);
+    g->mem_rows = t->c.fam->mem_rows(&t->c);
+    g->mem_n = (size_t)t->L * nb * g->mem_rows * t->H;
     const size_t L = g->L, N = g->N, H = g->H, I = g->I, V = g->V, F = sizeof(float);
     size_t maxc = H > I ? H : I;
     maxc = maxc > V ? maxc : V;
@@ -211,7 +264,7 @@ tgpu *tgpu_new(const trainer *t, char *err)
         err_set(err, "cudaMallocHost failed");
         goto fail;
     }
-    if (fam->plan(g, t, err) || plan_optimizer(g, t, err) || plan_mirror(g, t, err) ||
+    if (fam->plan(g, t, err) || plan_optimizer(g, t, err) || plan_mirror(g, t, err) || plan_buckets(g, t, err) ||
         tgpu_set_tf32(g, t->c.tf32, err) || tgpu_upload(g, t, err))
         goto fail;
     return g;
@@ -257,26 +310,44 @@ static int down(tgpu *g, double *dst, const float *src, size_t n, char *err)
 
 static size_t mem_n(const tgpu *g) { return g->mem_n; }
 
+/* this device's streams of the host's memories (L x B_all x rows x H):
+ * per layer, the streams [b0, b0 + B) */
+static int mem_move(tgpu *g, double *host, int to_host, char *err)
+{
+    const size_t per = (size_t)g->mem_rows * g->H, dev_l = (size_t)g->B * per, host_l = (size_t)g->B_all * per;
+    for (int l = 0; l < g->L; l++) {
+        double *h = host + l * host_l + (size_t)g->b0 * per;
+        float *d = g->mem + l * dev_l;
+        if (to_host ? down(g, h, d, dev_l, err) : up(g, d, h, dev_l, err)) return -1;
+    }
+    return 0;
+}
+
+int tgpu_upload_weights(tgpu *g, const trainer *t, char *err)
+{
+    return up(g, g->w, t->w, g->n, err) || up(g, g->m1, t->m1, g->n, err) || up(g, g->m2, t->m2, g->n, err) ? -1 : 0;
+}
+
 int tgpu_upload(tgpu *g, const trainer *t, char *err)
 {
     memcpy(g->mlen, t->mlen, sizeof(int) * g->L);
-    return up(g, g->w, t->w, g->n, err) || up(g, g->m1, t->m1, g->n, err) || up(g, g->m2, t->m2, g->n, err) ||
-                   up(g, g->mem, t->mem, mem_n(g), err)
-               ? -1
-               : 0;
+    return tgpu_upload_weights(g, t, err) || mem_move(g, t->mem, 0, err) ? -1 : 0;
 }
 
-int tgpu_download(tgpu *g, trainer *t, char *err)
+int tgpu_download_part(tgpu *g, trainer *t, int weights, char *err)
 {
-    memcpy(t->mlen, g->mlen, sizeof(int) * g->L);
-    return down(g, t->w, g->w, g->n, err) || down(g, t->m1, g->m1, g->n, err) || down(g, t->m2, g->m2, g->n, err) ||
-                   down(g, t->mem, g->mem, mem_n(g), err)
-               ? -1
-               : 0;
+    if (weights) {
+        memcpy(t->mlen, g->mlen, sizeof(int) * g->L);
+        if (down(g, t->w, g->w, g->n, err) || down(g, t->m1, g->m1, g->n, err) || down(g, t->m2, g->m2, g->n, err))
+            return -1;
+    }
+    return mem_move(g, t->mem, 1, err);
 }
+
+int tgpu_download(tgpu *g, trainer *t, char *err) { return tgpu_download_part(g, t, 1, err); }
 
 int tgpu_download_grad(tgpu *g, double *grad, char *err) { return down(g, grad, g->g, g->n, err); }
-int tgpu_download_memory(tgpu *g, double *mem, char *err) { return down(g, mem, g->mem, mem_n(g), err); }
+int tgpu_download_memory(tgpu *g, double *mem, char *err) { return mem_move(g, mem, 1, err); }
 
 int tgpu_reset_memory(tgpu *g, char *err)
 {
@@ -331,7 +402,7 @@ int tg_loss_back(tgpu *g, const float *XL, char *err)
     const int N = g->N, H = g->H, V = g->V;
     const int32_t *dy = g->d_tok + N;
     float *gg = g->g;
-    return tg_xent_back(g, g->logp, dy, N, V, 1.0f / N, err) ||
+    return tg_xent_back(g, g->logp, dy, N, V, 1.0f / (float)g->N_all, err) ||
                    tg_gemm(g, 1, 0, V, H, N, 1, g->logp, V, XL, H, 1, gg + g->out_w, H, err) ||
                    tg_colsum(g, gg + g->out_b, g->logp, NULL, N, V, err) ||
                    tg_gemm(g, 0, 0, N, H, V, 1, g->logp, V, g->w + g->out_w, H, 0, g->dX, H, err)
@@ -339,31 +410,42 @@ int tg_loss_back(tgpu *g, const float *XL, char *err)
                : 0;
 }
 
+int tgpu_forward_sum(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
+                     double *sum, double *aux, char *err)
+{
+    double nll = 0, a = 0;
+    const size_t at = (size_t)g->b0 * g->M;   /* this device's streams */
+    if (upload_tokens(g, x + at, y + at, err)) return -1;
+    if (backward && cudaMemsetAsync(g->g, 0, sizeof(float) * g->n, g->stream) != cudaSuccess)
+        return err_set(err, "gradient reset failed");
+    if (g->fam->block(g, t, backward, carry, &a, err)) return -1;
+    cudaError_t e = cudaMemcpyAsync(&nll, g->dsum, sizeof nll, cudaMemcpyDeviceToHost, g->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+    if (e != cudaSuccess) return err_set(err, "training step: %s", cudaGetErrorString(e));
+    if (aux) *aux = a;
+    *sum = nll;
+    return 0;
+}
+
 double tgpu_forward(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
                     double *aux, char *err)
 {
-    double nll = 0, a = 0;
-    if (upload_tokens(g, x, y, err)) return NAN;
-    if (backward && cudaMemsetAsync(g->g, 0, sizeof(float) * g->n, g->stream) != cudaSuccess) {
-        err_set(err, "gradient reset failed");
-        return NAN;
-    }
-    if (g->fam->block(g, t, backward, carry, &a, err)) return NAN;
-    cudaError_t e = cudaMemcpyAsync(&nll, g->dsum, sizeof nll, cudaMemcpyDeviceToHost, g->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
-    if (e != cudaSuccess) {
-        err_set(err, "training step: %s", cudaGetErrorString(e));
-        return NAN;
-    }
-    if (aux) *aux = a;
-    nll /= g->N;
+    double sum = 0;
+    if (tgpu_forward_sum(g, t, x, y, backward, carry, &sum, aux, err)) return NAN;
+    const double nll = sum / (double)g->N_all;
     if (!isfinite(nll)) err_set(err, "the loss is not finite (%g): the learning rate may be too high", nll);
     return nll;
 }
 
 int tgpu_step(tgpu *g, trainer *t, double lr, char *err)
 {
+    if (tgpu_step_part(g, t, t->step + 1, lr, 1, err)) return -1;
     t->step++;
+    return 0;
+}
+
+int tgpu_step_part(tgpu *g, trainer *t, long step, double lr, int mirror, char *err)
+{
     /* what this step trains: everything while PAR searches, the chosen
      * branches after (uploaded when it changes) */
     int changed = 0;
@@ -375,29 +457,102 @@ int tgpu_step(tgpu *g, trainer *t, double lr, char *err)
     if (changed)
         CU_TRY(cudaMemcpyAsync(g->tp_act, g->h_act, sizeof(int) * g->n_tp, cudaMemcpyHostToDevice, g->stream), err,
                "optimizer plan");
-    if (tg_optim(g, lr, t->c.arch_lr, t->step, err) || tg_gather_mirror(g, err)) return -1;
-    if (g->n_mirror)
+    if (tg_optim(g, lr, t->c.arch_lr, step, err) || tg_gather_mirror(g, err)) return -1;
+    if (g->n_mirror && mirror)
         CU_TRY(cudaMemcpyAsync(g->h_mirror, g->mirror, sizeof(float) * g->n_mirror, cudaMemcpyDeviceToHost, g->stream),
                err, "mirror download");
     CU_TRY(cudaStreamSynchronize(g->stream), err, "optimizer step");
-    for (int i = 0; i < g->n_mirror; i++) t->w[g->h_mir_off[i]] = g->h_mirror[i];
+    if (mirror)
+        for (int i = 0; i < g->n_mirror; i++) t->w[g->h_mir_off[i]] = g->h_mirror[i];
     return 0;
+}
+
+int tg_grad_ready(tgpu *g, int l, char *err)
+{
+    if (!g->comm) return 0;
+#ifdef SPANSERVE_NCCL
+    ncclComm_t comm = (ncclComm_t)g->comm;
+    if (l >= 0 && !g->buckets) return 0;
+    CU_TRY(cudaEventRecord(g->ev_grad, g->stream), err, "gradient event");
+    CU_TRY(cudaStreamWaitEvent(g->cstream, g->ev_grad, 0), err, "gradient event wait");
+    ncclResult_t r = ncclSuccess;
+    if (l >= 0)
+        r = ncclAllReduce(g->g + g->bk_lo[l], g->g + g->bk_lo[l], g->bk_hi[l] - g->bk_lo[l], ncclFloat32, ncclSum, comm,
+                          g->cstream);
+    else if (g->buckets)
+        for (int i = 0; i < g->n_rest && r == ncclSuccess; i++)
+            r = ncclAllReduce(g->g + g->rest_lo[i], g->g + g->rest_lo[i], g->rest_hi[i] - g->rest_lo[i], ncclFloat32,
+                              ncclSum, comm, g->cstream);
+    else
+        r = ncclAllReduce(g->g, g->g, g->n, ncclFloat32, ncclSum, comm, g->cstream);
+    if (r != ncclSuccess) return err_set(err, "the gradient's all-reduce: %s", ncclGetErrorString(r));
+    if (l < 0) {   /* the optimizer waits for every bucket */
+        CU_TRY(cudaEventRecord(g->ev_comm, g->cstream), err, "all-reduce event");
+        CU_TRY(cudaStreamWaitEvent(g->stream, g->ev_comm, 0), err, "all-reduce event wait");
+    }
+    return 0;
+#else
+    (void)l;
+    return err_set(err, "this build has no NCCL");
+#endif
 }
 
 /* ---- the table train_run drives ---- */
 
-static void *dev_open(const trainer *t, char *err) { return tgpu_new(t, err); }
-static void dev_close(void *ctx) { tgpu_free((tgpu *)ctx); }
+/* one GPU, or the config's gpus through train_multi.cu */
+typedef struct {
+    tgpu *one;
+    tmulti *multi;
+} tdev;
+
+static void *dev_open(const trainer *t, char *err)
+{
+    tdev *d = (tdev *)calloc(1, sizeof *d);
+    if (!d) { err_set(err, "out of memory"); return NULL; }
+    if (t->c.gpus > 1) d->multi = tmulti_new(t, err);
+    else d->one = tgpu_new(t, err);
+    if (!d->one && !d->multi) { free(d); return NULL; }
+    return d;
+}
+static void dev_close(void *ctx)
+{
+    tdev *d = (tdev *)ctx;
+    tgpu_free(d->one);
+    tmulti_free(d->multi);
+    free(d);
+}
 static double dev_forward(void *ctx, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
                           double *aux, char *err)
 {
-    return tgpu_forward((tgpu *)ctx, t, x, y, backward, carry, aux, err);
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_forward(d->multi, t, x, y, backward, carry, aux, err)
+                    : tgpu_forward(d->one, t, x, y, backward, carry, aux, err);
 }
-static int dev_step(void *ctx, trainer *t, double lr, char *err) { return tgpu_step((tgpu *)ctx, t, lr, err); }
-static int dev_reset(void *ctx, char *err) { return tgpu_reset_memory((tgpu *)ctx, err); }
-static int dev_stash(void *ctx, int restore, char *err) { return tgpu_stash_memory((tgpu *)ctx, restore, err); }
-static int dev_download(void *ctx, trainer *t, char *err) { return tgpu_download((tgpu *)ctx, t, err); }
-static const char *dev_name(void *ctx) { return tgpu_device_name((tgpu *)ctx); }
+static int dev_step(void *ctx, trainer *t, double lr, char *err)
+{
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_step(d->multi, t, lr, err) : tgpu_step(d->one, t, lr, err);
+}
+static int dev_reset(void *ctx, char *err)
+{
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_reset_memory(d->multi, err) : tgpu_reset_memory(d->one, err);
+}
+static int dev_stash(void *ctx, int restore, char *err)
+{
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_stash_memory(d->multi, restore, err) : tgpu_stash_memory(d->one, restore, err);
+}
+static int dev_download(void *ctx, trainer *t, char *err)
+{
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_download(d->multi, t, err) : tgpu_download(d->one, t, err);
+}
+static const char *dev_name(void *ctx)
+{
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_device_name(d->multi) : tgpu_device_name(d->one);
+}
 
 const train_device tgpu_train_device = {"cuda", dev_open, dev_close, dev_forward, dev_step,
                                         dev_reset, dev_stash, dev_download, dev_name};

@@ -67,7 +67,8 @@ static int heads_gemm(tgpu *g, int ta, int tb, int m, int n, int k, const float 
 
 static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
 {
-    const td_site da = tg_site(t, TD_ATT, l, t->c.dropout), df = tg_site(t, TD_FF, l, t->c.dropout);
+    const td_site da = tg_site(g, t, TD_ATT, l, t->c.dropout, (size_t)g->K * g->M * g->S),
+                  df = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I);
     const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
               SM = W + M;
     const size_t SMx = (size_t)S + M;
@@ -108,7 +109,8 @@ static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
 
 static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
 {
-    const td_site da = tg_site(t, TD_ATT, l, t->c.dropout), df = tg_site(t, TD_FF, l, t->c.dropout);
+    const td_site da = tg_site(g, t, TD_ATT, l, t->c.dropout, (size_t)g->K * g->M * g->S),
+                  df = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I);
     const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
               SM = W + M;
     const size_t SMx = (size_t)S + M;
@@ -179,7 +181,7 @@ static int aspan_block(tgpu *g, const trainer *t, int backward, int carry, doubl
         span_loss += t->c.adapt_span_loss * S * zs / K;
     }
     *aux = span_loss;
-    const td_site de = tg_site(t, TD_EMB, 0, t->c.emb_dropout);
+    const td_site de = tg_site(g, t, TD_EMB, 0, t->c.emb_dropout, (size_t)g->M * H);
     if (tg_embed(g, g->X, g->w + g->emb, dx, N, H, 1.0f, de, err)) return -1;
     for (int l = 0; l < L; l++)
         if (layer_forward(g, t, l, carry, err)) return -1;
@@ -188,8 +190,9 @@ static int aspan_block(tgpu *g, const trainer *t, int backward, int carry, doubl
     if (!backward) return 0;
     if (tg_loss_back(g, XL, err)) return -1;
     for (int l = L - 1; l >= 0; l--)
-        if (layer_backward(g, t, l, err)) return -1;
-    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, H, 1.0f, de, err);
+        if (layer_backward(g, t, l, err) || tg_grad_ready(g, l, err)) return -1;
+    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, H, 1.0f, de, err) || tg_grad_ready(g, -1, err) ? -1
+                                                                                                                 : 0;
 }
 
 const tg_family tg_family_aspan = {&train_family_aspan, aspan_plan, aspan_block};

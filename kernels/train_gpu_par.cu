@@ -190,7 +190,8 @@ static int build_cat(tgpu *g, float *cat, const float *mem, const float *X, int 
 
 static int attn_forward(tgpu *g, const trainer *t, int l, const float *X, int mlen, char *err)
 {
-    const td_site da = tg_site(t, TD_ATT, l, t->c.dropatt), dao = tg_site(t, TD_AOUT, l, t->c.dropout);
+    const td_site da = tg_site(g, t, TD_ATT, l, t->c.dropatt, (size_t)g->K * g->M * g->par.KL),
+                  dao = tg_site(g, t, TD_AOUT, l, t->c.dropout, (size_t)g->M * g->H);
     const int B = g->B, M = g->M, D = g->H, nh = g->K, dh = g->D, A = g->AW, N = g->N, KL = g->par.KL,
               klen = mlen + M;
     const tlayer *ly = &g->ly[l];
@@ -247,7 +248,8 @@ static int ffn_forward(tgpu *g, const trainer *t, int l, const float *X, char *e
     const tlayer *ly = &g->ly[l];
     const float *w = g->w;
     float *ff = g->par.ff + (size_t)l * N * I;
-    const td_site dff = tg_site(t, TD_FF, l, t->c.dropout), dfo = tg_site(t, TD_FOUT, l, t->c.dropout);
+    const td_site dff = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I),
+                  dfo = tg_site(g, t, TD_FOUT, l, t->c.dropout, (size_t)g->M * g->H);
     /* the output's dropout takes the bias with it; else the LayerNorm adds it */
     return tg_gemm(g, 0, 1, N, I, D, 1, X, D, w + ly->fc1_w, D, 0, ff, I, err) ||
                    tg_bias_relu(g, ff, w + ly->fc1_b, N, I, dff, err) ||
@@ -289,7 +291,8 @@ static int layer_forward(tgpu *g, const trainer *t, int l, const double *mix, in
 static int ffn_backward(tgpu *g, const trainer *t, int l, const float *X, float w_ffn, char *err)
 {
     const int N = g->N, D = g->H, I = g->I;
-    const td_site dff = tg_site(t, TD_FF, l, t->c.dropout), dfo = tg_site(t, TD_FOUT, l, t->c.dropout);
+    const td_site dff = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I),
+                  dfo = tg_site(g, t, TD_FOUT, l, t->c.dropout, (size_t)g->M * g->H);
     const tlayer *ly = &g->ly[l];
     const float *w = g->w, *ff = g->par.ff + (size_t)l * N * I;
     float *gg = g->g, *dY = g->dY, *dFF = g->par.dFF;
@@ -311,7 +314,8 @@ static int ffn_backward(tgpu *g, const trainer *t, int l, const float *X, float 
 
 static int attn_backward(tgpu *g, const trainer *t, int l, float w_attn, char *err)
 {
-    const td_site da = tg_site(t, TD_ATT, l, t->c.dropatt), dao = tg_site(t, TD_AOUT, l, t->c.dropout);
+    const td_site da = tg_site(g, t, TD_ATT, l, t->c.dropatt, (size_t)g->K * g->M * g->par.KL),
+                  dao = tg_site(g, t, TD_AOUT, l, t->c.dropout, (size_t)g->M * g->H);
     const int B = g->B, M = g->M, D = g->H, nh = g->K, dh = g->D, A = g->AW, N = g->N, KL = g->par.KL,
               mlen = g->mlen_fwd[l], klen = mlen + M;
     const tlayer *ly = &g->ly[l];
@@ -420,8 +424,9 @@ static int par_block(tgpu *g, const trainer *t, int backward, int carry, double 
     double mix[3 * 1024];   /* n_blocks <= 1024 (train_par.c's check) */
     *aux = 0;
     par_mix(t, mix);
-    const td_site de = tg_site(t, TD_EMB, 0, t->c.dropout), dpos = tg_site(t, TD_POS, 0, t->c.dropout),
-                  dout = tg_site(t, TD_OUT, 0, t->c.dropout);
+    const td_site de = tg_site(g, t, TD_EMB, 0, t->c.dropout, (size_t)g->M * D),
+                  dpos = tg_site(g, t, TD_POS, 0, t->c.dropout, 0),
+                  dout = tg_site(g, t, TD_OUT, 0, t->c.dropout, (size_t)g->M * D);
     const size_t ND = (size_t)N * D;
     g->par.posu = g->par.pos;
     if (dpos.thresh) {   /* one mask of the sinusoid for every block */
@@ -440,8 +445,9 @@ static int par_block(tgpu *g, const trainer *t, int backward, int carry, double 
     if (!backward) return 0;
     if (tg_loss_back(g, XL, err) || (dout.thresh && tg_dropout(g, g->dX, g->dX, NULL, D, ND, dout, err))) return -1;
     for (int l = L - 1; l >= 0; l--)
-        if (layer_backward(g, t, l, mix + 3 * l, err)) return -1;
-    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, D, esc, de, err);
+        if (layer_backward(g, t, l, mix + 3 * l, err) || tg_grad_ready(g, l, err)) return -1;
+    return tg_embed_back(g, g->g + g->emb, g->dX, doff, didx, V, D, esc, de, err) || tg_grad_ready(g, -1, err) ? -1
+                                                                                                                : 0;
 }
 
 const tg_family tg_family_par = {&train_family_par, par_plan, par_block};

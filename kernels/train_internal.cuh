@@ -54,6 +54,21 @@ extern "C" {
 struct tg_family;
 
 struct tgpu {
+    /* data parallel (train_multi.cu): this device's streams are [b0, b0 + B)
+     * of the step's B_all; rank 0 adds the loss's constant gradients; the
+     * mean loss divides by all the tokens N_all = B_all M. With a
+     * communicator (an ncclComm_t; NULL alone) the gradient is summed over
+     * the devices in buckets as the backward goes: layer l's tensors
+     * [bk_lo[l], bk_hi[l]) once its backward is done (on cstream, after
+     * ev_grad), the rest's runs [rest_lo, rest_hi) at the end; the next
+     * work on the step's stream waits for ev_comm */
+    int b0, B_all, rank;
+    size_t N_all;
+    void *comm;
+    cudaStream_t cstream;
+    cudaEvent_t ev_grad, ev_comm;
+    size_t *bk_lo, *bk_hi, *rest_lo, *rest_hi;
+    int n_rest, buckets;
     const struct tg_family *fam;
     int L, B, M, H, K, D, S, I, V, R, N;
     int AW;                       /* PAR: the attention's width nh * dh */
@@ -74,6 +89,7 @@ struct tgpu {
     /* memories, the host trainer's layout (L x B x mem_rows x H, mem_n
      * floats); the stash for evaluation; one layer's next (adaptive-span) */
     size_t mem_n;
+    int mem_rows;
     float *mem, *mem_keep, *mem_tmp;
     /* host, L: the memory rows in use (PAR's t->mlen), their stash, and the
      * rows each layer's last forward saw */
@@ -164,6 +180,35 @@ typedef struct tg_family {
 } tg_family;
 extern const tg_family tg_family_aspan, tg_family_par;
 
+/* ---- train_gpu.cu, for the data-parallel trainer (train_multi.cu) ---- */
+
+/* tgpu_new for the streams [b0, b0 + nb) of T's batch on the current
+ * device, RANK its place among the devices */
+tgpu *tgpu_new_part(const trainer *t, int b0, int nb, int rank, char *err);
+/* the forward of this device's streams of X, Y: the sum of their NLLs */
+int tgpu_forward_sum(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
+                     double *sum, double *aux, char *err);
+/* the optimizer at STEP (1-based), T left as it is but for the mirror of
+ * z/S and alpha (MIRROR: this device writes it) */
+int tgpu_step_part(tgpu *g, trainer *t, long step, double lr, int mirror, char *err);
+/* into T: this device's streams of the memories, and with WEIGHTS the
+ * weights, moments and memory rows */
+int tgpu_download_part(tgpu *g, trainer *t, int weights, char *err);
+
+/* ---- train_multi.cu: one step over several devices ---- */
+typedef struct tmulti tmulti;
+/* T's batch over its config's gpus devices (0..gpus-1), one host thread a
+ * device, the gradient summed by NCCL */
+tmulti *tmulti_new(const trainer *t, char *err);
+void tmulti_free(tmulti *m);
+double tmulti_forward(tmulti *m, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
+                      double *aux, char *err);
+int tmulti_step(tmulti *m, trainer *t, double lr, char *err);
+int tmulti_reset_memory(tmulti *m, char *err);
+int tmulti_stash_memory(tmulti *m, int restore, char *err);
+int tmulti_download(tmulti *m, trainer *t, char *err);
+const char *tmulti_device_name(tmulti *m);
+
 /* cudaMalloc'd (and zeroed) buffer of BYTES into *PP, freed by tgpu_free */
 int tg_alloc(tgpu *g, void *pp, size_t bytes, char *err);
 /* The output layer and the loss of the last layer's output XL: the NLL of
@@ -177,11 +222,21 @@ __device__ __forceinline__ float tg_keep(const td_site &s, uint64_t i)
 {
     return s.thresh == 0 ? 1.0f : td_kept(&s, i) ? s.scale : 0.0f;
 }
-/* dropout site SITE of layer L at rate P for T's step (none unless t->drop) */
-static inline td_site tg_site(const trainer *t, int site, int l, double p)
+/* dropout site SITE of layer L at rate P for T's step (none unless
+ * t->drop); PER_STREAM: the site's elements a stream, so that a device
+ * whose streams start at b0 draws the elements the CPU's indices name */
+static inline td_site tg_site(const tgpu *g, const trainer *t, int site, int l, double p, size_t per_stream);
+
+static inline td_site tg_site(const tgpu *g, const trainer *t, int site, int l, double p, size_t per_stream)
 {
-    return td_make(t->c.seed, t->step, site, l, t->drop ? p : 0);
+    td_site s = td_make(t->c.seed, t->step, site, l, t->drop ? p : 0);
+    s.off = (uint64_t)g->b0 * per_stream;
+    return s;
 }
+
+/* After the backward of layer L (-1: the whole backward is done): with a
+ * communicator, the sum over the devices of the gradient it finished */
+int tg_grad_ready(tgpu *g, int l, char *err);
 
 static inline unsigned tg_blocks(size_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 

@@ -37,7 +37,7 @@ static void on_stop(int sig)
 static const char train_usage[] =
     "usage: spanserve train --config FILE.json [--data FILE] [--out FILE] [--steps N]\n"
     "                       [--seed N] [--device cpu|cuda|auto] [--precision fp32|tf32]\n"
-    "                       [--log FILE] [--json] [--resume]\n"
+    "                       [--gpus N] [--log FILE] [--json] [--resume]\n"
     "\n"
     "Trains an adaptive-span or PAR Transformer-XL model on a text file, with a\n"
     "character vocabulary built from the text and its last val_fraction held out\n"
@@ -61,6 +61,10 @@ static const char train_usage[] =
     "                  cuda where this build, a GPU and the family allow it)\n"
     "  --precision P   fp32 (default) or tf32 (config 'tf32': the GPU's linear\n"
     "                  layers on tensor cores; cuda only)\n"
+    "  --gpus N        overrides config 'gpus': spread each step's streams over\n"
+    "                  the first N GPUs of this machine (data parallel, the\n"
+    "                  gradients summed with NCCL; batch_size a multiple of N;\n"
+    "                  a run may be resumed on another N)\n"
     "  --log FILE      the JSON lines to FILE (appended on --resume)\n"
     "  --json          the JSON lines on standard output instead of readable ones\n"
     "  --resume        continue from OUT.state: the same numbers as a run that\n"
@@ -209,9 +213,10 @@ int cmd_train(int argc, char **argv)
     static const struct option opts[] = {
         {"config", 1, 0, 'c'}, {"data", 1, 0, 'd'},   {"out", 1, 0, 'o'},       {"steps", 1, 0, 'n'},
         {"seed", 1, 0, 's'},   {"device", 1, 0, 'D'}, {"precision", 1, 0, 'p'}, {"log", 1, 0, 'l'},
-        {"json", 0, 0, 'j'},   {"resume", 0, 0, 'r'}, {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
+        {"json", 0, 0, 'j'},   {"resume", 0, 0, 'r'}, {"help", 0, 0, 'h'},      {"gpus", 1, 0, 'g'},
+        {0, 0, 0, 0}};
     const char *config = NULL, *data = NULL, *out = NULL, *device = NULL, *logp = NULL, *precision = NULL;
-    long long steps = -1, seed = -1;
+    long long steps = -1, seed = -1, gpus = -1;
     int resume = 0, json_out = 0, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -237,6 +242,10 @@ int cmd_train(int argc, char **argv)
             if (strcmp(optarg, "fp32") && strcmp(optarg, "tf32"))
                 return cli_usage_error("train", "--precision must be fp32 or tf32, not '%s'", optarg);
             precision = optarg;
+            break;
+        case 'g':
+            if (parse_nonneg(optarg, &gpus) || gpus < 1 || gpus > 16)
+                return cli_usage_error("train", "--gpus must be an integer from 1 to 16, not '%s'", optarg);
             break;
         case 'l': logp = optarg; break;
         case 'j': json_out = 1; break;
@@ -265,6 +274,7 @@ int cmd_train(int argc, char **argv)
     if (seed >= 0) cfg.seed = (uint64_t)seed;
     if (device) snprintf(cfg.device, sizeof cfg.device, "%s", device);
     if (precision) cfg.tf32 = !strcmp(precision, "tf32");
+    if (gpus > 0) cfg.gpus = (int)gpus;
     /* the GPU trainer: asked for, or "auto" where this build has it, a GPU
      * answers and the family is one it trains */
     const train_device *dev = NULL;

@@ -50,6 +50,11 @@ static pthread_t runner_thread, hook_thread;
 static char jobs_dir[PATH_MAX], files_dir[PATH_MAX];
 static char default_device[16] = "cpu";
 static int cuda_ok;              /* a GPU this build can use */
+static int gpu_count;            /* the GPUs the server sees: a GPU job is given its own */
+/* the server's own CUDA_VISIBLE_DEVICES, split: a job's GPU i is entry i;
+ * without it, GPU i is the machine's i */
+static char visible_ids[64][16];
+static int n_visible = -1;
 static char cuda_why[ERR_LEN] = "the jobs are not started";
 
 /* How often the runner looks at the logs and processes: progress reaches
@@ -214,6 +219,12 @@ json_t *job_json(const job_t *j)
     json_object_set_new(o, "status", json_string(job_status_name(j->status)));
     json_object_set_new(o, "family", json_string(j->fam->name));
     json_object_set_new(o, "device", json_string(j->device));
+    if (j->gpus) json_object_set_new(o, "gpus", json_integer(j->gpus));
+    if (j->n_gpu_ids) {
+        json_t *ids = json_array();
+        for (int i = 0; i < j->n_gpu_ids; i++) json_array_append_new(ids, json_integer(j->gpu_ids[i]));
+        json_object_set_new(o, "gpu_ids", ids);
+    }
     iso_time(t, sizeof t, j->created);
     json_object_set_new(o, "created", json_string(t));
     if (j->started) {
@@ -289,6 +300,9 @@ static int job_save(const job_t *j)
                           "hook_attempts", j->hook_attempts, "cancelling", j->cancelling, "hook_error", j->hook_error);
     if (!o) return -1;
     json_object_set_new(o, "pid_start", json_integer((json_int_t)j->pid_start));
+    json_t *ids = json_array();
+    for (int i = 0; i < j->n_gpu_ids; i++) json_array_append_new(ids, json_integer(j->gpu_ids[i]));
+    json_object_set_new(o, "gpu_ids", ids);
     json_object_set_new(o, "t_started", json_real(j->t_started));
     json_object_set_new(o, "t_finished", json_real(j->t_finished));
     char *s = json_dumps(o, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
@@ -491,6 +505,7 @@ static int job_init(job_t *j, json_t *req, const train_cfg *cfg)
     j->request = json_incref(req);
     j->fam = cfg->fam;
     snprintf(j->device, sizeof j->device, "%s", cfg->device);
+    j->gpus = strcmp(cfg->device, "cuda") == 0 ? cfg->gpus : 0;
     j->steps = cfg->steps;
     j->batch = cfg->batch_size;
     j->block = cfg->fam->block_len(cfg);
@@ -540,6 +555,16 @@ job_t *jobs_submit(json_t *req, const char *data, const char *file_id, int *exis
         }
     }
     if (stopping) { *status = 503; return snprintf(err, 512, "the server is shutting down"), NULL; }
+    /* a GPU job that could never start here */
+    if (!strcmp(cfg.device, "cuda") && cfg.gpus > srv.cfg.max_jobs) {
+        *status = 400;
+        return snprintf(err, 512, "config 'gpus' = %d but this server runs jobs on at most %d GPUs at once (--max-jobs)",
+                        cfg.gpus, srv.cfg.max_jobs), NULL;
+    }
+    if (!strcmp(cfg.device, "cuda") && gpu_count && cfg.gpus > gpu_count) {
+        *status = 400;
+        return snprintf(err, 512, "config 'gpus' = %d but this machine has %d GPUs", cfg.gpus, gpu_count), NULL;
+    }
     if (jobs_check_text(data, &cfg, err)) { *status = 400; return NULL; }
     job_t *j = calloc(1, sizeof *j);
     if (!j) { *status = 503; return snprintf(err, 512, "out of memory"), NULL; }
@@ -722,7 +747,7 @@ static int job_spawn(job_t *j, char *err)
     extern char **environ;
     size_t ne = 0;
     while (environ[ne]) ne++;
-    char **envp = malloc((ne + 1) * sizeof *envp);
+    char **envp = malloc((ne + 2) * sizeof *envp);
     if (!envp) {
         close(efd);
         close(nfd);
@@ -730,8 +755,22 @@ static int job_spawn(job_t *j, char *err)
     }
     size_t k = 0;
     for (size_t i = 0; i < ne; i++)
-        if (strncmp(environ[i], "SPANSERVE_ADMIN_KEY=", 20) != 0 && strncmp(environ[i], "SPANSERVE_API_KEY=", 18) != 0)
+        if (strncmp(environ[i], "SPANSERVE_ADMIN_KEY=", 20) != 0 && strncmp(environ[i], "SPANSERVE_API_KEY=", 18) != 0 &&
+            (!j->n_gpu_ids || strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) != 0))
             envp[k++] = environ[i];
+    /* a GPU job sees only the GPUs it was given */
+    char visible[32 + 16 * 18];
+    if (j->n_gpu_ids) {
+        int len = snprintf(visible, sizeof visible, "CUDA_VISIBLE_DEVICES=");
+        for (int i = 0; i < j->n_gpu_ids && len < (int)sizeof visible; i++) {
+            const int g = j->gpu_ids[i];
+            if (n_visible > 0 && g < n_visible)
+                len += snprintf(visible + len, sizeof visible - (size_t)len, "%s%s", i ? "," : "", visible_ids[g]);
+            else
+                len += snprintf(visible + len, sizeof visible - (size_t)len, "%s%d", i ? "," : "", g);
+        }
+        envp[k++] = visible;
+    }
     envp[k] = NULL;
     long maxfd = sysconf(_SC_OPEN_MAX);
     if (maxfd < 0 || maxfd > 65536) maxfd = 65536;
@@ -873,6 +912,7 @@ static void job_finish(job_t *j, int code, int sig)
     j->finished = time(NULL);
     j->t_finished = wall_s();
     j->pid = 0;
+    j->n_gpu_ids = 0;   /* its GPUs are free again */
     char last[400];
     last_error_line(j, last, sizeof last);
     if (j->cancelling) {
@@ -1084,12 +1124,35 @@ static void prune_jobs(void)
 
 /* ------------------------------------------------------------ the runner */
 
+/* What a job takes of --max-jobs: its GPUs, or one. */
+static int job_units(const job_t *j) { return j->gpus > 0 ? j->gpus : 1; }
+
+/* J's GPUs among those no running job holds, lowest first; 0 when not
+ * enough are free yet (or the machine's GPUs cannot be listed: then the
+ * job sees them all, as a job on one GPU always did) */
+static int assign_gpus(job_t *j)
+{
+    j->n_gpu_ids = 0;
+    if (!j->gpus || !gpu_count) return 1;
+    char busy[64] = {0};
+    for (job_t *o = jobs; o; o = o->next)
+        if (o->status == JOB_RUNNING)
+            for (int i = 0; i < o->n_gpu_ids; i++) busy[o->gpu_ids[i] & 63] = 1;
+    int ids[16], n = 0;
+    for (int g = 0; g < gpu_count && g < 64 && n < j->gpus; g++)
+        if (!busy[g]) ids[n++] = g;
+    if (n < j->gpus) return 0;
+    memcpy(j->gpu_ids, ids, sizeof(int) * n);
+    j->n_gpu_ids = n;
+    return 1;
+}
+
 static void *runner_main(void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&jobs_lock);
     while (!stopping) {
-        int running = 0;
+        int running = 0;   /* in units of --max-jobs */
         for (job_t *j = jobs; j; j = j->next) {
             if (j->status != JOB_RUNNING) continue;
             int changed = read_log(j);
@@ -1098,7 +1161,7 @@ static void *runner_main(void *arg)
                 job_finish(j, code, sig);
                 continue;
             }
-            running++;
+            running += job_units(j);
             if (j->cancelling && now_s() >= j->kill_at) {
                 log_line("job %s: still running %.0f s after SIGTERM: SIGKILL", j->id, srv.cfg.cancel_grace);
                 kill(j->pid, SIGKILL);
@@ -1106,8 +1169,11 @@ static void *runner_main(void *arg)
             }
             if (changed) jobs_wake_watchers(j);
         }
-        for (job_t *j = jobs; j && running < srv.cfg.max_jobs; j = j->next) {
+        /* in the order they came: the first that cannot start yet (too few
+         * units or GPUs free) waits, and those after it too */
+        for (job_t *j = jobs; j; j = j->next) {
             if (j->status != JOB_QUEUED) continue;
+            if (running + job_units(j) > srv.cfg.max_jobs || !assign_gpus(j)) break;
             char err[512];
             j->status = JOB_RUNNING;
             j->started = time(NULL);   /* of this run: elapsed_s is the current run's */
@@ -1116,10 +1182,11 @@ static void *runner_main(void *arg)
             if (job_spawn(j, err)) {
                 j->status = JOB_FAILED;
                 j->finished = time(NULL);
+                j->n_gpu_ids = 0;
                 snprintf(j->error, sizeof j->error, "%s", err);
                 log_line("job %s: %s", j->id, err);
             } else {
-                running++;
+                running += job_units(j);
             }
             job_save(j);
             jobs_wake_watchers(j);
@@ -1300,6 +1367,11 @@ static job_t *job_load(const char *id)
     j->t_finished = json_number_value(json_object_get(o, "t_finished"));
     j->pid = (pid_t)json_integer_value(json_object_get(o, "pid"));
     j->pid_start = (unsigned long long)json_integer_value(json_object_get(o, "pid_start"));
+    json_t *ids = json_object_get(o, "gpu_ids");
+    for (size_t i = 0; i < json_array_size(ids) && j->n_gpu_ids < 16; i++) {
+        json_int_t g = json_integer_value(json_array_get(ids, i));
+        if (g >= 0 && g < 64) j->gpu_ids[j->n_gpu_ids++] = (int)g;
+    }
     j->runs = (int)json_integer_value(json_object_get(o, "runs"));
     j->resume = json_integer_value(json_object_get(o, "resume")) != 0;
     j->cancelling = json_integer_value(json_object_get(o, "cancelling")) != 0;
@@ -1365,8 +1437,19 @@ int jobs_start(char *err)
         strcpy(probe.out, "/out");
         if (train_cfg_check(&probe, e2) == 0) strcpy(default_device, "cuda");
     }
+    gpu_count = cuda_ok ? count_gpus() : 0;
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (cuda_ok && cvd) {   /* the server was given some of the machine's GPUs: its jobs share those */
+        n_visible = 0;
+        for (const char *p = cvd; *p && n_visible < 64;) {
+            size_t n = strcspn(p, ",");
+            if (n > 0 && n < sizeof visible_ids[0]) snprintf(visible_ids[n_visible++], sizeof visible_ids[0], "%.*s", (int)n, p);
+            p += n + (p[n] == ',');
+        }
+        gpu_count = n_visible;
+    }
     if (srv.cfg.max_jobs <= 0) {
-        int g = strcmp(default_device, "cuda") == 0 ? count_gpus() : 0;
+        int g = strcmp(default_device, "cuda") == 0 ? gpu_count : 0;
         srv.cfg.max_jobs = g > 0 ? g : 1;
     }
     pthread_mutex_lock(&jobs_lock);

@@ -38,6 +38,8 @@ typedef struct job {
     json_t *request;             /* the submission as accepted: compared on a retry with the same id */
     const train_family *fam;     /* the config's (train_family_find) */
     char device[16];
+    int gpus;                    /* cuda: the GPUs it trains on (config 'gpus'); 0 on the CPU */
+    int gpu_ids[16], n_gpu_ids;  /* while running: the machine's GPUs it was given (CUDA_VISIBLE_DEVICES) */
     long steps;                  /* the config's steps */
     int batch, block;            /* tokens of a step: batch x block */
     char file_id[NAME_MAX_LEN + 1];   /* the text's file, when it came from one ("" otherwise) */

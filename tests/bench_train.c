@@ -9,6 +9,8 @@
  * two: z/S = 0 (the recipe's start: windows of 64) and z/S = 1 (every head
  * at the full span: windows of 1024); in float32 (the default) and with the
  * linear layers in TF32. Wall time of STEPS steps after WARM, median of RUNS.
+ * Where the machine has two GPUs or more, the same global batches on 1 and
+ * on 2 GPUs (`gpus`, train_multi.cu), tf32, and the ratio.
  * `bench_train --profile`: one step at z/S = 0 in float32 only, for a
  * profiler (ncu) to time each kernel; `--profile-par`: one step of PAR's
  * fixed architecture in float32 only.
@@ -35,6 +37,8 @@ int main(void)
 #else
 
 #include "../kernels/train_gpu.h"
+
+#include <cuda_runtime_api.h>
 
 #include <time.h>
 
@@ -75,6 +79,87 @@ static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, c
     }
     qsort(runs, RUNS, sizeof *runs, cmp_double);
     return runs[RUNS / 2];
+}
+
+/* the same through the trainer's device table (one GPU or the config's gpus) */
+static double bench_dev(trainer *t, const train_device *dev, void *ctx, int32_t *x, int32_t *y, train_rng *r, char *err)
+{
+    const int N = t->B * t->M;
+    double runs[3];
+    for (int k = 0; k < RUNS; k++) {
+        double t0 = 0;
+        for (int s = 0; s < WARM + STEPS; s++) {
+            if (s == WARM) t0 = now_s();
+            for (int i = 0; i < N; i++) {
+                x[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
+                y[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
+            }
+            double aux, nll = dev->forward(ctx, t, x, y, 1, 1, &aux, err);
+            if (!isfinite(nll) || dev->step(ctx, t, train_lr(&t->c, t->step + 1), err)) return -1;
+        }
+        runs[k] = (double)STEPS * N / (now_s() - t0);
+    }
+    qsort(runs, RUNS, sizeof *runs, cmp_double);
+    return runs[RUNS / 2];
+}
+
+/* Data parallel on the machine's GPUs (train_multi.cu): the same global
+ * batch on 1 and on 2 GPUs, tf32: aspan-small at z/S = 0 and PAR of
+ * par-base's shape, fixed architecture. */
+static int bench_scaling(char *err)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+        printf("SKIP bench_train scaling: this machine has %d CUDA device%s\n", n, n == 1 ? "" : "s");
+        return 0;
+    }
+    for (int fam = 0; fam < 2; fam++) {
+        train_cfg c;
+        int V;
+        if (fam == 0) {
+            train_cfg_defaults(&c, &train_family_aspan);
+            c.nb_layers = 8, c.hidden_size = 256, c.nb_heads = 4, c.inner_hidden_size = 1024, c.attn_span = 1024;
+            c.block_size = 256, c.batch_size = 64, c.adapt_span_ramp = 32, c.grad_clip = 0.03, c.lr = 0.07;
+            c.lr_warmup = 1;
+            V = 65;
+        } else {
+            train_cfg_defaults(&c, &train_family_par);
+            c.n_blocks = 24, c.n_head = 8, c.d_model = 512, c.d_head = 64, c.d_inner = 2048, c.mem_len = 512;
+            c.tgt_len = 512, c.batch_size = 16, c.lr = 2.5e-4, c.search_steps = 0;
+            V = 256;
+        }
+        c.tf32 = 1;
+        /* one GPU with the whole batch, one with half of it (what each of
+         * two does), two with the whole */
+        double tps[3] = {0, 0, 0};
+        char name[320] = "";
+        const int B = c.batch_size;
+        for (int k = 0; k < 3; k++) {
+            c.gpus = k == 2 ? 2 : 1;
+            c.batch_size = k == 1 ? B / 2 : B;
+            trainer *t = trainer_new(&c, V, err);
+            if (!t) { printf("FAIL bench_train: %s\n", err); return 1; }
+            trainer_init(t, 1);
+            for (int l = 0; fam == 1 && l < t->L; l++) t->arch[l] = l < 16 && l % 4 == 0 ? BLK_ATTN : BLK_FFN;
+            const int N = t->B * t->M;
+            int32_t *x = malloc(sizeof *x * N), *y = malloc(sizeof *y * N);
+            train_rng r = {5};
+            void *ctx = tgpu_train_device.open(t, err);
+            if (!ctx) { printf("FAIL bench_train: %s\n", err); return 1; }
+            snprintf(name, sizeof name, "%s", tgpu_train_device.device_name(ctx));
+            tps[k] = bench_dev(t, &tgpu_train_device, ctx, x, y, &r, err);
+            tgpu_train_device.close(ctx);
+            free(x);
+            free(y);
+            trainer_free(t);
+            if (tps[k] < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
+        }
+        printf("bench_train: %s, %s, tf32, the same batch of %d x %d: one GPU %.0f tokens/s, 2 GPUs %.0f: %.2fx "
+               "(one GPU with half the batch, what each of the two does: %.0f; 2 GPUs reach %.0f%% of twice that)\n",
+               name, fam ? "PAR afff x4 + f x8 (par-base's shape)" : "aspan-small z/S 0", B, fam ? c.tgt_len : c.block_size,
+               tps[0], tps[2], tps[2] / tps[0], tps[1], 100 * tps[2] / (2 * tps[1]));
+    }
+    return 0;
 }
 
 /* par-base's shape; ARCH "afff" x 4 + "f" x 8, or the search */
@@ -156,6 +241,7 @@ int main(int argc, char **argv)
     free(x);
     free(y);
     trainer_free(t);
-    return profile ? 0 : bench_par(err, profile_par);
+    if (profile) return 0;
+    return bench_par(err, profile_par) || (!profile_par && bench_scaling(err)) ? 1 : 0;
 }
 #endif

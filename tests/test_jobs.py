@@ -562,6 +562,9 @@ def t_invalid(S):
         expect_error("cuda where the build or the machine cannot", r, 400, "cuda")
     else:
         check("cuda accepted where it is the default", r.status == 201, f"{r}")
+    r = S.j("POST", "/v1/jobs", {"family": "par-transformer-xl", "file": FILES["text"], "config": dict(TINY_PAR, gpus=2),
+                                 "device": "cpu"})
+    expect_error("several GPUs on the CPU", r, 400, "several GPUs are the CUDA trainer's")
     r = S.j("POST", "/v1/jobs", {"family": "par-transformer-xl", "file": FILES["text"], "config": TINY_PAR, "device": "cuda"})
     if device_default == "cpu":
         expect_error("cuda for PAR where the build or the machine cannot", r, 400, "cuda")

@@ -28,6 +28,10 @@
  *     narrower than the model, Adagrad;
  *   - the loop: the same architecture fixed, a stop during the search
  *     resumed past its end.
+ * Several GPUs (train_multi.cu), where the machine has them (else a SKIP
+ * line): the same steps on 2 GPUs and on one (losses, weights, memories),
+ * both families with dropout; the refusals; the loop on 2 GPUs against one,
+ * and a run stopped on 2 resumed on one.
  * Both with dropout at every site (the masks are the CPU trainer's:
  * core/train_drop.h), in the comparisons and in the loops.
  * Without a GPU (or built without nvcc) it reports itself skipped.
@@ -48,6 +52,7 @@ int main(void)
 
 #include "../kernels/train_gpu.h"
 
+#include <cuda_runtime_api.h>
 #include <jansson.h>
 #include <unistd.h>
 
@@ -519,6 +524,169 @@ static void test_loop(train_cfg c, const char *what)
     if (system(cmd)) printf("note: could not remove %s\n", dir);
 }
 
+/* ---- several GPUs (train_multi.cu) ---- */
+
+/* The same steps on 1 GPU and on N through the trainer's device table
+ * (what `spanserve train` drives): the losses, the weights after them and
+ * the memories agree to float32's summation order. */
+static void compare_multi(train_cfg c, int V, int gpus, int steps, const char *what)
+{
+    char err[ERR_LEN];
+    const train_device *dev = &tgpu_train_device;
+    c.gpus = 1;
+    trainer *t1 = trainer_new(&c, V, err);
+    c.gpus = gpus;
+    trainer *tn = trainer_new(&c, V, err);
+    CHECK(t1 && tn, "%s: trainer_new: %s", what, err);
+    if (!t1 || !tn) { trainer_free(t1); trainer_free(tn); return; }
+    trainer_init(t1, 21);
+    trainer_init(tn, 21);
+    void *d1 = dev->open(t1, err);
+    CHECK(d1 != NULL, "%s: one GPU: %s", what, err);
+    void *dn = d1 ? dev->open(tn, err) : NULL;
+    CHECK(dn != NULL, "%s: %d GPUs: %s", what, gpus, err);
+    if (!d1 || !dn) {
+        if (d1) dev->close(d1);
+        trainer_free(t1);
+        trainer_free(tn);
+        return;
+    }
+    CHECK(strstr(dev->device_name(dn), "2 x ") != NULL || gpus != 2, "%s: device name '%s'", what, dev->device_name(dn));
+    const int N = t1->B * t1->M;
+    int32_t *x = malloc(sizeof *x * N), *y = malloc(sizeof *y * N);
+    double worst = 0;
+    for (int s = 1; s <= steps; s++) {
+        if (c.fam->step_begin) {   /* the same tau and noise on both */
+            train_rng r1 = {(uint64_t)s}, r2 = {(uint64_t)s};
+            c.fam->step_begin(t1, s, &r1);
+            c.fam->step_begin(tn, s, &r2);
+        }
+        rand_tokens(x, y, N, V);
+        double a1, an, l1 = dev->forward(d1, t1, x, y, 1, 1, &a1, err), ln = dev->forward(dn, tn, x, y, 1, 1, &an, err);
+        CHECK(isfinite(l1) && isfinite(ln), "%s: step %d: %s", what, s, err);
+        CHECK(rel(ln, l1) < 1e-5 && rel(an, a1) < 1e-9, "%s: step %d: loss %d GPUs %.9g, one %.9g", what, s, gpus, ln, l1);
+        worst = fmax(worst, rel(ln, l1));
+        double lr = train_lr(&c, s);
+        CHECK(dev->step(d1, t1, lr, err) == 0 && dev->step(dn, tn, lr, err) == 0, "%s: step %d: %s", what, s, err);
+    }
+    /* an evaluation-like forward without the backward, then the state */
+    rand_tokens(x, y, N, V);
+    double a1, an, l1 = dev->forward(d1, t1, x, y, 0, 1, &a1, err), ln = dev->forward(dn, tn, x, y, 0, 1, &an, err);
+    CHECK(rel(ln, l1) < 1e-5, "%s: forward only: loss %d GPUs %.9g, one %.9g", what, gpus, ln, l1);
+    CHECK(dev->download(d1, t1, err) == 0 && dev->download(dn, tn, err) == 0, "%s: download: %s", what, err);
+    CHECK(t1->step == tn->step, "%s: steps %ld and %ld", what, tn->step, t1->step);
+    double dw = 0, dm = 0, mabs = 0;
+    for (size_t i = 0; i < t1->n; i++) dw = fmax(dw, fabs(tn->w[i] - t1->w[i]));
+    for (size_t i = 0; i < trainer_mem_floats(t1); i++) dm = fmax(dm, fabs(tn->mem[i] - t1->mem[i])), mabs += fabs(t1->mem[i]);
+    for (int l = 0; l < t1->L; l++) CHECK(tn->mlen[l] == t1->mlen[l], "%s: mlen of layer %d", what, l);
+    /* each step moves a weight by about lr; float32's other order of sums
+     * a thousandth of that */
+    CHECK(dw < 1e-3 * fmax(c.lr, c.arch_lr) * steps, "%s: weights differ by %.3g after %d steps", what, dw, steps);
+    CHECK(mabs > 1 && dm < 1e-3, "%s: memories differ by %.3g (sum |one GPU| %.3g)", what, dm, mabs);
+    printf("%s: %d GPUs vs one, %d steps: losses within %.2g, weights within %.3g, memories within %.3g\n", what, gpus,
+           steps, worst, dw, dm);
+    free(x);
+    free(y);
+    dev->close(d1);
+    dev->close(dn);
+    trainer_free(t1);
+    trainer_free(tn);
+}
+
+/* `spanserve train --gpus N`'s loop against one GPU's, and a run stopped on
+ * N GPUs resumed on one */
+static void test_loop_multi(train_cfg c, int gpus, const char *what)
+{
+    char err[ERR_LEN], dir[] = "/tmp/test_train_gpu_multi.XXXXXX", text[1100];
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
+    if (loop_text(dir, text, sizeof text)) return;
+    c.steps = 40, c.log_every = 10, c.eval_every = 20, c.eval_tokens = 2000, c.checkpoint_every = 20;
+    strcpy(c.device, "cuda");
+    snprintf(c.data, sizeof c.data, "%s", text);
+    double l1[8], ln[8], lr_[8], v1, vn, vr;
+    FILE *f = tmpfile();
+    snprintf(c.out, sizeof c.out, "%s/one.safetensors", dir);
+    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "%s: one GPU: %s", what, err);
+    int n1 = read_log(f, l1, 8, &v1);
+    fclose(f);
+    c.gpus = gpus;
+    f = tmpfile();
+    snprintf(c.out, sizeof c.out, "%s/multi.safetensors", dir);
+    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "%s: %d GPUs: %s", what, gpus, err);
+    int nn = read_log(f, ln, 8, &vn);
+    fclose(f);
+    CHECK(n1 == 4 && nn == 4, "%s: progress lines %d and %d", what, n1, nn);
+    for (int i = 0; i < n1 && i < nn; i++)
+        CHECK(rel(ln[i], l1[i]) < 1e-3, "%s: loss at line %d: %d GPUs %.9g, one %.9g", what, i, gpus, ln[i], l1[i]);
+    CHECK(rel(vn, v1) < 1e-3, "%s: val_bpc %d GPUs %.9g, one %.9g", what, gpus, vn, v1);
+    model_t *m = model_load(c.out, err);
+    CHECK(m != NULL, "%s: the %d-GPU checkpoint does not load: %s", what, gpus, err);
+    model_free(m);
+    /* stop at 20 on N GPUs, resume to 40 on one */
+    c.steps = 20;
+    f = tmpfile();
+    snprintf(c.out, sizeof c.out, "%s/r.safetensors", dir);
+    CHECK(train_run_on(&c, &tgpu_train_device, 0, f, err) == 0, "%s: %d GPUs to 20: %s", what, gpus, err);
+    fclose(f);
+    c.steps = 40, c.gpus = 1;
+    f = tmpfile();
+    CHECK(train_run_on(&c, &tgpu_train_device, 1, f, err) == 0, "%s: resumed on one GPU: %s", what, err);
+    int nr = read_log(f, lr_, 8, &vr);
+    fclose(f);
+    CHECK(nr == 2, "%s: resumed run: %d progress lines (expected 2)", what, nr);
+    for (int i = 0; i < nr && i + 2 < nn; i++)
+        CHECK(rel(lr_[i], ln[i + 2]) < 1e-3, "%s: resumed on one GPU: loss at line %d %.9g, %.9g on %d", what, i + 2,
+              lr_[i], ln[i + 2], gpus);
+    CHECK(rel(vr, vn) < 1e-3, "%s: resumed on one GPU: val_bpc %.9g, %.9g on %d", what, vr, vn, gpus);
+    printf("%s loop: one GPU %.6f .. %.6f val %.6f; %d GPUs %.6f .. %.6f val %.6f; stopped on %d, resumed on one: val "
+           "%.6f\n", what, l1[0], l1[n1 ? n1 - 1 : 0], v1, gpus, ln[0], ln[nn ? nn - 1 : 0], vn, gpus, vr);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) printf("note: could not remove %s\n", dir);
+}
+
+static void test_multi(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+        printf("SKIP test_train_gpu several GPUs: this machine has %d CUDA device%s\n", n, n == 1 ? "" : "s");
+        return;
+    }
+    char err[ERR_LEN];
+    /* adaptive-span with dropout, 4 streams over 2 GPUs */
+    train_cfg c = tiny();
+    c.batch_size = 4, c.dropout = 0.2, c.emb_dropout = 0.1, c.optim = OPT_ADAM, c.lr = 0.01;
+    compare_multi(c, 7, 2, 5, "aspan, 2 GPUs");
+    /* PAR searching, dropout and dropatt */
+    train_cfg p = tiny_par();
+    p.batch_size = 4, p.dropout = 0.2, p.dropatt = 0.2;
+    compare_multi(p, 9, 2, 5, "par, 2 GPUs");
+    /* refusals: more GPUs than the machine has; a batch they do not divide */
+    c = tiny();
+    c.gpus = n + 1;
+    c.batch_size = 2 * (n + 1);
+    trainer *t = trainer_new(&c, 7, err);
+    void *d = t ? tgpu_train_device.open(t, err) : NULL;
+    CHECK(!d && strstr(err, "CUDA device"), "gpus %d of %d: %s", n + 1, n, err);
+    if (d) tgpu_train_device.close(d);
+    trainer_free(t);
+    c.gpus = 2, c.batch_size = 3;
+    strcpy(c.device, "cuda");
+    strcpy(c.data, "x"), strcpy(c.out, "y");
+    CHECK(train_cfg_check(&c, err) != 0 && strstr(err, "is not a multiple of 'gpus'"), "batch 3 on 2 GPUs: %s", err);
+    /* the loops */
+    train_cfg a;
+    train_cfg_defaults(&a, &train_family_aspan);
+    a.hidden_size = 32, a.inner_hidden_size = 64, a.nb_heads = 4, a.nb_layers = 2, a.attn_span = 80;
+    a.block_size = 16, a.batch_size = 8, a.adapt_span_ramp = 8, a.adapt_span_init = 0.1, a.lr = 0.07;
+    a.lr_warmup = 10, a.dropout = 0.1;
+    test_loop_multi(a, 2, "adaptive-span, 2 GPUs");
+    p = tiny_par();
+    p.n_blocks = 4, p.n_head = 4, p.d_head = 8, p.d_model = 32, p.d_inner = 64, p.mem_len = 16, p.tgt_len = 16;
+    p.batch_size = 8, p.search_steps = 25, p.lr = 3e-3, p.arch_lr = 0.05, p.dropout = 0.1;
+    test_loop_multi(p, 2, "par-transformer-xl, 2 GPUs");
+}
+
 int main(void)
 {
     char err[ERR_LEN];
@@ -609,6 +777,8 @@ int main(void)
     p.batch_size = 8, p.search_steps = 25, p.lr = 3e-3, p.arch_lr = 0.05;
     p.dropout = 0.1, p.dropatt = 0.1;
     test_loop(p, "par-transformer-xl");
+
+    test_multi();
     return test_summary("test_train_gpu");
 }
 #endif

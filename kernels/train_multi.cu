@@ -1,0 +1,278 @@
+/*
+ * train_multi.cu - data-parallel training over the GPUs of one machine
+ * (config 'gpus', `spanserve train --gpus N`): the batch's B streams are
+ * cut into N shares of B/N, device r trains the streams [r B/N, (r+1) B/N)
+ * with its own copy of the weights (a tgpu of train_gpu.cu), and the
+ * gradient is summed over the devices by NCCL in buckets as the backward
+ * goes (each layer's tensors once its backward is done, on a stream of
+ * their own, overlapped with the layers below; the tensors of no layer at
+ * the end). Each device's loss is its tokens' share of the mean over all
+ * B*M tokens, so the sum is the one-GPU gradient of the same batch; every
+ * device then takes the same optimizer step from the same gradient, and the
+ * copies stay equal. The dropout masks are drawn by the streams' places in
+ * the whole batch (core/train_drop.h): N devices drop what one drops.
+ *
+ * One host thread a device (each makes its device current once and runs
+ * its share of every command: forward and backward, step, memory reset and
+ * stash, download); the host trainer stays the one mirror the loop reads.
+ * The first device writes the mirror of z/S and alpha and, on download, the
+ * weights and moments; each device its streams' memories. So a checkpoint
+ * is written once, by the loop, in the one-GPU layout, and a run may be
+ * resumed on any number of GPUs that divides its batch.
+ *
+ * A device that fails aborts every communicator, so that no other device
+ * waits forever in a collective; the trainer then refuses further commands
+ * and names the device and its error.
+ */
+#include "train_internal.cuh"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef SPANSERVE_NCCL
+#include <nccl.h>
+#endif
+
+#define TM_MAX 16
+
+enum { TM_FORWARD, TM_STEP, TM_RESET, TM_STASH, TM_DOWNLOAD, TM_EXIT };
+
+typedef struct {
+    tmulti *m;
+    int r;
+} tm_arg;
+
+struct tmulti {
+    int n, threads;
+    tgpu *g[TM_MAX];
+    pthread_t th[TM_MAX];
+    tm_arg arg[TM_MAX];
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    unsigned gen;
+    int pending, cmd;
+    /* the command's arguments */
+    const trainer *t;
+    trainer *tw;
+    const int32_t *x, *y;
+    int backward, carry, restore;
+    long step;
+    double lr;
+    /* each device's results */
+    double sum[TM_MAX], aux[TM_MAX];
+    int rc[TM_MAX];
+    char err[TM_MAX][ERR_LEN];
+    void *comm[TM_MAX];
+    int aborted, broken;
+    char broken_why[ERR_LEN];
+    char name[320];
+};
+
+static void tm_abort(tmulti *m)
+{
+#ifdef SPANSERVE_NCCL
+    pthread_mutex_lock(&m->mu);
+    const int first = !m->aborted;
+    m->aborted = 1;
+    pthread_mutex_unlock(&m->mu);
+    if (first)
+        for (int r = 0; r < m->n; r++)
+            if (m->comm[r]) ncclCommAbort((ncclComm_t)m->comm[r]);
+#else
+    (void)m;
+#endif
+}
+
+static int tm_run(tmulti *m, int r, int cmd)
+{
+    tgpu *g = m->g[r];
+    char *err = m->err[r];
+    switch (cmd) {
+    case TM_FORWARD: return tgpu_forward_sum(g, m->t, m->x, m->y, m->backward, m->carry, &m->sum[r], &m->aux[r], err);
+    case TM_STEP: return tgpu_step_part(g, m->tw, m->step, m->lr, r == 0, err);
+    case TM_RESET: return tgpu_reset_memory(g, err);
+    case TM_STASH: return tgpu_stash_memory(g, m->restore, err);
+    case TM_DOWNLOAD: return tgpu_download_part(g, m->tw, r == 0, err);
+    default: return 0;
+    }
+}
+
+static void *tm_worker(void *p)
+{
+    tm_arg *a = (tm_arg *)p;
+    tmulti *m = a->m;
+    const int r = a->r;
+    unsigned seen = 0;
+    const cudaError_t set = cudaSetDevice(r);
+    for (;;) {
+        pthread_mutex_lock(&m->mu);
+        while (m->gen == seen) pthread_cond_wait(&m->go, &m->mu);
+        seen = m->gen;
+        const int cmd = m->cmd;
+        pthread_mutex_unlock(&m->mu);
+        if (cmd == TM_EXIT) return NULL;
+        int rc = set != cudaSuccess ? err_set(m->err[r], "cudaSetDevice(%d): %s", r, cudaGetErrorString(set))
+                                    : tm_run(m, r, cmd);
+        if (rc) tm_abort(m);   /* the others may wait for this device in a collective */
+        pthread_mutex_lock(&m->mu);
+        m->rc[r] = rc;
+        if (--m->pending == 0) pthread_cond_broadcast(&m->done);
+        pthread_mutex_unlock(&m->mu);
+    }
+}
+
+/* every device runs CMD; -1 and the first failure's device and message */
+static int tm_do(tmulti *m, int cmd, char *err)
+{
+    if (m->broken) return err_set(err, "the multi-GPU trainer stopped after an error: %s", m->broken_why);
+    pthread_mutex_lock(&m->mu);
+    m->cmd = cmd;
+    m->pending = m->threads;
+    m->gen++;
+    pthread_cond_broadcast(&m->go);
+    while (m->pending) pthread_cond_wait(&m->done, &m->mu);
+    pthread_mutex_unlock(&m->mu);
+    for (int r = 0; r < m->n; r++)
+        if (m->rc[r]) {
+            m->broken = 1;
+            snprintf(m->broken_why, sizeof m->broken_why, "GPU %d: %s", r, m->err[r]);
+            return err_set(err, "%s", m->broken_why);
+        }
+    return 0;
+}
+
+void tmulti_free(tmulti *m)
+{
+    if (!m) return;
+    int cur = 0;   /* the caller's current device, as it was */
+    cudaGetDevice(&cur);
+    if (m->threads) {
+        pthread_mutex_lock(&m->mu);
+        m->cmd = TM_EXIT;
+        m->gen++;
+        pthread_cond_broadcast(&m->go);
+        pthread_mutex_unlock(&m->mu);
+        for (int r = 0; r < m->threads; r++) pthread_join(m->th[r], NULL);
+    }
+    for (int r = 0; r < m->n; r++) {
+        cudaSetDevice(r);
+#ifdef SPANSERVE_NCCL
+        if (m->comm[r] && !m->aborted) ncclCommDestroy((ncclComm_t)m->comm[r]);
+#endif
+        if (m->g[r]) m->g[r]->comm = NULL;
+        tgpu_free(m->g[r]);
+    }
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->go);
+    pthread_cond_destroy(&m->done);
+    free(m);
+    cudaSetDevice(cur);
+}
+
+tmulti *tmulti_new(const trainer *t, char *err)
+{
+    const int n = t->c.gpus;
+#ifndef SPANSERVE_NCCL
+    (void)n;
+    err_set(err, "config 'gpus' = %d: this build has no NCCL (nccl.h was not found when it was built); train on one GPU",
+            t->c.gpus);
+    return NULL;
+#else
+    int have = 0;
+    if (tgpu_available(err)) return NULL;
+    if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;
+    if (n < 2 || n > TM_MAX || n > have) {
+        err_set(err, "config 'gpus' = %d: this machine has %d CUDA device%s%s", n, have, have == 1 ? "" : "s",
+                n > TM_MAX ? " (and at most 16 are driven)" : "");
+        return NULL;
+    }
+    if (t->B % n) {
+        err_set(err, "config 'batch_size' = %d is not a multiple of 'gpus' = %d", t->B, n);
+        return NULL;
+    }
+    /* NVLink multicast stays off (it can take a shared host's GPUs down) */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    int cur = 0;   /* the caller's current device, given back on return */
+    cudaGetDevice(&cur);
+    tmulti *m = (tmulti *)calloc(1, sizeof *m);
+    if (!m) { err_set(err, "out of memory"); return NULL; }
+    m->n = n;
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->go, NULL);
+    pthread_cond_init(&m->done, NULL);
+    const int nb = t->B / n;
+    int devs[TM_MAX];
+    for (int r = 0; r < n; r++) {
+        devs[r] = r;
+        if (cudaSetDevice(r) != cudaSuccess) { err_set(err, "cudaSetDevice(%d) failed", r); goto fail; }
+        char e2[ERR_LEN];
+        if (!(m->g[r] = tgpu_new_part(t, r * nb, nb, r, e2))) { err_set(err, "GPU %d: %s", r, e2); goto fail; }
+        tgpu *g = m->g[r];
+        if (cudaStreamCreateWithFlags(&g->cstream, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaEventCreateWithFlags(&g->ev_grad, cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&g->ev_comm, cudaEventDisableTiming) != cudaSuccess) {
+            err_set(err, "GPU %d: cannot create the all-reduce's stream and events", r);
+            goto fail;
+        }
+    }
+    {
+        ncclComm_t comms[TM_MAX];
+        ncclResult_t rr = ncclCommInitAll(comms, n, devs);
+        if (rr != ncclSuccess) { err_set(err, "NCCL over %d GPUs: %s", n, ncclGetErrorString(rr)); goto fail; }
+        for (int r = 0; r < n; r++) m->comm[r] = comms[r], m->g[r]->comm = comms[r];
+    }
+    for (int r = 0; r < n; r++) {
+        m->arg[r].m = m, m->arg[r].r = r;
+        if (pthread_create(&m->th[r], NULL, tm_worker, &m->arg[r])) {
+            err_set(err, "cannot start the thread of GPU %d", r);
+            goto fail;
+        }
+        m->threads++;
+    }
+    snprintf(m->name, sizeof m->name, "%d x %s", n, tgpu_device_name(m->g[0]));
+    cudaSetDevice(cur);
+    return m;
+fail:
+    tmulti_free(m);
+    cudaSetDevice(cur);
+    return NULL;
+#endif
+}
+
+double tmulti_forward(tmulti *m, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
+                      double *aux, char *err)
+{
+    m->t = t, m->x = x, m->y = y, m->backward = backward, m->carry = carry;
+    if (tm_do(m, TM_FORWARD, err)) return NAN;
+    double sum = 0;
+    for (int r = 0; r < m->n; r++) sum += m->sum[r];   /* in the devices' order */
+    if (aux) *aux = m->aux[0];
+    const double nll = sum / ((double)t->B * t->M);
+    if (!isfinite(nll)) err_set(err, "the loss is not finite (%g): the learning rate may be too high", nll);
+    return nll;
+}
+
+int tmulti_step(tmulti *m, trainer *t, double lr, char *err)
+{
+    m->tw = t, m->step = t->step + 1, m->lr = lr;
+    if (tm_do(m, TM_STEP, err)) return -1;
+    t->step++;
+    return 0;
+}
+
+int tmulti_reset_memory(tmulti *m, char *err) { return tm_do(m, TM_RESET, err); }
+
+int tmulti_stash_memory(tmulti *m, int restore, char *err)
+{
+    m->restore = restore;
+    return tm_do(m, TM_STASH, err);
+}
+
+int tmulti_download(tmulti *m, trainer *t, char *err)
+{
+    m->tw = t;
+    return tm_do(m, TM_DOWNLOAD, err);
+}
+
+const char *tmulti_device_name(tmulti *m) { return m->name; }
