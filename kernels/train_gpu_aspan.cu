@@ -65,10 +65,17 @@ static int heads_gemm(tgpu *g, int ta, int tb, int m, int n, int k, const float 
     return 0;
 }
 
+/* layer l's dropout sites this step: the attention weights, the hidden layer */
+static void layer_sites(const tgpu *g, const trainer *t, int l, td_site *da, td_site *df)
+{
+    *da = tg_site(g, t, TD_ATT, l, t->c.dropout, (size_t)g->K * g->M * g->S);
+    *df = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I);
+}
+
 static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
 {
-    const td_site da = tg_site(g, t, TD_ATT, l, t->c.dropout, (size_t)g->K * g->M * g->S),
-                  df = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I);
+    td_site da, df;
+    layer_sites(g, t, l, &da, &df);
     const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
               SM = W + M;
     const size_t SMx = (size_t)S + M;
@@ -109,8 +116,8 @@ static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
 
 static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
 {
-    const td_site da = tg_site(g, t, TD_ATT, l, t->c.dropout, (size_t)g->K * g->M * g->S),
-                  df = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I);
+    td_site da, df;
+    layer_sites(g, t, l, &da, &df);
     const int B = g->B, M = g->M, H = g->H, K = g->K, D = g->D, S = g->S, I = g->I, N = g->N, W = g->win[l],
               SM = W + M;
     const size_t SMx = (size_t)S + M;

@@ -188,10 +188,24 @@ static int build_cat(tgpu *g, float *cat, const float *mem, const float *X, int 
     return 0;
 }
 
+/* block l's dropout sites this step: the attention's probabilities and
+ * output; the feed-forward's hidden layer and output */
+static void attn_sites(const tgpu *g, const trainer *t, int l, td_site *da, td_site *dao)
+{
+    *da = tg_site(g, t, TD_ATT, l, t->c.dropatt, (size_t)g->K * g->M * g->par.KL);
+    *dao = tg_site(g, t, TD_AOUT, l, t->c.dropout, (size_t)g->M * g->H);
+}
+
+static void ffn_sites(const tgpu *g, const trainer *t, int l, td_site *dff, td_site *dfo)
+{
+    *dff = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I);
+    *dfo = tg_site(g, t, TD_FOUT, l, t->c.dropout, (size_t)g->M * g->H);
+}
+
 static int attn_forward(tgpu *g, const trainer *t, int l, const float *X, int mlen, char *err)
 {
-    const td_site da = tg_site(g, t, TD_ATT, l, t->c.dropatt, (size_t)g->K * g->M * g->par.KL),
-                  dao = tg_site(g, t, TD_AOUT, l, t->c.dropout, (size_t)g->M * g->H);
+    td_site da, dao;
+    attn_sites(g, t, l, &da, &dao);
     const int B = g->B, M = g->M, D = g->H, nh = g->K, dh = g->D, A = g->AW, N = g->N, KL = g->par.KL,
               klen = mlen + M;
     const tlayer *ly = &g->ly[l];
@@ -248,8 +262,8 @@ static int ffn_forward(tgpu *g, const trainer *t, int l, const float *X, char *e
     const tlayer *ly = &g->ly[l];
     const float *w = g->w;
     float *ff = g->par.ff + (size_t)l * N * I;
-    const td_site dff = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I),
-                  dfo = tg_site(g, t, TD_FOUT, l, t->c.dropout, (size_t)g->M * g->H);
+    td_site dff, dfo;
+    ffn_sites(g, t, l, &dff, &dfo);
     /* the output's dropout takes the bias with it; else the LayerNorm adds it */
     return tg_gemm(g, 0, 1, N, I, D, 1, X, D, w + ly->fc1_w, D, 0, ff, I, err) ||
                    tg_bias_relu(g, ff, w + ly->fc1_b, N, I, dff, err) ||
@@ -291,8 +305,8 @@ static int layer_forward(tgpu *g, const trainer *t, int l, const double *mix, in
 static int ffn_backward(tgpu *g, const trainer *t, int l, const float *X, float w_ffn, char *err)
 {
     const int N = g->N, D = g->H, I = g->I;
-    const td_site dff = tg_site(g, t, TD_FF, l, t->c.dropout, (size_t)g->M * g->I),
-                  dfo = tg_site(g, t, TD_FOUT, l, t->c.dropout, (size_t)g->M * g->H);
+    td_site dff, dfo;
+    ffn_sites(g, t, l, &dff, &dfo);
     const tlayer *ly = &g->ly[l];
     const float *w = g->w, *ff = g->par.ff + (size_t)l * N * I;
     float *gg = g->g, *dY = g->dY, *dFF = g->par.dFF;
@@ -314,8 +328,8 @@ static int ffn_backward(tgpu *g, const trainer *t, int l, const float *X, float 
 
 static int attn_backward(tgpu *g, const trainer *t, int l, float w_attn, char *err)
 {
-    const td_site da = tg_site(g, t, TD_ATT, l, t->c.dropatt, (size_t)g->K * g->M * g->par.KL),
-                  dao = tg_site(g, t, TD_AOUT, l, t->c.dropout, (size_t)g->M * g->H);
+    td_site da, dao;
+    attn_sites(g, t, l, &da, &dao);
     const int B = g->B, M = g->M, D = g->H, nh = g->K, dh = g->D, A = g->AW, N = g->N, KL = g->par.KL,
               mlen = g->mlen_fwd[l], klen = mlen + M;
     const tlayer *ly = &g->ly[l];

@@ -268,7 +268,8 @@ int tg_xent_back(tgpu *g, float *logp, const int32_t *y, int n, int V, float sca
     return 0;
 }
 
-__global__ static void sum_kernel(double *out, const float *x, int n)
+/* *out = the sum of x[0..n), one block (a float or double array) */
+template <typename T> __global__ static void sum_kernel(double *out, const T *x, int n)
 {
     __shared__ double sc[32];
     double s = 0;
@@ -279,7 +280,7 @@ __global__ static void sum_kernel(double *out, const float *x, int n)
 
 int tg_sum(tgpu *g, double *out, const float *x, int n, char *err)
 {
-    sum_kernel<<<1, 1024, 0, g->stream>>>(out, x, n);
+    sum_kernel<float><<<1, 1024, 0, g->stream>>>(out, x, n);
     LAUNCH_TRY(err, "sum");
     return 0;
 }
@@ -325,21 +326,12 @@ __global__ static void dot_part_kernel(double *part, const float *x, const float
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
-__global__ static void dot_fold_kernel(double *out, const double *part, int parts)
-{
-    __shared__ double sc[32];
-    double s = 0;
-    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += part[i];
-    s = block_sum(s, sc);
-    if (threadIdx.x == 0) *out = s;
-}
-
 int tg_dot(tgpu *g, double *out, const float *x, const float *y, size_t n, char *err)
 {
     /* the column sums' scratch holds TG_COL_CHUNKS x (at least 3) doubles */
     dot_part_kernel<<<TG_DOT_PARTS, 256, 0, g->stream>>>(g->colpart, x, y, n);
     LAUNCH_TRY(err, "dot");
-    dot_fold_kernel<<<1, 256, 0, g->stream>>>(out, g->colpart, TG_DOT_PARTS);
+    sum_kernel<double><<<1, 256, 0, g->stream>>>(out, g->colpart, TG_DOT_PARTS);
     LAUNCH_TRY(err, "dot fold");
     return 0;
 }

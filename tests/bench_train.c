@@ -57,8 +57,25 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* tokens/s, or -1 */
-static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, char *err)
+/* One training step of batch X, Y: 0, or -1 with ERR set. */
+typedef int (*bench_step)(void *ctx, trainer *t, const int32_t *x, const int32_t *y, char *err);
+
+static int step_tgpu(void *ctx, trainer *t, const int32_t *x, const int32_t *y, char *err)
+{
+    double aux, nll = tgpu_forward((tgpu *)ctx, t, x, y, 1, 1, &aux, err);
+    return !isfinite(nll) || tgpu_step((tgpu *)ctx, t, train_lr(&t->c, t->step + 1), err) ? -1 : 0;
+}
+
+/* through the trainer's device table (one GPU or the config's gpus) */
+static int step_dev(void *ctx, trainer *t, const int32_t *x, const int32_t *y, char *err)
+{
+    double aux, nll = tgpu_train_device.forward(ctx, t, x, y, 1, 1, &aux, err);
+    return !isfinite(nll) || tgpu_train_device.step(ctx, t, train_lr(&t->c, t->step + 1), err) ? -1 : 0;
+}
+
+/* tokens/s of STEP on random batches (PAR's search draws tau and the
+ * Gumbel noise each step), or -1 */
+static double bench(trainer *t, bench_step step, void *ctx, int32_t *x, int32_t *y, train_rng *r, char *err)
 {
     const int search = t->c.fam->search && t->searching;
     const int N = t->B * t->M;
@@ -71,31 +88,8 @@ static double bench(trainer *t, tgpu *g, int32_t *x, int32_t *y, train_rng *r, c
                 x[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
                 y[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
             }
-            if (search) t->c.fam->step_begin(t, t->step + 1, r);   /* tau and the Gumbel noise */
-            double aux, nll = tgpu_forward(g, t, x, y, 1, 1, &aux, err);
-            if (!isfinite(nll) || tgpu_step(g, t, train_lr(&t->c, t->step + 1), err)) return -1;
-        }
-        runs[k] = (double)STEPS * N / (now_s() - t0);
-    }
-    qsort(runs, RUNS, sizeof *runs, cmp_double);
-    return runs[RUNS / 2];
-}
-
-/* the same through the trainer's device table (one GPU or the config's gpus) */
-static double bench_dev(trainer *t, const train_device *dev, void *ctx, int32_t *x, int32_t *y, train_rng *r, char *err)
-{
-    const int N = t->B * t->M;
-    double runs[3];
-    for (int k = 0; k < RUNS; k++) {
-        double t0 = 0;
-        for (int s = 0; s < WARM + STEPS; s++) {
-            if (s == WARM) t0 = now_s();
-            for (int i = 0; i < N; i++) {
-                x[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
-                y[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
-            }
-            double aux, nll = dev->forward(ctx, t, x, y, 1, 1, &aux, err);
-            if (!isfinite(nll) || dev->step(ctx, t, train_lr(&t->c, t->step + 1), err)) return -1;
+            if (search) t->c.fam->step_begin(t, t->step + 1, r);
+            if (step(ctx, t, x, y, err)) return -1;
         }
         runs[k] = (double)STEPS * N / (now_s() - t0);
     }
@@ -147,7 +141,7 @@ static int bench_scaling(char *err)
             void *ctx = tgpu_train_device.open(t, err);
             if (!ctx) { printf("FAIL bench_train: %s\n", err); return 1; }
             snprintf(name, sizeof name, "%s", tgpu_train_device.device_name(ctx));
-            tps[k] = bench_dev(t, &tgpu_train_device, ctx, x, y, &r, err);
+            tps[k] = bench(t, step_dev, ctx, x, y, &r, err);
             tgpu_train_device.close(ctx);
             free(x);
             free(y);
@@ -186,7 +180,7 @@ static int bench_par(char *err, int profile)
             trainer_reset_memory(t);
             tgpu *g = tgpu_new(t, err);
             if (!g || tgpu_set_tf32(g, tf32, err)) { printf("FAIL bench_train: %s\n", err); return 1; }
-            double tps = bench(t, g, x, y, &r, err);
+            double tps = bench(t, step_tgpu, g, x, y, &r, err);
             if (tps < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
             printf("bench_train: %s, PAR %s, %s: %.0f tokens/s, %.1f ms a step, %.2f GB on the device\n",
                    tgpu_device_name(g), search ? "search (every block both branches)" : "afff x4 + f x8",
@@ -231,7 +225,7 @@ int main(int argc, char **argv)
             if (!g || tgpu_set_tf32(g, tf32, err)) { printf("FAIL bench_train: %s\n", err); return 1; }
             int W, C;
             aspan_window(t, 0, &W, &C);
-            double tps = bench(t, g, x, y, &r, err);
+            double tps = bench(t, step_tgpu, g, x, y, &r, err);
             if (tps < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
             printf("bench_train: %s, z/S %d (window %d), %s: %.0f tokens/s, %.1f ms a step, %.2f GB on the device\n",
                    tgpu_device_name(g), span, W, tf32 ? "tf32" : "fp32", tps,

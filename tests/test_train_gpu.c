@@ -97,16 +97,45 @@ static void compare_grads(const trainer *t, const double *gg, const char *what)
     printf("%s: gradients of %d tensors, the worst at %.3g of the tolerance\n", what, t->n_tp, worst_all);
 }
 
+/* A flag per element of T's arena: its gradient (t->g) is at most RES of
+ * its tensor's largest; *N counts them. */
+static char *unresolved(const trainer *t, double res, size_t *n)
+{
+    char *u = calloc(t->n, 1);
+    for (int i = 0; u && i < t->n_tp; i++) {
+        const tparam *p = &t->tp[i];
+        double mx = 0;
+        for (size_t j = 0; j < p->n; j++) mx = fmax(mx, fabs(t->g[p->off + j]));
+        for (size_t j = 0; j < p->n; j++)
+            if (fabs(t->g[p->off + j]) <= res * mx) u[p->off + j] = 1, (*n)++;
+    }
+    return u;
+}
+
+/* Two trainers of C from the same weights (SEED): 0, or -1 (checked, both freed) */
+static int trainer_pair(const train_cfg *c, int V, uint64_t seed, trainer **a, trainer **b, const char *what)
+{
+    char err[ERR_LEN];
+    *a = trainer_new(c, V, err);
+    *b = *a ? trainer_new(c, V, err) : NULL;
+    CHECK(*a && *b, "%s: trainer_new: %s", what, err);
+    if (!*a || !*b) {
+        trainer_free(*a);
+        trainer_free(*b);
+        return -1;
+    }
+    trainer_init(*a, seed);
+    trainer_init(*b, seed);
+    return 0;
+}
+
 /* A CPU trainer and a GPU one from the same weights (z/S set to ZF, one per
  * layer and head): blocks with the memory, the gradient, STEPS steps. */
 static void compare_case(train_cfg c, int V, const double *zf, int steps, const char *what)
 {
     char err[ERR_LEN];
-    trainer *tc = trainer_new(&c, V, err), *tg = trainer_new(&c, V, err);
-    CHECK(tc && tg, "%s: trainer_new: %s", what, err);
-    if (!tc || !tg) { trainer_free(tc); trainer_free(tg); return; }
-    trainer_init(tc, 11);
-    trainer_init(tg, 11);
+    trainer *tc, *tg;
+    if (trainer_pair(&c, V, 11, &tc, &tg, what)) return;
     for (int l = 0; l < tc->L; l++)
         for (int h = 0; h < tc->K; h++)
             tc->w[tc->ly[l].zfrac + h] = tg->w[tg->ly[l].zfrac + h] = zf[(l * tc->K + h) % 8];
@@ -139,15 +168,8 @@ static void compare_case(train_cfg c, int V, const double *zf, int steps, const 
     /* elements whose gradient float32 cannot resolve: below 1e-5 of their
      * tensor's largest (key_pe columns that every head's mask zeroes move
      * the loss only through the 1e-8 of the mask's normalisation) */
-    char *unres = calloc(tc->n, 1);
     size_t n_unres = 0;
-    for (int i = 0; i < tc->n_tp; i++) {
-        const tparam *p = &tc->tp[i];
-        double mx = 0;
-        for (size_t j = 0; j < p->n; j++) mx = fmax(mx, fabs(tc->g[p->off + j]));
-        for (size_t j = 0; j < p->n; j++)
-            if (fabs(tc->g[p->off + j]) <= 1e-5 * mx) unres[p->off + j] = 1, n_unres++;
-    }
+    char *unres = unresolved(tc, 1e-5, &n_unres);
 
     /* steps: the same batches, warm-up from step 1 */
     double worst_loss = 0;
@@ -277,11 +299,8 @@ static void par_noise(trainer *a, trainer *b, long s)
 static void compare_par(train_cfg c, int V, int steps, const char *what)
 {
     char err[ERR_LEN];
-    trainer *tc = trainer_new(&c, V, err), *tg = trainer_new(&c, V, err);
-    CHECK(tc && tg, "%s: trainer_new: %s", what, err);
-    if (!tc || !tg) { trainer_free(tc); trainer_free(tg); return; }
-    trainer_init(tc, 13);
-    trainer_init(tg, 13);
+    trainer *tc, *tg;
+    if (trainer_pair(&c, V, 13, &tc, &tg, what)) return;
     /* alpha away from 0, so that the mixture's gradient is not symmetric */
     for (int l = 0; l < tc->L; l++)
         for (int k = 0; k < 3; k++)
@@ -333,16 +352,8 @@ static void compare_par(train_cfg c, int V, int steps, const char *what)
          * the root) the elements below that; Adagrad's ratio of an
          * element's own gradients takes their relative error whole, which
          * is over 1e-3 below 1e-2 of the largest */
-        char *unres = calloc(tc->n, 1);
-        const double res = c.optim == OPT_ADAGRAD ? 1e-2 : 1e-5;
         size_t n_unres = 0;
-        for (int i = 0; i < tc->n_tp; i++) {
-            const tparam *p = &tc->tp[i];
-            double mx = 0;
-            for (size_t j = 0; j < p->n; j++) mx = fmax(mx, fabs(tc->g[p->off + j]));
-            for (size_t j = 0; j < p->n; j++)
-                if (fabs(tc->g[p->off + j]) <= res * mx) unres[p->off + j] = 1, n_unres++;
-        }
+        char *unres = unresolved(tc, c.optim == OPT_ADAGRAD ? 1e-2 : 1e-5, &n_unres);
         double *w0 = malloc(sizeof *w0 * tc->n);
         CHECK(tgpu_download(g, tg, err) == 0, "%s: %s", label, err);
         memcpy(w0, tg->w, sizeof *w0 * tc->n);
