@@ -70,6 +70,7 @@ typedef struct {
     char device[16];             /* "cpu", "cuda" (builds with nvcc), or "auto": the GPU
                                   * trainer when train_run_on is given one, else the CPU */
     int tf32;                    /* cuda: linear layers in TF32 */
+    int bf16;                    /* cuda: linear layers' products on bf16 tensor cores (float32 sums, weights, optimizer) */
     int gpus;                    /* cuda: the GPUs of this machine a step's streams are spread over (data parallel) */
     double val_fraction;         /* the last fraction of the text (in characters) is validation */
     /* schedule */
@@ -94,7 +95,7 @@ typedef struct {
 
 /* One key of a config: its name, type, range and meaning, and where it
  * lives in train_cfg. */
-typedef enum { TK_INT, TK_LONG, TK_U64, TK_REAL, TK_PATH, TK_BOOL, TK_OPTIM, TK_DEVICE } train_key_type;
+typedef enum { TK_INT, TK_LONG, TK_U64, TK_REAL, TK_PATH, TK_BOOL, TK_OPTIM, TK_DEVICE, TK_PRECISION } train_key_type;
 typedef struct {
     const char *key;
     train_key_type type;

@@ -26,6 +26,9 @@ static const train_key shared_keys[] = {
     {"log", TK_PATH, 0, 0, 0, F(log), "progress as JSON lines to this file (default: standard output)"},
     {"device", TK_DEVICE, 0, 0, 0, F(device), "cpu, cuda (builds with nvcc), or auto (cuda where it can, else cpu)"},
     {"tf32", TK_BOOL, 0, 0, 0, F(tf32), "device cuda: the linear layers' products on tensor cores in TF32 (faster; not within 1e-3 of the CPU's gradients)"},
+    {"precision", TK_PRECISION, 0, 0, 0, F(bf16),
+     "fp32 (the default), tf32 (as 'tf32': true) or bf16: the CUDA trainer's linear layers on tensor cores in that "
+     "precision, with float32 sums, weights and optimizer state"},
     {"gpus", TK_INT, 1, 16, 0, F(gpus), "device cuda: the GPUs of this machine the batch's streams are spread over (data parallel; batch_size a multiple of it)"},
     {"val_fraction", TK_REAL, 0, 0.5, 1, F(val_fraction), "the last fraction of the text, in characters, is the validation text (0.1)"},
     /* schedule */
@@ -53,7 +56,7 @@ static const train_key shared_keys[] = {
 #define N_SHARED (sizeof shared_keys / sizeof *shared_keys)
 
 /* tf32 is the CUDA trainer's: a key only of the families it runs */
-static int cuda_key(const train_key *k) { return k->off == F(tf32) || k->off == F(gpus); }
+static int cuda_key(const train_key *k) { return k->off == F(tf32) || k->off == F(gpus) || k->off == F(bf16); }
 
 static const train_key *key_in(const train_key *keys, size_t n, const char *key)
 {
@@ -98,6 +101,14 @@ static int set_key(train_cfg *c, const train_key *k, json_t *v, const char *labe
             return err_set(err, "%s: config 'device' must be \"cpu\", \"cuda\" or \"auto\"", label);
         strcpy(at, json_string_value(v));
         return 0;
+    case TK_PRECISION: {
+        const char *p = json_string_value(v);
+        if (!p || (strcmp(p, "fp32") && strcmp(p, "tf32") && strcmp(p, "bf16")))
+            return err_set(err, "%s: config 'precision' must be \"fp32\", \"tf32\" or \"bf16\"", label);
+        c->tf32 = !strcmp(p, "tf32");
+        c->bf16 = !strcmp(p, "bf16");
+        return 0;
+    }
     case TK_OPTIM:
         if (json_is_string(v) && strcmp(json_string_value(v), "adagrad") == 0) *(train_optim *)at = OPT_ADAGRAD;
         else if (json_is_string(v) && strcmp(json_string_value(v), "adam") == 0) *(train_optim *)at = OPT_ADAM;
@@ -174,6 +185,15 @@ int train_cfg_from_json(train_cfg *c, const char *text, const char *label, char 
         const train_key *k = find_key(c, key, label, err);
         if (!k || set_key(c, k, v, label, err)) goto out;
     }
+    /* 'tf32' is the older spelling of 'precision' "tf32": both, in any
+     * order, must agree */
+    json_t *prec = json_object_get(o, "precision");
+    if (prec && json_is_true(json_object_get(o, "tf32")) && strcmp(json_string_value(prec), "tf32")) {
+        err_set(err, "%s: config 'tf32' is true but 'precision' is \"%s\": give one precision", label,
+                json_string_value(prec));
+        goto out;
+    }
+    if (prec && set_key(c, find_key(c, "precision", label, err), prec, label, err)) goto out;
     rc = 0;
 out:
     json_decref(o);
@@ -188,6 +208,10 @@ int train_cfg_check(const train_cfg *c, char *err)
                        "--device cpu", c->device, train_family_names(names, sizeof names, 1, ""), c->fam->name);
     if (c->tf32 && strcmp(c->device, "cpu") == 0)
         return err_set(err, "config 'tf32' is true but 'device' is \"%s\": TF32 is the CUDA trainer's", c->device);
+    if (c->bf16 && strcmp(c->device, "cpu") == 0)
+        return err_set(err, "config 'precision' is \"bf16\" but 'device' is \"%s\": bf16 is the CUDA trainer's (the CPU "
+                       "trainer computes in double)", c->device);
+    if (c->bf16 && c->tf32) return err_set(err, "config 'tf32' and 'precision' \"bf16\" disagree: give one precision");
     if (c->gpus > 1 && strcmp(c->device, "cpu") == 0)
         return err_set(err, "config 'gpus' = %d but 'device' is \"%s\": several GPUs are the CUDA trainer's", c->gpus,
                        c->device);
@@ -205,6 +229,7 @@ static json_t *key_json(const train_cfg *c, const train_key *k)
     switch (k->type) {
     case TK_PATH: return *at ? json_string(at) : NULL;   /* an unset path (log: standard output) is absent, as in a config */
     case TK_DEVICE: return json_string(at);
+    case TK_PRECISION: return json_string(c->bf16 ? "bf16" : c->tf32 ? "tf32" : "fp32");
     case TK_OPTIM: return json_string(*(const train_optim *)at == OPT_ADAM ? "adam" : "adagrad");
     case TK_BOOL: return json_boolean(*(const int *)at);
     case TK_INT: return json_integer(*(const int *)at);

@@ -302,7 +302,7 @@ out:
 static int may_change(const char *k)
 {
     static const char *ok[] = {"steps", "log", "log_every", "eval_every", "eval_tokens", "checkpoint_every", "device", "data",
-                               "tf32", "gpus"};
+                               "tf32", "gpus", "precision"};
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
         if (strcmp(k, ok[i]) == 0) return 1;
     return 0;
@@ -376,7 +376,7 @@ static int load_state(run_t *r, char *err)
         if (!may_change(k) && (!o || !json_equal(o, v))) {
             char *a = o ? json_dumps(o, JSON_ENCODE_ANY) : NULL, *b = json_dumps(v, JSON_ENCODE_ANY);
             err_set(err, "--resume: config '%s' is %s now but %s in the run being resumed (%s); only steps, "
-                    "log, log_every, eval_every, eval_tokens, checkpoint_every, device, tf32, gpus and data may change",
+                    "log, log_every, eval_every, eval_tokens, checkpoint_every, device, tf32, precision, gpus and data may change",
                     k, b ? b : "?", a ? a : "absent", path);
             free(a);
             free(b);

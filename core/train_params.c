@@ -156,7 +156,8 @@ static char *model_config_json(const trainer *t)
     json_object_set_new(o, "family", json_string(c->fam->name));
     json_object_set_new(o, "vocab_size", json_integer(t->V));
     if (c->fam->config_tail) c->fam->config_tail(t, o);
-    json_object_set_new(o, "trainer", json_sprintf("spanserve train (%s%s)", c->device, c->tf32 ? ", tf32" : ""));
+    json_object_set_new(o, "trainer",
+                        json_sprintf("spanserve train (%s%s)", c->device, c->tf32 ? ", tf32" : c->bf16 ? ", bf16" : ""));
     char *s = json_dumps(o, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(o);
     return s;

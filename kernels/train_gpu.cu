@@ -42,6 +42,13 @@ int tgpu_available(char *err)
     return 0;
 }
 
+int tgpu_set_bf16(tgpu *g, int on, char *err)
+{
+    (void)err;
+    g->bf16 = on;
+    return 0;
+}
+
 int tgpu_set_tf32(tgpu *g, int on, char *err)
 {
     BLAS_TRY(cublasSetMathMode(g->blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), err, "math mode");
@@ -265,7 +272,7 @@ tgpu *tgpu_new_part(const trainer *t, int b0, int nb, int rank, char *err)
         goto fail;
     }
     if (fam->plan(g, t, err) || plan_optimizer(g, t, err) || plan_mirror(g, t, err) || plan_buckets(g, t, err) ||
-        tgpu_set_tf32(g, t->c.tf32, err) || tgpu_upload(g, t, err))
+        tgpu_set_tf32(g, t->c.tf32, err) || tgpu_set_bf16(g, t->c.bf16, err) || tgpu_upload(g, t, err))
         goto fail;
     return g;
 fail:

@@ -53,6 +53,10 @@ const char *tgpu_device_name(const tgpu *g);
  * mantissas, float32 sums; faster, no longer within 1e-3 of the CPU); 0:
  * float32 throughout (the default). */
 int tgpu_set_tf32(tgpu *g, int on, char *err);
+/* ON 1: every product on bf16 tensor cores (operands rounded to 8-bit
+ * mantissas, float32 sums; weights, activations and optimizer state stay
+ * float32); 0: as tgpu_set_tf32 left it. */
+int tgpu_set_bf16(tgpu *g, int on, char *err);
 
 /* Host -> device: weights, moments and memories of T (after a resume). */
 int tgpu_upload(tgpu *g, const trainer *t, char *err);

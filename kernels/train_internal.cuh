@@ -72,6 +72,7 @@ struct tgpu {
     const struct tg_family *fam;
     int L, B, M, H, K, D, S, I, V, R, N;
     int AW;                       /* PAR: the attention's width nh * dh */
+    int bf16;                     /* products on bf16 tensor cores (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF) */
     double coeff;                 /* adapt_span_loss */
     train_optim optim;
     double grad_clip, beta1, beta2, adam_eps;

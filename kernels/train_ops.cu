@@ -4,7 +4,10 @@
  *
  *   tg_gemm         row-major products through cuBLAS: a row-major C is
  *                   cuBLAS's column-major C^T, so C = op(A) op(B) is
- *                   C^T = op(B)^T op(A)^T with the operands swapped
+ *                   C^T = op(B)^T op(A)^T with the operands swapped; in
+ *                   precision bf16 cublasGemmEx on float32 operands with
+ *                   CUBLAS_COMPUTE_32F_FAST_16BF (bf16 tensor cores, float32
+ *                   sums)
  *   tg_embed(_back) the token embedding; its backward sums each token's
  *                   rows (listed on the host) in order, without atomics
  *   tg_ln_fwd/back  residual + post-LayerNorm (eps 1e-5, biased variance),
@@ -31,6 +34,13 @@ int tg_gemm(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const flo
             int ldb, float beta, float *C, int ldc, char *err)
 {
     if (m <= 0 || n <= 0) return 0;
+    if (g->bf16) {   /* float32 operands, rounded to bf16 on the tensor cores, float32 sums */
+        BLAS_TRY(cublasGemmEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
+                              CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                              CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
+                 err, "gemm bf16");
+        return 0;
+    }
     BLAS_TRY(cublasSgemm(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
                         ldb, A, lda, &beta, C, ldc),
             err, "sgemm");
@@ -42,6 +52,14 @@ int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, c
                     long long sc, int count, char *err)
 {
     if (m <= 0 || n <= 0 || count <= 0) return 0;
+    if (g->bf16) {
+        BLAS_TRY(cublasGemmStridedBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
+                                            k, &alpha, B, CUDA_R_32F, ldb, sb, A, CUDA_R_32F, lda, sa, &beta, C,
+                                            CUDA_R_32F, ldc, sc, count, CUBLAS_COMPUTE_32F_FAST_16BF,
+                                            CUBLAS_GEMM_DEFAULT),
+                 err, "gemm bf16 batched");
+        return 0;
+    }
     BLAS_TRY(cublasSgemmStridedBatched(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
                                       k, &alpha, B, ldb, sb, A, lda, sa, &beta, C, ldc, sc, count),
             err, "sgemm batched");

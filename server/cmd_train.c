@@ -36,7 +36,7 @@ static void on_stop(int sig)
 
 static const char train_usage[] =
     "usage: spanserve train --config FILE.json [--data FILE] [--out FILE] [--steps N]\n"
-    "                       [--seed N] [--device cpu|cuda|auto] [--precision fp32|tf32]\n"
+    "                       [--seed N] [--device cpu|cuda|auto] [--precision fp32|tf32|bf16]\n"
     "                       [--gpus N] [--log FILE] [--json] [--resume]\n"
     "\n"
     "Trains an adaptive-span or PAR Transformer-XL model on a text file, with a\n"
@@ -59,8 +59,9 @@ static const char train_usage[] =
     "                  the GPU, in builds with nvcc; the same config,\n"
     "                  log, checkpoint and state formats) or auto (the default:\n"
     "                  cuda where this build, a GPU and the family allow it)\n"
-    "  --precision P   fp32 (default) or tf32 (config 'tf32': the GPU's linear\n"
-    "                  layers on tensor cores; cuda only)\n"
+    "  --precision P   overrides config 'precision': fp32 (default), tf32 or\n"
+    "                  bf16 (the GPU's linear layers on tensor cores in that\n"
+    "                  precision, float32 sums and weights; cuda only)\n"
     "  --gpus N        overrides config 'gpus': spread each step's streams over\n"
     "                  the first N GPUs of this machine (data parallel, the\n"
     "                  gradients summed with NCCL; batch_size a multiple of N;\n"
@@ -237,10 +238,8 @@ int cmd_train(int argc, char **argv)
                 return cli_usage_error("train", "--device must be cpu, cuda or auto, not '%s'", optarg);
             break;
         case 'p':
-            if (!strcmp(optarg, "bf16"))
-                return cli_usage_error("train", "--precision bf16: the trainers compute in fp32 (or tf32 on the GPU) for now");
-            if (strcmp(optarg, "fp32") && strcmp(optarg, "tf32"))
-                return cli_usage_error("train", "--precision must be fp32 or tf32, not '%s'", optarg);
+            if (strcmp(optarg, "fp32") && strcmp(optarg, "tf32") && strcmp(optarg, "bf16"))
+                return cli_usage_error("train", "--precision must be fp32, tf32 or bf16, not '%s'", optarg);
             precision = optarg;
             break;
         case 'g':
@@ -273,7 +272,7 @@ int cmd_train(int argc, char **argv)
     if (steps >= 0) cfg.steps = (long)steps;
     if (seed >= 0) cfg.seed = (uint64_t)seed;
     if (device) snprintf(cfg.device, sizeof cfg.device, "%s", device);
-    if (precision) cfg.tf32 = !strcmp(precision, "tf32");
+    if (precision) cfg.tf32 = !strcmp(precision, "tf32"), cfg.bf16 = !strcmp(precision, "bf16");
     if (gpus > 0) cfg.gpus = (int)gpus;
     /* the GPU trainer: asked for, or "auto" where this build has it, a GPU
      * answers and the family is one it trains */

@@ -7,8 +7,9 @@
  * runs it: the tokens' upload, forward, loss, backward, Adagrad, z/S back to
  * the host. The attention's cost follows the spans, so it is measured at
  * two: z/S = 0 (the recipe's start: windows of 64) and z/S = 1 (every head
- * at the full span: windows of 1024); in float32 (the default) and with the
- * linear layers in TF32. Wall time of STEPS steps after WARM, median of RUNS.
+ * at the full span: windows of 1024); in float32 (the default), with the
+ * linear layers in TF32 and in bf16 (precision). Wall time of STEPS steps
+ * after WARM, median of RUNS.
  * Where the machine has two GPUs or more, the same global batches on 1 and
  * on 2 GPUs (`gpus`, train_multi.cu), tf32, and the ratio.
  * `bench_train --profile`: one step at z/S = 0 in float32 only, for a
@@ -20,7 +21,7 @@
  * with segments of 512 and 16 streams (8,192 tokens a step), Adam with the
  * global clip: the fixed architecture `afff` x 4 + `f` x 8, and the search
  * supernet (every block computes both branches and alpha's gradient), in
- * float32 and tf32. tests/bench_par_torch.py measures the same model
+ * float32, tf32 and bf16. tests/bench_par_torch.py measures the same model
  * written in PyTorch (eager, float32) the same way.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -43,6 +44,7 @@ int main(void)
 #include <time.h>
 
 static int WARM = 3, STEPS = 10, RUNS = 3;
+static const char *const PREC_NAME[] = {"fp32", "tf32", "bf16"};
 
 static double now_s(void)
 {
@@ -171,7 +173,7 @@ static int bench_par(char *err, int profile)
     printf("bench_train: PAR training step of par-base's shape (24 blocks, D 512, 8 heads of 64, inner 2048, "
            "mem_len 512, tgt_len 512, B 16, V %d; Adam)\n", V);
     for (int search = 0; search < (profile ? 1 : 2); search++)
-        for (int tf32 = 0; tf32 < (profile ? 1 : 2); tf32++) {
+        for (int prec = 0; prec < (profile ? 1 : 3); prec++) {
             trainer_init(t, 1);
             t->step = 0;
             t->searching = search;
@@ -179,12 +181,15 @@ static int bench_par(char *err, int profile)
             for (int l = 0; l < t->L; l++) t->arch[l] = l < 16 && l % 4 == 0 ? BLK_ATTN : BLK_FFN;
             trainer_reset_memory(t);
             tgpu *g = tgpu_new(t, err);
-            if (!g || tgpu_set_tf32(g, tf32, err)) { printf("FAIL bench_train: %s\n", err); return 1; }
+            if (!g || tgpu_set_tf32(g, prec == 1, err) || tgpu_set_bf16(g, prec == 2, err)) {
+                printf("FAIL bench_train: %s\n", err);
+                return 1;
+            }
             double tps = bench(t, step_tgpu, g, x, y, &r, err);
             if (tps < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
             printf("bench_train: %s, PAR %s, %s: %.0f tokens/s, %.1f ms a step, %.2f GB on the device\n",
                    tgpu_device_name(g), search ? "search (every block both branches)" : "afff x4 + f x8",
-                   tf32 ? "tf32" : "fp32", tps, 1e3 * N / tps, tgpu_bytes(g) / 1e9);
+                   PREC_NAME[prec], tps, 1e3 * N / tps, tgpu_bytes(g) / 1e9);
             tgpu_free(g);
         }
     free(x);
@@ -216,19 +221,22 @@ int main(int argc, char **argv)
     train_rng r = {99};
     printf("bench_train: aspan-small training step (L 8, H 256, heads 4, inner 1024, S 1024, M 256, B 64, V %d)\n", V);
     for (int span = 0; span < (profile ? 1 : 2); span++)
-        for (int tf32 = 0; tf32 < (profile ? 1 : 2); tf32++) {
+        for (int prec = 0; prec < (profile ? 1 : 3); prec++) {
             trainer_init(t, 1);
             t->step = 0;
             for (int l = 0; l < t->L; l++)
                 for (int h = 0; h < t->K; h++) t->w[t->ly[l].zfrac + h] = span;
             tgpu *g = tgpu_new(t, err);
-            if (!g || tgpu_set_tf32(g, tf32, err)) { printf("FAIL bench_train: %s\n", err); return 1; }
+            if (!g || tgpu_set_tf32(g, prec == 1, err) || tgpu_set_bf16(g, prec == 2, err)) {
+                printf("FAIL bench_train: %s\n", err);
+                return 1;
+            }
             int W, C;
             aspan_window(t, 0, &W, &C);
             double tps = bench(t, step_tgpu, g, x, y, &r, err);
             if (tps < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
             printf("bench_train: %s, z/S %d (window %d), %s: %.0f tokens/s, %.1f ms a step, %.2f GB on the device\n",
-                   tgpu_device_name(g), span, W, tf32 ? "tf32" : "fp32", tps,
+                   tgpu_device_name(g), span, W, PREC_NAME[prec], tps,
                    1e3 * c.batch_size * c.block_size / tps, tgpu_bytes(g) / 1e9);
             tgpu_free(g);
         }

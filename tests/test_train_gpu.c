@@ -236,33 +236,35 @@ static train_cfg tiny(void)
     return c;
 }
 
-/* config 'tf32': the linear layers on tensor cores, near the CPU but not
- * within float32's 1e-3: the loss to 1e-2, every tensor's gradient to 5e-2
- * of its norm */
-static void test_tf32(void)
+/* config 'tf32' and 'precision' "bf16": the linear layers on tensor cores,
+ * near the CPU but not within float32's 1e-3: tf32 the loss to 1e-2, every
+ * tensor's gradient to 5e-2 of its norm; bf16 (8-bit mantissas) to 2e-2
+ * and 1e-1 */
+static void test_fast(train_cfg c, int bf16, const char *what)
 {
     char err[ERR_LEN];
-    train_cfg c = tiny();
-    c.hidden_size = 64, c.inner_hidden_size = 128, c.attn_span = 40, c.block_size = 16;
-    c.tf32 = 1;
+    c.tf32 = !bf16;
+    c.bf16 = bf16;
     strcpy(c.device, "cuda");
-    CHECK(train_cfg_check(&c, err) != 0 && strstr(err, "'data' is required"), "tf32 with cuda: %s", err);
+    CHECK(train_cfg_check(&c, err) != 0 && strstr(err, "'data' is required"), "%s with cuda: %s", what, err);
     trainer *tc = trainer_new(&c, 11, err), *tg = trainer_new(&c, 11, err);
     tgpu *g = tg ? tgpu_new(tg, err) : NULL;
-    CHECK(tc && tg && g, "tf32: %s", err);
+    CHECK(tc && tg && g, "%s: %s", what, err);
     if (tc && tg && g) {
         trainer_init(tc, 5);
         trainer_init(tg, 5);
-        CHECK(tgpu_upload(g, tg, err) == 0, "tf32: %s", err);
+        CHECK(tgpu_upload(g, tg, err) == 0, "%s: %s", what, err);
         int32_t x[64], y[64];
+        const int N = tc->B * tc->M;
+        CHECK(N <= 64, "%s: %d tokens a block (at most 64 here)", what, N);
         double ac, ag, lc = 0, lg = 0, *gg = malloc(sizeof *gg * tc->n);
-        for (int s = 0; s < 3; s++) {
-            rand_tokens(x, y, 64, 11);
+        for (int s = 0; s < 3 && N <= 64; s++) {
+            rand_tokens(x, y, N, 11);
             lc = trainer_forward(tc, x, y, s == 2, 1, &ac, err);
             lg = tgpu_forward(g, tg, x, y, s == 2, 1, &ag, err);
         }
-        CHECK(rel(lg, lc) < 1e-2, "tf32: loss gpu %.9g cpu %.9g", lg, lc);
-        CHECK(tgpu_download_grad(g, gg, err) == 0, "tf32: %s", err);
+        CHECK(rel(lg, lc) < (bf16 ? 2e-2 : 1e-2), "%s: loss gpu %.9g cpu %.9g", what, lg, lc);
+        CHECK(tgpu_download_grad(g, gg, err) == 0, "%s: %s", what, err);
         double worst = 0;
         for (int i = 0; i < tc->n_tp; i++) {
             const tparam *p = &tc->tp[i];
@@ -273,8 +275,8 @@ static void test_tf32(void)
             }
             worst = fmax(worst, sqrt(d2 / n2));
         }
-        CHECK(worst < 5e-2, "tf32: a tensor's gradient is off by %.3g of its norm", worst);
-        printf("tf32: loss within %.2g, gradients within %.3g of their norms\n", rel(lg, lc), worst);
+        CHECK(worst < (bf16 ? 1e-1 : 5e-2), "%s: a tensor's gradient is off by %.3g of its norm", what, worst);
+        printf("%s: loss within %.2g, gradients within %.3g of their norms\n", what, rel(lg, lc), worst);
         free(gg);
     }
     tgpu_free(g);
@@ -575,7 +577,10 @@ static void compare_multi(train_cfg c, int V, int gpus, int steps, const char *w
         rand_tokens(x, y, N, V);
         double a1, an, l1 = dev->forward(d1, t1, x, y, 1, 1, &a1, err), ln = dev->forward(dn, tn, x, y, 1, 1, &an, err);
         CHECK(isfinite(l1) && isfinite(ln), "%s: step %d: %s", what, s, err);
-        CHECK(rel(ln, l1) < 1e-5 && rel(an, a1) < 1e-9, "%s: step %d: loss %d GPUs %.9g, one %.9g", what, s, gpus, ln, l1);
+        /* the span loss comes from each run's own z/S, which float32's
+         * order of sums moves by about 1e-7 */
+        CHECK(rel(ln, l1) < 1e-5 && rel(an, a1) < 1e-5, "%s: step %d: loss %d GPUs %.9g, one %.9g; span loss %.9g, %.9g",
+              what, s, gpus, ln, l1, an, a1);
         worst = fmax(worst, rel(ln, l1));
         double lr = train_lr(&c, s);
         CHECK(dev->step(d1, t1, lr, err) == 0 && dev->step(dn, tn, lr, err) == 0, "%s: step %d: %s", what, s, err);
@@ -747,7 +752,13 @@ int main(void)
     static const double zm[8] = {0.3013, 0.8027, 0.0519, 0.5533, 0.9871, 0.0071, 0.4219, 0.7013};
     compare_case(c, 40, zm, 4, "heads of 64");
 
-    test_tf32();
+    train_cfg f = tiny();
+    f.hidden_size = 64, f.inner_hidden_size = 128, f.attn_span = 40, f.block_size = 16;
+    test_fast(f, 0, "tf32");
+    test_fast(f, 1, "bf16");
+    f = tiny_par();
+    f.d_model = 64, f.n_head = 2, f.d_head = 32, f.d_inner = 128, f.tgt_len = 16, f.mem_len = 16, f.batch_size = 4;
+    test_fast(f, 1, "par bf16");
 
     train_cfg a;
     train_cfg_defaults(&a, &train_family_aspan);
