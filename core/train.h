@@ -72,6 +72,10 @@ typedef struct {
     int tf32;                    /* cuda: linear layers in TF32 */
     int bf16;                    /* cuda: linear layers' products on bf16 tensor cores (float32 sums, weights, optimizer) */
     int gpus;                    /* cuda: the GPUs of this machine a step's streams are spread over (data parallel) */
+    /* not config keys, the command line's (--nodes, --node-rank): the run
+     * spans NODES machines of GPUS each, this one the NODE_RANK-th (0:
+     * the one that writes the files) */
+    int nodes, node_rank;
     double val_fraction;         /* the last fraction of the text (in characters) is validation */
     /* schedule */
     long steps, log_every, eval_every, checkpoint_every, eval_tokens;
@@ -327,6 +331,12 @@ typedef struct train_device {
     int (*stash_memory)(void *ctx, int restore, char *err);    /* keep (0) or put back (1) the memories */
     int (*download)(void *ctx, trainer *t, char *err);         /* weights, moments, memories into t */
     const char *(*device_name)(void *ctx);
+    /* several machines (NULL: one): 0 on any but the first, which alone
+     * writes checkpoints and state; and the stop request the machines agreed
+     * on in the last forward (one asked anywhere stops all after the same
+     * step) */
+    int (*primary)(void *ctx);
+    int (*stop_agreed)(void *ctx);
 } train_device;
 
 /* Runs the whole training of C: reads the text, builds the vocabulary,
@@ -339,6 +349,8 @@ typedef struct train_device {
 /* Asks the running loop to stop after the step in progress (from a signal
  * handler: it only sets a flag). */
 void train_request_stop(void);
+/* Whether a stop was asked (train_request_stop, or a signal). */
+int train_stop_pending(void);
 int train_run(const train_cfg *c, int resume, FILE *log, char *err);
 /* The same, the steps run on DEV when not NULL (config 'device' "cuda"). */
 int train_run_on(const train_cfg *c, const train_device *dev, int resume, FILE *log, char *err);

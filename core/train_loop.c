@@ -432,9 +432,15 @@ out:
     return rc;
 }
 
+/* this process writes the files: one machine, or the first of several */
+static int run_primary(const run_t *r) { return !r->dev || !r->dev->primary || r->dev->primary(r->dev_ctx); }
+
 static int save_all(run_t *r, char *err)
 {
+    /* every machine downloads (the memories are gathered across them); the
+     * first writes */
     if (r->dev && r->dev->download(r->dev_ctx, r->t, err)) return -1;
+    if (!run_primary(r)) return 0;
     char *hist = r->t->c.fam->search ? json_dumps(r->history, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
     int rc = save_state(r, err);
     if (rc == 0) rc = trainer_save_checkpoint(r->t, r->c->out, r->text.vocab_json, hist, err);
@@ -475,6 +481,7 @@ int train_run(const train_cfg *c, int resume, FILE *logf, char *err) { return tr
 static volatile sig_atomic_t stop_asked;
 
 void train_request_stop(void) { stop_asked = 1; }
+int train_stop_pending(void) { return stop_asked != 0; }
 
 int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE *logf, char *err)
 {
@@ -567,7 +574,9 @@ int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE
         if (event) emit(&r, event);
         const int saved = (c->checkpoint_every && s % c->checkpoint_every == 0) || s == c->steps;
         if (saved && save_all(&r, err)) goto out;
-        if (stop_asked && s < c->steps) {   /* asked to stop: this step is the run's last, saved */
+        /* several machines stop after the step they agreed on */
+        const int stop = dev && dev->stop_agreed ? dev->stop_agreed(r.dev_ctx) : stop_asked != 0;
+        if (stop && s < c->steps) {   /* asked to stop: this step is the run's last, saved */
             if (!saved && save_all(&r, err)) goto out;
             json_t *o = json_object();
             json_object_set_new(o, "event", json_string("stopped"));

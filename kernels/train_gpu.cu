@@ -426,9 +426,20 @@ int tgpu_forward_sum(tgpu *g, const trainer *t, const int32_t *x, const int32_t 
     if (backward && cudaMemsetAsync(g->g, 0, sizeof(float) * g->n, g->stream) != cudaSuccess)
         return err_set(err, "gradient reset failed");
     if (g->fam->block(g, t, backward, carry, &a, err)) return -1;
-    cudaError_t e = cudaMemcpyAsync(&nll, g->dsum, sizeof nll, cudaMemcpyDeviceToHost, g->stream);
+    double both[2] = {0, 0};
+    if (g->sum_all && g->comm) {   /* the loss and the stop requests of every device of the run */
+#ifdef SPANSERVE_NCCL
+        const double stop = g->stop_local;
+        CU_TRY(cudaMemcpyAsync(g->dsum + 1, &stop, sizeof stop, cudaMemcpyHostToDevice, g->stream), err, "stop flag");
+        ncclResult_t r = ncclAllReduce(g->dsum, g->dsum, 2, ncclFloat64, ncclSum, (ncclComm_t)g->comm, g->stream);
+        if (r != ncclSuccess) return err_set(err, "the loss's all-reduce: %s", ncclGetErrorString(r));
+#endif
+    }
+    cudaError_t e = cudaMemcpyAsync(both, g->dsum, sizeof both, cudaMemcpyDeviceToHost, g->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
     if (e != cudaSuccess) return err_set(err, "training step: %s", cudaGetErrorString(e));
+    nll = both[0];
+    g->stop_all = both[1] > 0.5;
     if (aux) *aux = a;
     *sum = nll;
     return 0;
@@ -516,7 +527,7 @@ static void *dev_open(const trainer *t, char *err)
 {
     tdev *d = (tdev *)calloc(1, sizeof *d);
     if (!d) { err_set(err, "out of memory"); return NULL; }
-    if (t->c.gpus > 1) d->multi = tmulti_new(t, err);
+    if (t->c.gpus > 1 || t->c.nodes > 1) d->multi = tmulti_new(t, err);
     else d->one = tgpu_new(t, err);
     if (!d->one && !d->multi) { free(d); return NULL; }
     return d;
@@ -561,5 +572,16 @@ static const char *dev_name(void *ctx)
     return d->multi ? tmulti_device_name(d->multi) : tgpu_device_name(d->one);
 }
 
-const train_device tgpu_train_device = {"cuda", dev_open, dev_close, dev_forward, dev_step,
-                                        dev_reset, dev_stash, dev_download, dev_name};
+static int dev_primary(void *ctx)
+{
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_primary(d->multi) : 1;
+}
+static int dev_stop_agreed(void *ctx)
+{
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_stop_agreed(d->multi) : train_stop_pending();
+}
+
+const train_device tgpu_train_device = {"cuda",    dev_open,     dev_close, dev_forward, dev_step,       dev_reset,
+                                        dev_stash, dev_download, dev_name,  dev_primary, dev_stop_agreed};

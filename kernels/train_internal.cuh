@@ -65,6 +65,9 @@ struct tgpu {
     int b0, B_all, rank;
     size_t N_all;
     void *comm;
+    /* with a communicator: the forward sums its loss (and the stop request
+     * STOP_LOCAL) over every device of the run; STOP_ALL how many asked */
+    int sum_all, stop_local, stop_all;
     cudaStream_t cstream;
     cudaEvent_t ev_grad, ev_comm;
     size_t *bk_lo, *bk_hi, *rest_lo, *rest_hi;
@@ -209,6 +212,8 @@ int tmulti_reset_memory(tmulti *m, char *err);
 int tmulti_stash_memory(tmulti *m, int restore, char *err);
 int tmulti_download(tmulti *m, trainer *t, char *err);
 const char *tmulti_device_name(tmulti *m);
+int tmulti_primary(tmulti *m);
+int tmulti_stop_agreed(tmulti *m);
 
 /* cudaMalloc'd (and zeroed) buffer of BYTES into *PP, freed by tgpu_free */
 int tg_alloc(tgpu *g, void *pp, size_t bytes, char *err);

@@ -23,6 +23,15 @@
  * A device that fails aborts every communicator, so that no other device
  * waits forever in a collective; the trainer then refuses further commands
  * and names the device and its error.
+ *
+ * Several machines (--nodes, --node-rank; NCCL_COMM_ID the first one's
+ * bootstrap address, the same on every machine): each process drives its
+ * machine's GPUs, device r of machine k is rank k G + r of the run's N G,
+ * one communicator spans them all (ncclCommInitRank). Each forward sums the
+ * loss and the stop requests over every device (a stop asked on any machine
+ * stops every machine after the same step); a download gathers every
+ * device's memories (all-gather), so that each machine's host trainer
+ * holds the whole state, which the first machine alone writes.
  */
 #include "train_internal.cuh"
 
@@ -45,6 +54,8 @@ typedef struct {
 
 struct tmulti {
     int n, threads;
+    int nodes, node_rank, world;   /* the run's machines, this one's place, its devices in all */
+    int stop;                      /* the stop request every device agreed on in the last forward */
     tgpu *g[TM_MAX];
     pthread_t th[TM_MAX];
     tm_arg arg[TM_MAX];
@@ -84,6 +95,58 @@ static void tm_abort(tmulti *m)
 #endif
 }
 
+/* Several machines: every device's memories to every device (NCCL
+ * all-gather), and the first local device puts them in T in the one-GPU
+ * layout with the weights, moments and memory rows: each machine's host
+ * trainer then holds the whole state. */
+static int tm_gather(tmulti *m, int r, char *err)
+{
+#ifdef SPANSERVE_NCCL
+    tgpu *g = m->g[r];
+    const size_t n = g->mem_n, all = n * m->world, per = (size_t)g->mem_rows * g->H, nb = g->B;
+    if (r == 0 && tgpu_download_part(g, m->tw, 1, err)) return -1;
+    if (!n) return 0;
+    float *buf = NULL, *host = NULL;
+    int rc = -1;
+    if (cudaMalloc((void **)&buf, sizeof(float) * all) != cudaSuccess) {
+        err_set(err, "cudaMalloc of %.1f MB for the memories' gather failed", sizeof(float) * all / 1e6);
+        goto out;
+    }
+    if (ncclAllGather(g->mem, buf, n, ncclFloat32, (ncclComm_t)g->comm, g->stream) != ncclSuccess) {
+        err_set(err, "the memories' all-gather failed");
+        goto out;
+    }
+    if (r == 0) {
+        host = (float *)malloc(sizeof(float) * all);
+        if (!host) { err_set(err, "out of memory"); goto out; }
+        if (cudaMemcpyAsync(host, buf, sizeof(float) * all, cudaMemcpyDeviceToHost, g->stream) != cudaSuccess ||
+            cudaStreamSynchronize(g->stream) != cudaSuccess) {
+            err_set(err, "the memories' download failed");
+            goto out;
+        }
+        /* device q's share: layer l's streams [q nb, (q+1) nb) */
+        trainer *t = m->tw;
+        for (int q = 0; q < m->world; q++)
+            for (int l = 0; l < g->L; l++) {
+                const float *src = host + (size_t)q * n + (size_t)l * nb * per;
+                double *dst = t->mem + (size_t)l * g->B_all * per + (size_t)q * nb * per;
+                for (size_t i = 0; i < nb * per; i++) dst[i] = src[i];
+            }
+    } else if (cudaStreamSynchronize(g->stream) != cudaSuccess) {
+        err_set(err, "the memories' all-gather failed");
+        goto out;
+    }
+    rc = 0;
+out:
+    if (buf) cudaFree(buf);
+    free(host);
+    return rc;
+#else
+    (void)m, (void)r;
+    return err_set(err, "this build has no NCCL");
+#endif
+}
+
 static int tm_run(tmulti *m, int r, int cmd)
 {
     tgpu *g = m->g[r];
@@ -93,7 +156,7 @@ static int tm_run(tmulti *m, int r, int cmd)
     case TM_STEP: return tgpu_step_part(g, m->tw, m->step, m->lr, r == 0, err);
     case TM_RESET: return tgpu_reset_memory(g, err);
     case TM_STASH: return tgpu_stash_memory(g, m->restore, err);
-    case TM_DOWNLOAD: return tgpu_download_part(g, m->tw, r == 0, err);
+    case TM_DOWNLOAD: return m->nodes > 1 ? tm_gather(m, r, err) : tgpu_download_part(g, m->tw, r == 0, err);
     default: return 0;
     }
 }
@@ -172,7 +235,7 @@ void tmulti_free(tmulti *m)
 
 tmulti *tmulti_new(const trainer *t, char *err)
 {
-    const int n = t->c.gpus;
+    const int n = t->c.gpus, nodes = t->c.nodes > 1 ? t->c.nodes : 1, world = n * nodes;
 #ifndef SPANSERVE_NCCL
     (void)n;
     err_set(err, "config 'gpus' = %d: this build has no NCCL (nccl.h was not found when it was built); train on one GPU",
@@ -182,13 +245,18 @@ tmulti *tmulti_new(const trainer *t, char *err)
     int have = 0;
     if (tgpu_available(err)) return NULL;
     if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;
-    if (n < 2 || n > TM_MAX || n > have) {
+    if (n < 1 || n > TM_MAX || n > have) {
         err_set(err, "config 'gpus' = %d: this machine has %d CUDA device%s%s", n, have, have == 1 ? "" : "s",
                 n > TM_MAX ? " (and at most 16 are driven)" : "");
         return NULL;
     }
-    if (t->B % n) {
-        err_set(err, "config 'batch_size' = %d is not a multiple of 'gpus' = %d", t->B, n);
+    if (t->B % world) {
+        err_set(err, "config 'batch_size' = %d is not a multiple of the run's GPUs (%d machines of %d)", t->B, nodes, n);
+        return NULL;
+    }
+    if (nodes > 1 && !getenv("NCCL_COMM_ID")) {
+        err_set(err, "%d machines: set NCCL_COMM_ID=HOST:PORT, the first machine's address, on every machine (or --master)",
+                nodes);
         return NULL;
     }
     /* NVLink multicast stays off (it can take a shared host's GPUs down) */
@@ -197,18 +265,20 @@ tmulti *tmulti_new(const trainer *t, char *err)
     cudaGetDevice(&cur);
     tmulti *m = (tmulti *)calloc(1, sizeof *m);
     if (!m) { err_set(err, "out of memory"); return NULL; }
-    m->n = n;
+    m->n = n, m->nodes = nodes, m->node_rank = t->c.node_rank, m->world = world;
     pthread_mutex_init(&m->mu, NULL);
     pthread_cond_init(&m->go, NULL);
     pthread_cond_init(&m->done, NULL);
-    const int nb = t->B / n;
+    const int nb = t->B / world;
     int devs[TM_MAX];
     for (int r = 0; r < n; r++) {
         devs[r] = r;
         if (cudaSetDevice(r) != cudaSuccess) { err_set(err, "cudaSetDevice(%d) failed", r); goto fail; }
         char e2[ERR_LEN];
-        if (!(m->g[r] = tgpu_new_part(t, r * nb, nb, r, e2))) { err_set(err, "GPU %d: %s", r, e2); goto fail; }
+        const int grank = m->node_rank * n + r;   /* its place among all the run's devices */
+        if (!(m->g[r] = tgpu_new_part(t, grank * nb, nb, grank, e2))) { err_set(err, "GPU %d: %s", r, e2); goto fail; }
         tgpu *g = m->g[r];
+        g->sum_all = 1;
         if (cudaStreamCreateWithFlags(&g->cstream, cudaStreamNonBlocking) != cudaSuccess ||
             cudaEventCreateWithFlags(&g->ev_grad, cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&g->ev_comm, cudaEventDisableTiming) != cudaSuccess) {
@@ -218,8 +288,25 @@ tmulti *tmulti_new(const trainer *t, char *err)
     }
     {
         ncclComm_t comms[TM_MAX];
-        ncclResult_t rr = ncclCommInitAll(comms, n, devs);
-        if (rr != ncclSuccess) { err_set(err, "NCCL over %d GPUs: %s", n, ncclGetErrorString(rr)); goto fail; }
+        ncclResult_t rr;
+        if (nodes == 1) {
+            rr = ncclCommInitAll(comms, n, devs);
+        } else {   /* every machine's NCCL_COMM_ID gives the same id: the first machine's bootstrap */
+            ncclUniqueId id;
+            rr = ncclGetUniqueId(&id);
+            if (rr == ncclSuccess) {
+                ncclGroupStart();
+                for (int r = 0; r < n; r++) {
+                    cudaSetDevice(r);
+                    ncclCommInitRank(&comms[r], world, id, m->node_rank * n + r);
+                }
+                rr = ncclGroupEnd();
+            }
+        }
+        if (rr != ncclSuccess) {
+            err_set(err, "NCCL over %d GPUs (%d machines): %s", world, nodes, ncclGetErrorString(rr));
+            goto fail;
+        }
         for (int r = 0; r < n; r++) m->comm[r] = comms[r], m->g[r]->comm = comms[r];
     }
     for (int r = 0; r < n; r++) {
@@ -230,7 +317,11 @@ tmulti *tmulti_new(const trainer *t, char *err)
         }
         m->threads++;
     }
-    snprintf(m->name, sizeof m->name, "%d x %s", n, tgpu_device_name(m->g[0]));
+    if (nodes > 1)
+        snprintf(m->name, sizeof m->name, "%d x %s, machine %d of %d", n, tgpu_device_name(m->g[0]), m->node_rank + 1,
+                 nodes);
+    else
+        snprintf(m->name, sizeof m->name, "%d x %s", n, tgpu_device_name(m->g[0]));
     cudaSetDevice(cur);
     return m;
 fail:
@@ -244,9 +335,11 @@ double tmulti_forward(tmulti *m, const trainer *t, const int32_t *x, const int32
                       double *aux, char *err)
 {
     m->t = t, m->x = x, m->y = y, m->backward = backward, m->carry = carry;
+    const int stop = train_stop_pending();
+    for (int r = 0; r < m->n; r++) m->g[r]->stop_local = stop;
     if (tm_do(m, TM_FORWARD, err)) return NAN;
-    double sum = 0;
-    for (int r = 0; r < m->n; r++) sum += m->sum[r];   /* in the devices' order */
+    const double sum = m->sum[0];   /* every device's sum is the run's (all-reduced) */
+    m->stop = m->g[0]->stop_all;
     if (aux) *aux = m->aux[0];
     const double nll = sum / ((double)t->B * t->M);
     if (!isfinite(nll)) err_set(err, "the loss is not finite (%g): the learning rate may be too high", nll);
@@ -276,3 +369,5 @@ int tmulti_download(tmulti *m, trainer *t, char *err)
 }
 
 const char *tmulti_device_name(tmulti *m) { return m->name; }
+int tmulti_primary(tmulti *m) { return m->node_rank == 0; }
+int tmulti_stop_agreed(tmulti *m) { return m->stop; }

@@ -37,7 +37,8 @@ static void on_stop(int sig)
 static const char train_usage[] =
     "usage: spanserve train --config FILE.json [--data FILE] [--out FILE] [--steps N]\n"
     "                       [--seed N] [--device cpu|cuda|auto] [--precision fp32|tf32|bf16]\n"
-    "                       [--gpus N] [--log FILE] [--json] [--resume]\n"
+    "                       [--gpus N] [--nodes N --node-rank R [--master HOST:PORT]]\n"
+    "                       [--log FILE] [--json] [--resume]\n"
     "\n"
     "Trains an adaptive-span or PAR Transformer-XL model on a text file, with a\n"
     "character vocabulary built from the text and its last val_fraction held out\n"
@@ -66,6 +67,13 @@ static const char train_usage[] =
     "                  the first N GPUs of this machine (data parallel, the\n"
     "                  gradients summed with NCCL; batch_size a multiple of N;\n"
     "                  a run may be resumed on another N)\n"
+    "  --nodes N       the run spans N machines of --gpus GPUs each (data\n"
+    "                  parallel over all of them, NCCL over the network):\n"
+    "                  start the same command on every machine, each with its\n"
+    "                  --node-rank (0..N-1) and the same --master, the first\n"
+    "                  machine's HOST:PORT (NCCL_COMM_ID); the text and, for\n"
+    "                  --resume, OUT.state on every machine; the first writes\n"
+    "                  the checkpoint and state\n"
     "  --log FILE      the JSON lines to FILE (appended on --resume)\n"
     "  --json          the JSON lines on standard output instead of readable ones\n"
     "  --resume        continue from OUT.state: the same numbers as a run that\n"
@@ -215,9 +223,10 @@ int cmd_train(int argc, char **argv)
         {"config", 1, 0, 'c'}, {"data", 1, 0, 'd'},   {"out", 1, 0, 'o'},       {"steps", 1, 0, 'n'},
         {"seed", 1, 0, 's'},   {"device", 1, 0, 'D'}, {"precision", 1, 0, 'p'}, {"log", 1, 0, 'l'},
         {"json", 0, 0, 'j'},   {"resume", 0, 0, 'r'}, {"help", 0, 0, 'h'},      {"gpus", 1, 0, 'g'},
-        {0, 0, 0, 0}};
+        {"nodes", 1, 0, 'N'},  {"node-rank", 1, 0, 'R'}, {"master", 1, 0, 'M'},  {0, 0, 0, 0}};
     const char *config = NULL, *data = NULL, *out = NULL, *device = NULL, *logp = NULL, *precision = NULL;
-    long long steps = -1, seed = -1, gpus = -1;
+    long long steps = -1, seed = -1, gpus = -1, nodes = 1, node_rank = -1;
+    const char *master = NULL;
     int resume = 0, json_out = 0, c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -246,6 +255,19 @@ int cmd_train(int argc, char **argv)
             if (parse_nonneg(optarg, &gpus) || gpus < 1 || gpus > 16)
                 return cli_usage_error("train", "--gpus must be an integer from 1 to 16, not '%s'", optarg);
             break;
+        case 'N':
+            if (parse_nonneg(optarg, &nodes) || nodes < 1 || nodes > 64)
+                return cli_usage_error("train", "--nodes must be an integer from 1 to 64, not '%s'", optarg);
+            break;
+        case 'R':
+            if (parse_nonneg(optarg, &node_rank) || node_rank > 63)
+                return cli_usage_error("train", "--node-rank must be an integer from 0 to 63, not '%s'", optarg);
+            break;
+        case 'M':
+            if (!strchr(optarg, ':') || strlen(optarg) > 255)
+                return cli_usage_error("train", "--master must be HOST:PORT, not '%s'", optarg);
+            master = optarg;
+            break;
         case 'l': logp = optarg; break;
         case 'j': json_out = 1; break;
         case 'r': resume = 1; break;
@@ -254,6 +276,10 @@ int cmd_train(int argc, char **argv)
         }
     }
     if (optind != argc) return cli_usage_error("train", "unexpected argument '%s'", argv[optind]);
+    if (nodes > 1 && (node_rank < 0 || node_rank >= nodes))
+        return cli_usage_error("train", "--nodes %lld needs --node-rank from 0 to %lld", nodes, nodes - 1);
+    if (nodes == 1 && node_rank > 0) return cli_usage_error("train", "--node-rank %lld without --nodes", node_rank);
+    if (master) setenv("NCCL_COMM_ID", master, 1);
     if (!config) return cli_usage_error("train", "--config is required");
     char err[ERR_LEN];
     train_cfg cfg;
@@ -274,6 +300,14 @@ int cmd_train(int argc, char **argv)
     if (device) snprintf(cfg.device, sizeof cfg.device, "%s", device);
     if (precision) cfg.tf32 = !strcmp(precision, "tf32"), cfg.bf16 = !strcmp(precision, "bf16");
     if (gpus > 0) cfg.gpus = (int)gpus;
+    cfg.nodes = (int)nodes;
+    cfg.node_rank = node_rank > 0 ? (int)node_rank : 0;
+    if (nodes > 1 && strcmp(cfg.device, "cpu") == 0) {
+        fprintf(stderr, "spanserve train: --nodes %lld: several machines are the CUDA trainer's; give --device cuda\n",
+                nodes);
+        return 2;
+    }
+    if (nodes > 1) snprintf(cfg.device, sizeof cfg.device, "cuda");
     /* the GPU trainer: asked for, or "auto" where this build has it, a GPU
      * answers and the family is one it trains */
     const train_device *dev = NULL;

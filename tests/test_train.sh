@@ -218,6 +218,15 @@ contains "$tmp/err" "Run 'spanserve train --help' for the options."
 expect 2 "$bin" train --config "$tmp/aspan.json" --stpes 3; contains "$tmp/err" "unknown option '--stpes' (did you mean --steps?)"
 expect 2 "$bin" train --config "$tmp/aspan.json" --precision bf16 --device cpu; contains "$tmp/err" "bf16 is the CUDA trainer's"
 expect 2 "$bin" train --config "$tmp/aspan.json" --precision fp16; contains "$tmp/err" "--precision must be fp32, tf32 or bf16"
+# several GPUs and machines: what the command line refuses before anything runs
+expect 2 "$bin" train --config "$tmp/aspan.json" --gpus 0; contains "$tmp/err" "--gpus must be an integer from 1 to 16"
+expect 2 "$bin" train --config "$tmp/aspan.json" --gpus 2 --device cpu; contains "$tmp/err" "several GPUs are the CUDA trainer's"
+expect 2 "$bin" train --config "$tmp/aspan.json" --gpus 3 --device cuda; contains "$tmp/err" "'batch_size' = 8 is not a multiple of 'gpus' = 3"
+expect 2 "$bin" train --config "$tmp/aspan.json" --nodes 2; contains "$tmp/err" "--nodes 2 needs --node-rank from 0 to 1"
+expect 2 "$bin" train --config "$tmp/aspan.json" --nodes 2 --node-rank 2; contains "$tmp/err" "--nodes 2 needs --node-rank from 0 to 1"
+expect 2 "$bin" train --config "$tmp/aspan.json" --node-rank 1; contains "$tmp/err" "--node-rank 1 without --nodes"
+expect 2 "$bin" train --config "$tmp/aspan.json" --nodes 2 --node-rank 0 --master node-a; contains "$tmp/err" "--master must be HOST:PORT"
+expect 2 "$bin" train --config "$tmp/aspan.json" --nodes 2 --node-rank 1 --device cpu; contains "$tmp/err" "several machines are the CUDA trainer's"
 expect 2 "$bin" train --config "$tmp/aspan.json" --precision tf32 --device cpu; contains "$tmp/err" "TF32 is the CUDA trainer's"
 # --device cuda: trains on a GPU; else says why not (a build without nvcc: 2, no device: 1)
 # the checkpoint's config records the trainer and the device it truly ran on
