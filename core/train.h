@@ -204,6 +204,11 @@ double trainer_forward(trainer *t, const int32_t *x, const int32_t *y, int backw
 void acts_free(tacts *a);
 /* Allocates buffer I of N doubles (zeroed); -1 when out of memory. */
 int acts_add(trainer *t, int i, size_t n);
+/* Every tensor starts at a multiple of TRAIN_ALIGN doubles of the arena
+ * (floats on the device: 16 bytes); the gaps stay zero. */
+#define TRAIN_ALIGN 4
+/* The parameters of T's tensors (t->n less the gaps). */
+size_t trainer_n_params(const trainer *t);
 /* Adds a tensor named FMT (shape a x b x c, NDIM of them) to t's table and
  * arena; returns its offset. The table has room for 14 per layer and 8 more. */
 size_t train_param_add(trainer *t, tparam_kind kind, int layer, int branch, int ndim, int64_t a, int64_t b,

@@ -339,6 +339,24 @@ static int load_tensor(st_file *f, const char *name, st_dtype dt, void *dst, siz
     return 0;
 }
 
+/* An arena of T's layout into DST; a state written before the tensors
+ * were aligned (TRAIN_ALIGN) holds them back to back, in the same order:
+ * read that too. */
+static int load_arena(st_file *f, const char *name, const trainer *t, double *dst, const char *path, char *err)
+{
+    const st_tensor *x = st_find(f, name);
+    const size_t packed = trainer_n_params(t);
+    if (x && x->dtype == ST_F64 && (size_t)st_numel(x) == packed && packed != t->n) {
+        const double *src = (const double *)x->data;
+        for (int i = 0; i < t->n_tp; i++) {
+            memcpy(dst + t->tp[i].off, src, t->tp[i].n * sizeof *dst);
+            src += t->tp[i].n;
+        }
+        return 0;
+    }
+    return load_tensor(f, name, ST_F64, dst, t->n, path, err);
+}
+
 static int load_state(run_t *r, char *err)
 {
     trainer *t = r->t;
@@ -401,9 +419,8 @@ static int load_state(run_t *r, char *err)
         err_set(err, "%s: step %ld or position %ld is out of range", path, step, pos);
         goto out;
     }
-    if (load_tensor(f, "weights", ST_F64, t->w, t->n, path, err) ||
-        load_tensor(f, "moment1", ST_F64, t->m1, t->n, path, err) ||
-        load_tensor(f, "moment2", ST_F64, t->m2, t->n, path, err) ||
+    if (load_arena(f, "weights", t, t->w, path, err) || load_arena(f, "moment1", t, t->m1, path, err) ||
+        load_arena(f, "moment2", t, t->m2, path, err) ||
         load_tensor(f, "memory", ST_F64, t->mem, trainer_mem_floats(t), path, err) ||
         load_tensor(f, "mlen_arch", ST_I32, ints, (size_t)2 * t->L, path, err))
         goto out;
@@ -527,7 +544,7 @@ int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE
         json_object_set_new(o, "event", json_string(resume ? "resume" : "start"));
         json_object_set_new(o, "step", json_integer(t->step));
         json_object_set_new(o, "family", json_string(c->fam->name));
-        json_object_set_new(o, "parameters", json_integer((json_int_t)t->n));
+        json_object_set_new(o, "parameters", json_integer((json_int_t)trainer_n_params(t)));
         json_object_set_new(o, "vocab_size", json_integer(t->V));
         json_object_set_new(o, "train_tokens", json_integer((json_int_t)r.text.split));
         json_object_set_new(o, "val_tokens", json_integer((json_int_t)(r.text.n - r.text.split)));

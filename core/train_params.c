@@ -37,8 +37,19 @@ size_t train_param_add(trainer *t, tparam_kind kind, int layer, int branch, int 
     p->kind = kind;
     p->layer = layer;
     p->branch = branch;
-    t->n += p->n;
+    /* the next tensor starts 16 bytes aligned: a product's operand at a
+     * weight's offset gets cuBLAS's aligned kernels (a row of 65 biases
+     * before the layers made every weight's product take the unaligned
+     * ones) */
+    t->n += (p->n + TRAIN_ALIGN - 1) / TRAIN_ALIGN * TRAIN_ALIGN;
     return p->off;
+}
+
+size_t trainer_n_params(const trainer *t)
+{
+    size_t n = 0;
+    for (int i = 0; i < t->n_tp; i++) n += t->tp[i].n;
+    return n;
 }
 
 size_t trainer_mem_floats(const trainer *t) { return (size_t)t->L * t->B * t->c.fam->mem_rows(&t->c) * t->H; }

@@ -177,14 +177,16 @@ static int plan_buckets(tgpu *g, const trainer *t, char *err)
     if (!g->bk_lo || !g->bk_hi || !g->rest_lo || !g->rest_hi) return err_set(err, "out of memory");
     g->buckets = 1;
     for (int l = 0; l < L; l++) {
-        size_t lo = (size_t)-1, hi = 0, n = 0;
+        size_t lo = (size_t)-1, hi = 0;
         for (int i = 0; i < t->n_tp; i++)
             if (t->tp[i].layer == l) {
                 lo = t->tp[i].off < lo ? t->tp[i].off : lo;
                 hi = t->tp[i].off + t->tp[i].n > hi ? t->tp[i].off + t->tp[i].n : hi;
-                n += t->tp[i].n;
             }
-        if (n == 0 || hi - lo != n) g->buckets = 0;   /* not one run of its own */
+        if (hi == 0) g->buckets = 0;
+        /* one run of its own: no other tensor inside (the alignment's gaps are zeros) */
+        for (int i = 0; i < t->n_tp; i++)
+            if (t->tp[i].layer != l && t->tp[i].off < hi && t->tp[i].off + t->tp[i].n > lo) g->buckets = 0;
         g->bk_lo[l] = lo, g->bk_hi[l] = hi;
     }
     /* the tensors of no layer, in arena order, adjacent ones merged */
@@ -195,7 +197,11 @@ static int plan_buckets(tgpu *g, const trainer *t, char *err)
             if (t->tp[i].layer < 0 && t->tp[i].off >= at && (next < 0 || t->tp[i].off < t->tp[next].off)) next = i;
         if (next < 0) break;
         const tparam *p = &t->tp[next];
-        if (g->n_rest && g->rest_hi[g->n_rest - 1] == p->off) g->rest_hi[g->n_rest - 1] = p->off + p->n;
+        /* merged with the run before when nothing but the alignment's gap lies between */
+        int between = 0;
+        for (int i = 0; g->n_rest && i < t->n_tp; i++)
+            if (t->tp[i].layer >= 0 && t->tp[i].off >= g->rest_hi[g->n_rest - 1] && t->tp[i].off < p->off) between = 1;
+        if (g->n_rest && !between) g->rest_hi[g->n_rest - 1] = p->off + p->n;
         else g->rest_lo[g->n_rest] = p->off, g->rest_hi[g->n_rest] = p->off + p->n, g->n_rest++;
         at = p->off + p->n;
     }

@@ -395,18 +395,29 @@ __global__ static void opt_squares_kernel(double *part, const float *grad, const
     if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
+/* adam: the squares of every chunk of the weights this step trains, one
+ * block, each thread its chunks in order, into *total */
+__global__ static void opt_global_kernel(double *total, const double *part, const int *ck_t, const int *act,
+                                         int n_chunk)
+{
+    __shared__ double sc[32];
+    double s = 0;
+    for (int c = threadIdx.x; c < n_chunk; c += blockDim.x)
+        if (act[ck_t[c]] == TG_ACT_WEIGHT) s += part[c];
+    s = block_sum(s, sc);
+    if (threadIdx.x == 0) *total = s;
+}
+
 /* one thread per tensor: adagrad's clipped rate factor; adam (global): the
- * gradient scale, the same for all, from the weights this step trains */
+ * gradient scale, the same for all, from the weights' total */
 __global__ static void opt_factor_kernel(double *scale, const double *part, const int *first, const int *nck,
-                                         const int *act, int n_tp, int global, double clip)
+                                         const double *total, int n_tp, int global, double clip)
 {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_tp) return;
     double ss = 0;
     if (global) {
-        for (int u = 0; u < n_tp; u++)
-            if (act[u] == TG_ACT_WEIGHT)
-                for (int c = 0; c < nck[u]; c++) ss += part[first[u] + c];
+        ss = *total;
         const double coef = clip / (sqrt(ss) + 1e-6);
         scale[t] = clip > 0 && coef < 1 ? coef : 1.0;
     } else {
@@ -452,8 +463,12 @@ int tg_optim(tgpu *g, double lr, double arch_lr, long step, char *err)
     const int adam = g->optim == OPT_ADAM;
     opt_squares_kernel<<<g->n_chunk, 256, 0, g->stream>>>(g->ck_part, g->g, g->ck_off, g->ck_len);
     LAUNCH_TRY(err, "optimizer norms");
+    if (adam) {
+        opt_global_kernel<<<1, 1024, 0, g->stream>>>(g->dsum + 2, g->ck_part, g->ck_t, g->tp_act, g->n_chunk);
+        LAUNCH_TRY(err, "optimizer norm");
+    }
     opt_factor_kernel<<<tg_blocks(g->n_tp, 64), 64, 0, g->stream>>>(g->tp_scale, g->ck_part, g->tp_first, g->tp_nck,
-                                                                      g->tp_act, g->n_tp, adam, g->grad_clip);
+                                                                      g->dsum + 2, g->n_tp, adam, g->grad_clip);
     LAUNCH_TRY(err, "optimizer factors");
     const double bc1 = 1.0 - pow(g->beta1, (double)step), bc2 = 1.0 - pow(g->beta2, (double)step);
     opt_update_kernel<<<g->n_chunk, 256, 0, g->stream>>>(g->w, g->g, g->m1, g->m2, g->ck_off, g->ck_len, g->ck_t,

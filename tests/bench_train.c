@@ -12,8 +12,9 @@
  * after WARM, median of RUNS.
  * Where the machine has two GPUs or more, the same global batches on 1 and
  * on 2 GPUs (`gpus`, train_multi.cu), tf32, and the ratio.
- * `bench_train --profile`: one step at z/S = 0 in float32 only, for a
- * profiler (ncu) to time each kernel; `--profile-par`: one step of PAR's
+ * `bench_train --profile [fp32|tf32|bf16]`: one step at z/S = 0 in that
+ * precision (float32 by default) only, for a profiler (ncu) to time each
+ * kernel; `--profile-par [fp32|tf32|bf16]`: one step of PAR's
  * fixed architecture in float32 only.
  *
  * Then PAR Transformer-XL of par-base's shape (../shared/bench: 24 blocks,
@@ -44,6 +45,7 @@ int main(void)
 #include <time.h>
 
 static int WARM = 3, STEPS = 10, RUNS = 3;
+static int PROFILE_PREC;   /* --profile's precision: 0 fp32, 1 tf32, 2 bf16 */
 static const char *const PREC_NAME[] = {"fp32", "tf32", "bf16"};
 
 static double now_s(void)
@@ -173,7 +175,7 @@ static int bench_par(char *err, int profile)
     printf("bench_train: PAR training step of par-base's shape (24 blocks, D 512, 8 heads of 64, inner 2048, "
            "mem_len 512, tgt_len 512, B 16, V %d; Adam)\n", V);
     for (int search = 0; search < (profile ? 1 : 2); search++)
-        for (int prec = 0; prec < (profile ? 1 : 3); prec++) {
+        for (int prec = profile ? PROFILE_PREC : 0; prec < (profile ? PROFILE_PREC + 1 : 3); prec++) {
             trainer_init(t, 1);
             t->step = 0;
             t->searching = search;
@@ -204,6 +206,7 @@ int main(int argc, char **argv)
     const int profile = argc > 1 && strcmp(argv[1], "--profile") == 0,
               profile_par = argc > 1 && strcmp(argv[1], "--profile-par") == 0;
     if (profile || profile_par) WARM = 0, STEPS = 1, RUNS = 1;
+    if (argc > 2) PROFILE_PREC = !strcmp(argv[2], "tf32") ? 1 : !strcmp(argv[2], "bf16") ? 2 : 0;
     if (tgpu_available(err)) {
         printf("SKIP bench_train: %s\n", err);
         return 0;
@@ -221,7 +224,7 @@ int main(int argc, char **argv)
     train_rng r = {99};
     printf("bench_train: aspan-small training step (L 8, H 256, heads 4, inner 1024, S 1024, M 256, B 64, V %d)\n", V);
     for (int span = 0; span < (profile ? 1 : 2); span++)
-        for (int prec = 0; prec < (profile ? 1 : 3); prec++) {
+        for (int prec = profile ? PROFILE_PREC : 0; prec < (profile ? PROFILE_PREC + 1 : 3); prec++) {
             trainer_init(t, 1);
             t->step = 0;
             for (int l = 0; l < t->L; l++)

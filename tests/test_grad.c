@@ -109,7 +109,7 @@ static void test_aspan(void)
     CHECK(W == 12 && C == 12, "aspan: window %d, cache %d (expected 12, 12 for S = 12)", W, C);
     rand_tokens(x, y, 10, 7);
     long n = grad_check(t, x, y, "aspan");
-    CHECK(n == (long)t->n, "aspan: checked %ld of %zu elements", n, t->n);
+    CHECK(n == (long)trainer_n_params(t), "aspan: checked %ld of %zu elements", n, trainer_n_params(t));
 
     /* the span loss alone: coeff * S * mean_h(z/S) per layer, and its gradient */
     trainer_forward(t, x, y, 0, 0, &aux, err);
@@ -261,7 +261,7 @@ static void test_par(void)
     par_set_mix(t, gn);
     rand_tokens(x, y, 8, 7);
     long n = grad_check(t, x, y, "par search");
-    CHECK(n == (long)t->n, "par: checked %ld of %zu elements", n, t->n);
+    CHECK(n == (long)trainer_n_params(t), "par: checked %ld of %zu elements", n, trainer_n_params(t));
     double s = 0;
     for (int k = 0; k < 3; k++) s += t->mix[3 + k];
     CHECK_NEAR(s, 1.0, 1e-12, "par: block weights sum to 1");
