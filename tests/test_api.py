@@ -221,6 +221,16 @@ def sse_events(body):
     return evs
 
 
+def gpu_count():
+    """The GPUs nvidia-smi lists (0 without it or a driver)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+        return len([x for x in out.stdout.splitlines() if x.strip()]) if out.returncode == 0 else 0
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

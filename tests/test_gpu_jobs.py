@@ -17,13 +17,13 @@ Prints `FAIL check: reason` per failed check and ends with
 """
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_jobs as TJ  # noqa: E402
+from test_api import gpu_count  # noqa: E402
 from test_jobs import Server, upload, wait_for, check, TEXT, BIN  # noqa: E402
 
 CONFIG = {"n_blocks": 4, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64, "mem_len": 16, "tgt_len": 16,
@@ -31,17 +31,8 @@ CONFIG = {"n_blocks": 4, "n_head": 2, "d_model": 32, "d_head": 16, "d_inner": 64
           "checkpoint_every": 200, "eval_tokens": 500}
 
 
-def gpus():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
-        return len([l for l in out.stdout.splitlines() if l.strip()]) if out.returncode == 0 else 0
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-
-
 def main():
-    n = gpus()
+    n = gpu_count()
     if n < 2:
         print(f"SKIP test_gpu_jobs.py: this machine has {n} GPU{'' if n == 1 else 's'} (the checks need two)")
         print("test_gpu_jobs.py: 0 passed, 0 failed")

@@ -22,41 +22,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.abspath(os.environ.get("SPANSERVE_BIN", os.path.join(ROOT, "bin/spanserve")))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_jobs as TJ  # noqa: E402
+from test_api import BIN, ROOT, free_port, gpu_count  # noqa: E402
+from test_jobs import check  # noqa: E402
+
 TEXT = os.path.join(ROOT, "tests/data/tiny_shakespeare.txt")
-PASS = FAIL = 0
-
-
-def check(label, cond, reason=""):
-    global PASS, FAIL
-    if cond:
-        PASS += 1
-    else:
-        FAIL += 1
-        print(f"FAIL {label}: {reason}", flush=True)
-    return bool(cond)
-
-
-def gpus():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
-        return len([x for x in out.stdout.splitlines() if x.strip()]) if out.returncode == 0 else 0
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lines(path, event):
@@ -95,7 +71,7 @@ def nodes(cfg, out, log, extra=(), steps=None, sig_after=None):
 
 
 def main():
-    n = gpus()
+    n = gpu_count()
     if n < 2 or not os.path.exists(BIN):
         print(f"SKIP test_train_nodes.py: {'no ' + BIN if not os.path.exists(BIN) else f'this machine has {n} GPUs'} "
               "(two machines of one GPU each need two)")
@@ -162,8 +138,8 @@ def main():
               f"{ck[-1:]} {s0}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"test_train_nodes.py: {PASS} passed, {FAIL} failed")
-    return 1 if FAIL else 0
+    print(f"test_train_nodes.py: {TJ.PASS} passed, {TJ.FAIL} failed")
+    return 1 if TJ.FAIL else 0
 
 
 if __name__ == "__main__":
