@@ -4,8 +4,10 @@
  * has the math; train_internal.cuh the layouts).
  *
  * The products q.k, w v and their backwards are cuBLAS batched products on
- * the full score matrices (train_gpu.cu); the kernels here do what lies on
- * the band, one block per (stream, head, query) row:
+ * the full score matrices (train_gpu_aspan.cu); the kernels here do what
+ * lies on the band, one warp per (stream, head, query) row, and write the
+ * full rows' zeros off the band only when the buffer does not hold them
+ * from the band before (the same window):
  *
  *   forward   s_c = (q.k_{i+c} + q.pe_c) / sqrt(D);  a = softmax(s);
  *             w_c = a_c m_c / n,  n = sum_c a_c m_c + 1e-8
@@ -15,6 +17,8 @@
  *
  * The mask m_c = clamp((1 - (W - c) + z S) / R + 1, 0, 1) is computed from
  * the device's z/S each forward. Rows are summed in double.
+ *
+ * The memory moves on in place, only over the rows that can be non-zero.
  */
 #include "train_internal.cuh"
 
@@ -56,7 +60,11 @@ int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W,
 }
 
 /* Row r = (b K + h) M + i: its band sits at columns i..i+W-1 of the full
- * row; the full row gets VAL(c) there and zeros elsewhere. */
+ * row; the full row gets VAL(c) there and zeros elsewhere. A warp a row
+ * (BAND_WARPS rows a block), lane l the band's columns c = l mod 32, its
+ * sums in double across the warp. */
+#define BAND_WARPS 4
+
 __device__ __forceinline__ void band_row_ids(int r, int M, int K, int &b, int &h, int &i)
 {
     i = r % M;
@@ -65,80 +73,105 @@ __device__ __forceinline__ void band_row_ids(int r, int M, int K, int &b, int &h
     h = bh % K;
 }
 
-__global__ static void band_softmax_kernel(const float *F1, const float *PB, float *A, float *nrm, float *F2,
-                                           const float *mask, int W, int M, int K, int S, float scale, td_site drop)
+/* The zeros of a full row off its band (columns 0..i-1 and i+W..W+M-1),
+ * written only when F2 does not hold them already (tg_f2_full). */
+__device__ __forceinline__ void band_zeros(float *fr, int i, int W, int SM, int lane)
 {
-    __shared__ float fs[32];
-    __shared__ double ds[32];
-    const int r = blockIdx.x, SM = W + M;
+    for (int j = lane; j < i; j += 32) fr[j] = 0.0f;
+    for (int j = i + W + lane; j < SM; j += 32) fr[j] = 0.0f;
+}
+
+/* the final weights w_c = a_c m_c / n through dropout DS, into the band of
+ * the full row FR (each lane its own columns) */
+__device__ __forceinline__ void band_put(float *fr, const float *ar, const float *mk, double zb, int r, int S, int W,
+                                         int lane, const td_site &drop)
+{
+    for (int c = lane; c < W; c += 32) fr[c] = (float)(ar[c] * mk[c] / zb) * tg_keep(drop, (size_t)r * S + c);
+}
+
+__global__ static void band_softmax_kernel(const float *F1, const float *PB, float *A, float *nrm, float *F2,
+                                           const float *mask, int rows, int W, int M, int K, int S, float scale,
+                                           int full, td_site drop)
+{
+    const int r = blockIdx.x * BAND_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31, SM = W + M;
+    if (r >= rows) return;
     int b, h, i;
     band_row_ids(r, M, K, b, h, i);
     const float *sr = F1 + (size_t)r * SM + i, *pr = PB + ((size_t)(b * M + i) * K + h) * W;
     const float *mk = mask + (size_t)h * S;
     float *ar = A + (size_t)r * W, *fr = F2 + (size_t)r * SM;
     float mx = -INFINITY;
-    for (int c = threadIdx.x; c < W; c += blockDim.x) mx = fmaxf(mx, (sr[c] + pr[c]) * scale);
-    mx = block_max(mx, fs);
+    for (int c = lane; c < W; c += 32) mx = fmaxf(mx, (sr[c] + pr[c]) * scale);
+    mx = warp_max(mx);
     double z = 0;
-    for (int c = threadIdx.x; c < W; c += blockDim.x) {
+    for (int c = lane; c < W; c += 32) {
         const float e = expf((sr[c] + pr[c]) * scale - mx);
         ar[c] = e;
         z += e;
     }
-    z = block_sum(z, ds);
+    z = warp_sum(z);
     double zb = 0;
-    for (int c = threadIdx.x; c < W; c += blockDim.x) {
+    for (int c = lane; c < W; c += 32) {
         const float a = (float)(ar[c] / z);
         ar[c] = a;
         zb += (double)a * mk[c];
     }
-    zb = block_sum(zb, ds) + 1e-8;
-    if (threadIdx.x == 0) nrm[r] = (float)zb;
-    for (int j = threadIdx.x; j < SM; j += blockDim.x) {
-        const int c = j - i;
-        fr[j] = c >= 0 && c < W ? (float)(ar[c] * mk[c] / zb) * tg_keep(drop, (size_t)r * S + c) : 0.0f;
-    }
+    zb = warp_sum(zb) + 1e-8;
+    if (lane == 0) nrm[r] = (float)zb;
+    band_put(fr + i, ar, mk, zb, r, S, W, lane, drop);
+    if (full) band_zeros(fr, i, W, SM, lane);
 }
+
+/* Whether the band kernels must write the zeros of F2's rows at window W
+ * (row stride W + M): not while F2 holds them already, from its allocation
+ * (all zeros) or from the last band written at the same W. Only the band
+ * kernels write F2. */
+static int tg_f2_full(tgpu *g, int W)
+{
+    const int full = g->f2_w != W && g->f2_w != TG_F2_ZERO;
+    g->f2_w = W;
+    return full;
+}
+
+static unsigned band_blocks(const tgpu *g) { return tg_blocks((size_t)g->B * g->K * g->M, BAND_WARPS); }
 
 int tg_band_softmax(tgpu *g, const float *F1, const float *PB, float *A, float *nrm, float *F2, const float *mask,
                     int W, td_site ds, char *err)
 {
     const float scale = (float)(1.0 / sqrt((double)g->D));
-    band_softmax_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(F1, PB, A, nrm, F2, mask, W, g->M, g->K, g->S,
-                                                                    scale, ds);
+    band_softmax_kernel<<<band_blocks(g), 32 * BAND_WARPS, 0, g->stream>>>(
+        F1, PB, A, nrm, F2, mask, g->B * g->K * g->M, W, g->M, g->K, g->S, scale, tg_f2_full(g, W), ds);
     LAUNCH_TRY(err, "band softmax");
     return 0;
 }
 
-__global__ static void band_weights_kernel(const float *A, const float *nrm, const float *mask, float *F2, int W,
-                                           int M, int K, int S, td_site drop)
+__global__ static void band_weights_kernel(const float *A, const float *nrm, const float *mask, float *F2, int rows,
+                                           int W, int M, int K, int S, int full, td_site drop)
 {
-    const int r = blockIdx.x, SM = W + M;
+    const int r = blockIdx.x * BAND_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31, SM = W + M;
+    if (r >= rows) return;
     int b, h, i;
     band_row_ids(r, M, K, b, h, i);
-    const float *ar = A + (size_t)r * W, *mk = mask + (size_t)h * S;
-    const double zb = nrm[r];
     float *fr = F2 + (size_t)r * SM;
-    for (int j = threadIdx.x; j < SM; j += blockDim.x) {
-        const int c = j - i;
-        fr[j] = c >= 0 && c < W ? (float)(ar[c] * mk[c] / zb) * tg_keep(drop, (size_t)r * S + c) : 0.0f;
-    }
+    band_put(fr + i, A + (size_t)r * W, mask + (size_t)h * S, (double)nrm[r], r, S, W, lane, drop);
+    if (full) band_zeros(fr, i, W, SM, lane);
 }
 
 int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, td_site ds,
                     char *err)
 {
-    band_weights_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(A, nrm, mask, F2, W, g->M, g->K, g->S, ds);
+    band_weights_kernel<<<band_blocks(g), 32 * BAND_WARPS, 0, g->stream>>>(A, nrm, mask, F2, g->B * g->K * g->M, W,
+                                                                          g->M, g->K, g->S, tg_f2_full(g, W), ds);
     LAUNCH_TRY(err, "band weights");
     return 0;
 }
 
 __global__ static void band_back_kernel(const float *F1, const float *A, const float *nrm, const float *mask,
-                                        const float *mskin, float *F2, float *PB, float *dzrow, int W, int M, int K,
-                                        int S, float scale, float s_over_r, td_site drop)
+                                        const float *mskin, float *F2, float *PB, float *dzrow, int rows, int W,
+                                        int M, int K, int S, float scale, float s_over_r, int full, td_site drop)
 {
-    __shared__ double ds[32];
-    const int r = blockIdx.x, SM = W + M;
+    const int r = blockIdx.x * BAND_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31, SM = W + M;
+    if (r >= rows) return;
     int b, h, i;
     band_row_ids(r, M, K, b, h, i);
     const float *dwr = F1 + (size_t)r * SM + i, *ar = A + (size_t)r * W, *mk = mask + (size_t)h * S,
@@ -147,47 +180,49 @@ __global__ static void band_back_kernel(const float *F1, const float *A, const f
     const double n = nrm[r];
     /* dw before dropout's mask */
     double sw = 0;
-    for (int c = threadIdx.x; c < W; c += blockDim.x)
+    for (int c = lane; c < W; c += 32)
         sw += (double)(dwr[c] * tg_keep(drop, (size_t)r * S + c)) * (ar[c] * mk[c] / n);
-    sw = block_sum(sw, ds);
+    sw = warp_sum(sw);
     double sa = 0, dz = 0;
-    for (int c = threadIdx.x; c < W; c += blockDim.x) {
+    for (int c = lane; c < W; c += 32) {
         const double db = (dwr[c] * tg_keep(drop, (size_t)r * S + c) - sw) / n, da = db * mk[c];
         if (mi[c] != 0.0f) dz += db * ar[c];
         sa += ar[c] * da;
-        pr[c] = (float)da;   /* da for now; ds below, by the same thread */
+        pr[c] = (float)da;   /* da for now; ds below, by the same lane */
     }
-    sa = block_sum(sa, ds);
-    dz = block_sum(dz, ds);
-    if (threadIdx.x == 0) dzrow[r] = (float)(dz * s_over_r);
-    for (int j = threadIdx.x; j < SM; j += blockDim.x) {
-        const int c = j - i;
-        float v = 0.0f;
-        if (c >= 0 && c < W) {
-            v = (float)(ar[c] * (pr[c] - sa) * scale);
-            pr[c] = v;
-        }
-        fr[j] = v;
+    sa = warp_sum(sa);
+    dz = warp_sum(dz);
+    if (lane == 0) dzrow[r] = (float)(dz * s_over_r);
+    for (int c = lane; c < W; c += 32) {
+        const float v = (float)(ar[c] * (pr[c] - sa) * scale);
+        pr[c] = v;
+        fr[i + c] = v;
     }
+    if (full) band_zeros(fr, i, W, SM, lane);
 }
 
 int tg_band_back(tgpu *g, const float *F1, const float *A, const float *nrm, const float *mask, const float *mskin,
                  float *F2, float *PB, float *dzrow, int W, td_site ds, char *err)
 {
     const float scale = (float)(1.0 / sqrt((double)g->D));
-    band_back_kernel<<<g->B * g->K * g->M, 128, 0, g->stream>>>(F1, A, nrm, mask, mskin, F2, PB, dzrow, W, g->M,
-                                                                 g->K, g->S, scale, (float)g->S / g->R, ds);
+    band_back_kernel<<<band_blocks(g), 32 * BAND_WARPS, 0, g->stream>>>(
+        F1, A, nrm, mask, mskin, F2, PB, dzrow, g->B * g->K * g->M, W, g->M, g->K, g->S, scale, (float)g->S / g->R,
+        tg_f2_full(g, W), ds);
     LAUNCH_TRY(err, "band back");
     return 0;
 }
 
-/* one block per head: its rows (b, h, i) summed in order */
+/* one block per head: its rows (b, h, i) summed in a fixed order (a
+ * thread every SPAN_GRAD_THREADS-th row, its loads in flight together) */
+#define SPAN_GRAD_THREADS 1024
+
 __global__ static void span_grad_kernel(float *gz, const float *dzrow, int B, int K, int M, double extra)
 {
     __shared__ double ds[32];
     const int h = blockIdx.x;
     double s = 0;
-    for (int k = threadIdx.x; k < B * M; k += blockDim.x) {
+#pragma unroll 8
+    for (int k = threadIdx.x; k < B * M; k += SPAN_GRAD_THREADS) {
         const int b = k / M, i = k % M;
         s += dzrow[((size_t)b * K + h) * M + i];
     }
@@ -198,29 +233,48 @@ __global__ static void span_grad_kernel(float *gz, const float *dzrow, int B, in
 int tg_span_grad(tgpu *g, float *gz, const float *dzrow, char *err)
 {
     /* the span loss's own gradient once, on the first device */
-    span_grad_kernel<<<g->K, 256, 0, g->stream>>>(gz, dzrow, g->B, g->K, g->M, g->rank == 0 ? g->coeff * g->S / g->K : 0.0);
+    span_grad_kernel<<<g->K, SPAN_GRAD_THREADS, 0, g->stream>>>(gz, dzrow, g->B, g->K, g->M,
+                                                               g->rank == 0 ? g->coeff * g->S / g->K : 0.0);
     LAUNCH_TRY(err, "span grad");
     return 0;
 }
 
-/* into tmp: row r of the next memory is row r + M of [mem; x] */
-__global__ static void carry_kernel(float *out, const float *mem, const float *x, size_t total, int S, int M, int H,
-                                    int C)
+/* The next memory, in place: row r becomes row r + M of [mem; x], or zero
+ * before S - C. Only the last R rows are written (R = max(C, the rows that
+ * may be non-zero now): those before are zeros already). A thread a
+ * (stream, column) walks its rows upward, CARRY_ROWS at a time, all of a
+ * batch's reads before its writes: row r + M > r is read before it is
+ * written, and no written row is read again. */
+#define CARRY_ROWS 8
+
+__global__ static void carry_kernel(float *mem, const float *x, int B, int S, int M, int H, int C, int R)
 {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    const int col = (int)(i % H);
-    const size_t row = i / H, b = row / S;
-    const int r = (int)(row % S), p = r + M;
-    out[i] = r < S - C ? 0.0f : p < S ? mem[(b * S + p) * H + col] : x[(b * M + p - S) * H + col];
+    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (size_t)B * H) return;
+    const size_t b = t / H, col = t % H;
+    float *mb = mem + b * S * H + col;
+    const float *xb = x + b * M * H + col;
+    for (int r0 = S - R; r0 < S; r0 += CARRY_ROWS) {
+        float v[CARRY_ROWS];
+#pragma unroll
+        for (int k = 0; k < CARRY_ROWS; k++) {
+            const int r = r0 + k, p = r + M;
+            v[k] = r >= S || r < S - C ? 0.0f : p < S ? mb[(size_t)p * H] : xb[(size_t)(p - S) * H];
+        }
+#pragma unroll
+        for (int k = 0; k < CARRY_ROWS; k++)
+            if (r0 + k < S) mb[(size_t)(r0 + k) * H] = v[k];
+    }
 }
 
-int tg_mem_carry(tgpu *g, float *mem, const float *x, int C, char *err)
+int tg_mem_carry(tgpu *g, int l, const float *x, int C, char *err)
 {
-    const size_t total = (size_t)g->B * g->S * g->H;
-    carry_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(g->mem_tmp, mem, x, total, g->S, g->M, g->H, C);
-    LAUNCH_TRY(err, "memory carry");
-    CU_TRY(cudaMemcpyAsync(mem, g->mem_tmp, total * sizeof(float), cudaMemcpyDeviceToDevice, g->stream), err,
-           "memory carry copy");
+    const int R = C > g->mem_live[l] ? C : g->mem_live[l];
+    float *mem = g->mem + (size_t)l * g->B * g->S * g->H;
+    if (R > 0) {
+        carry_kernel<<<tg_blocks((size_t)g->B * g->H, 128), 128, 0, g->stream>>>(mem, x, g->B, g->S, g->M, g->H, C, R);
+        LAUNCH_TRY(err, "memory carry");
+    }
+    g->mem_live[l] = C;
     return 0;
 }

@@ -81,6 +81,8 @@ void tgpu_free(tgpu *g)
     free(g->mlen);
     free(g->mlen_keep);
     free(g->mlen_fwd);
+    free(g->mem_live);
+    free(g->mem_live_keep);
     free(g->h_act);
     free(g->h_mir_off);
     free(g);
@@ -243,7 +245,12 @@ tgpu *tgpu_new_part(const trainer *t, int b0, int nb, int rank, char *err)
     g->mlen = (int *)calloc(L, sizeof(int));
     g->mlen_keep = (int *)calloc(L, sizeof(int));
     g->mlen_fwd = (int *)calloc(L, sizeof(int));
-    if (!g->ly || !g->mlen || !g->mlen_keep || !g->mlen_fwd) { err_set(err, "out of memory"); goto fail; }
+    g->mem_live = (int *)calloc(L, sizeof(int));   /* tg_alloc zeroes the memories */
+    g->mem_live_keep = (int *)calloc(L, sizeof(int));
+    if (!g->ly || !g->mlen || !g->mlen_keep || !g->mlen_fwd || !g->mem_live || !g->mem_live_keep) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
     for (size_t l = 0; l < L; l++) g->ly[l] = t->ly[l];
     {
         cudaDeviceProp p;
@@ -329,6 +336,7 @@ static int mem_move(tgpu *g, double *host, int to_host, char *err)
 {
     const size_t per = (size_t)g->mem_rows * g->H, dev_l = (size_t)g->B * per, host_l = (size_t)g->B_all * per;
     for (int l = 0; l < g->L; l++) {
+        if (!to_host) g->mem_live[l] = g->mem_rows;   /* the host's rows: any may be non-zero */
         double *h = host + l * host_l + (size_t)g->b0 * per;
         float *d = g->mem + l * dev_l;
         if (to_host ? down(g, h, d, dev_l, err) : up(g, d, h, dev_l, err)) return -1;
@@ -365,6 +373,7 @@ int tgpu_download_memory(tgpu *g, double *mem, char *err) { return mem_move(g, m
 int tgpu_reset_memory(tgpu *g, char *err)
 {
     memset(g->mlen, 0, sizeof(int) * g->L);
+    memset(g->mem_live, 0, sizeof(int) * g->L);
     CU_TRY(cudaMemsetAsync(g->mem, 0, sizeof(float) * mem_n(g), g->stream), err, "memory reset");
     return 0;
 }
@@ -373,6 +382,7 @@ int tgpu_stash_memory(tgpu *g, int restore, char *err)
 {
     float *dst = restore ? g->mem : g->mem_keep, *src = restore ? g->mem_keep : g->mem;
     memcpy(restore ? g->mlen : g->mlen_keep, restore ? g->mlen_keep : g->mlen, sizeof(int) * g->L);
+    memcpy(restore ? g->mem_live : g->mem_live_keep, restore ? g->mem_live_keep : g->mem_live, sizeof(int) * g->L);
     CU_TRY(cudaMemcpyAsync(dst, src, sizeof(float) * mem_n(g), cudaMemcpyDeviceToDevice, g->stream), err,
            "memory stash");
     return 0;

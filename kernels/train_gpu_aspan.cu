@@ -33,7 +33,8 @@ static int aspan_plan(tgpu *g, const trainer *t, char *err)
     g->cache = (int *)calloc(L, sizeof *g->cache);
     if (!g->zoff || !g->win || !g->cache) return err_set(err, "out of memory");
     for (size_t l = 0; l < L; l++) g->zoff[l] = t->ly[l].zfrac;
-    return tg_alloc(g, &g->mem_tmp, F * B * S * H, err) || tg_alloc(g, &g->hall, F * L * B * SMx * H, err) ||
+    g->f2_w = TG_F2_ZERO;   /* tg_alloc's zeros */
+    return tg_alloc(g, &g->hall, F * L * B * SMx * H, err) ||
                    tg_alloc(g, &g->Q, F * L * N * H, err) || tg_alloc(g, &g->Kr, F * L * B * SMx * H, err) ||
                    tg_alloc(g, &g->Vr, F * L * B * SMx * H, err) || tg_alloc(g, &g->A, F * L * B * K * M * S, err) ||
                    tg_alloc(g, &g->nrm, F * L * B * K * M, err) || tg_alloc(g, &g->mask, F * L * K * S, err) ||
@@ -110,7 +111,7 @@ static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
         tg_gemm(g, 0, 1, N, H, I, 1, ff, I, w + ly->fc2_w, I, 0, g->tmp, H, err) ||
         tg_ln_fwd(g, Xn, xh2, r2, g->tmp, w + ly->fc2_b, x1, w + ly->ln2_w, w + ly->ln2_b, N, H, err))
         return -1;
-    if (carry && tg_mem_carry(g, mem, X, g->cache[l], err)) return -1;
+    if (carry && tg_mem_carry(g, l, X, g->cache[l], err)) return -1;
     return 0;
 }
 

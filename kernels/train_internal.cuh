@@ -94,10 +94,14 @@ struct tgpu {
      * floats); the stash for evaluation; one layer's next (adaptive-span) */
     size_t mem_n;
     int mem_rows;
-    float *mem, *mem_keep, *mem_tmp;
+    float *mem, *mem_keep;
     /* host, L: the memory rows in use (PAR's t->mlen), their stash, and the
      * rows each layer's last forward saw */
     int *mlen, *mlen_keep, *mlen_fwd;
+    /* host, L (adaptive-span): the rows at the end of each layer's memory
+     * that may be non-zero (the rows before them are zeros), and their
+     * stash; the carry writes only those and the cache */
+    int *mem_live, *mem_live_keep;
     /* adaptive-span (train_gpu_aspan.cu): activations kept for the backward
      * (per layer unless said) */
     float *X;                     /* (L+1) x N x H: every layer's input and the last output */
@@ -114,6 +118,7 @@ struct tgpu {
     int *win, *cache;             /* host, L: the window and cache of the last forward */
     /* adaptive-span scratch */
     float *F1, *F2;               /* full scores: B K M (S+M) each */
+    int f2_w;                     /* F2 holds the zeros off the bands of window f2_w (TG_F2_ZERO: all zeros) */
     float *PB;                    /* pe band: N K S */
     float *tmp, *dX, *dY, *dX1, *dAtt, *dQ;   /* N x H */
     float *dFF;                   /* N x I */
@@ -164,6 +169,9 @@ struct tgpu {
     int n_allocs;
 };
 
+
+/* f2_w of an F2 of zeros only (as allocated): any window's zeros */
+#define TG_F2_ZERO (-2)
 
 /* What the optimizer does with a tensor this step (train_param_active):
  * leave it alone, update it as a weight, or as PAR's alpha (Adam at
@@ -317,7 +325,8 @@ int tg_band_back(tgpu *g, const float *F1, const float *A, const float *nrm, con
                  float *F2, float *PB, float *dzrow, int W, td_site ds, char *err);
 /* gz[h] += sum of head h's dzrow + coeff S / K */
 int tg_span_grad(tgpu *g, float *gz, const float *dzrow, char *err);
-/* mem = the last S rows of [mem; x], rows before S - C zeroed */
-int tg_mem_carry(tgpu *g, float *mem, const float *x, int C, char *err);
+/* layer L's memory = the last S rows of [memory; x], rows before S - C
+ * zeroed (g->mem_live[L] becomes C) */
+int tg_mem_carry(tgpu *g, int l, const float *x, int C, char *err);
 
 #endif
