@@ -130,7 +130,9 @@ def run(S, fix, name, vec, vocab):
     r2 = S.call("POST", "/v1/score", {"session": f"t{name}", "text": text[100:], "per_token": True})
     l12 = ((r1.json or {}).get("token_logprobs") or []) + ((r2.json or {}).get("token_logprobs") or [])
     worst = max((abs(x - y) for x, y in zip(l12, lw)), default=1)
-    check(f"{fix} session: two requests score as the whole text", len(l12) == len(lw) and worst <= 1e-5, f"{worst}")
+    # within the fixtures' bar (tol): the two requests' forwards are products of other shapes than the whole
+    # text's, whose float32 sums the BLAS orders differently (a CI machine's AMD EPYC: 1.1e-5)
+    check(f"{fix} session: two requests score as the whole text", len(l12) == len(lw) and worst <= tol, f"{worst}")
 
     # greedy after window 0, each step from the last W tokens (the fixture's `greedy`)
     greedy = ints(vec["greedy"])

@@ -73,12 +73,28 @@ def wait_idle(S, sid, timeout=30):
     return None
 
 
+def wait_busy(S, sid, timeout=30):
+    """Waits until the session is busy with a request (409 on its state): the server has taken the request just
+    sent. Without this, a client cut right after sending can race the server's reading of it (its threads serve
+    connections in any order): the check after the cut would compare nothing, and the next state read could
+    meet the request still running."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if S.call("GET", f"/v1/sessions/{sid}/state").status == 409:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def stream_then_cut(S, body, events=5):
-    """Starts a streaming generation, reads EVENTS token events, then resets the connection."""
+    """Starts a streaming generation, reads EVENTS token events (with none: waits until its session is busy with
+    it), then resets the connection."""
     data = json.dumps(dict(body, stream=True)).encode()
     s = socket.create_connection(("127.0.0.1", S.port), timeout=60)
     s.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
               % (len(data), data))
+    if events == 0:
+        check("the request to cut was taken", wait_busy(S, body["session"]), "its session never became busy")
     got = b""
     t0 = time.time()
     while got.count(b"event: token") < events and time.time() - t0 < 60:
@@ -375,7 +391,8 @@ def cancel_keeps_session(S):
         sid = f"cx-{model}"
         new_session(S, model, sid)
         check("scored", score(S, TEXT[:300], session=sid).status == 200, "")
-        before = state_of(S, sid)
+        before = wait_idle(S, sid)
+        check(f"{model}: its state", before is not None, "busy for 30 s")
         n = stream_then_cut(S, {"session": sid, "prompt": "ROMEO:", "max_tokens": 8000, "seed": 1})
         check(f"{model}: the stream ran", n >= 5, f"{n}")
         after = wait_idle(S, sid)
@@ -383,17 +400,18 @@ def cancel_keeps_session(S):
               f"{len(after or b'')} bytes, differs")
         continuable(S, sid, f"{model} after a cut stream")
         # cut while still reading a long prompt
-        before = state_of(S, sid)
+        before = wait_idle(S, sid)
         n = stream_then_cut(S, {"session": sid, "prompt": TEXT[:3900], "max_tokens": 8000, "seed": 1}, events=0)
         after = wait_idle(S, sid)
         check(f"{model}: cut in the prefill: as before", after == before, "differs")
         # a plain (not streamed) generation whose client leaves
-        before = state_of(S, sid)
+        before = wait_idle(S, sid)
         body = json.dumps({"session": sid, "prompt": "a", "max_tokens": 8000}).encode()
         s = socket.create_connection(("127.0.0.1", S.port), timeout=30)
         s.sendall(b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                   % (len(body), body))
-        time.sleep(0.5)
+        check(f"{model}: the plain generation was taken", wait_busy(S, sid), "its session never became busy")
+        time.sleep(0.2)
         s.close()
         after = wait_idle(S, sid)
         check(f"{model}: a client gone before the answer: as before", after == before, "differs")
