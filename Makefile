@@ -16,6 +16,11 @@
 # Missing system packages are installed by deploy/deps.sh (apt-get as root,
 # otherwise it prints the command to run).
 
+# Every build runs as many jobs as the machine has processors (a -j of
+# the command line wins); the objects wait for `deps` (order-only), which
+# installs what they include.
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+
 CC       ?= gcc
 CXX      ?= g++
 BUILD    ?= build
@@ -78,11 +83,11 @@ all: deps $(BIN) $(CTL)
 deps:
 	@sh deploy/deps.sh
 
-$(BUILD)/%.o: %.c $(wildcard core/*.h server/*.h tests/*.h)
+$(BUILD)/%.o: %.c $(wildcard core/*.h server/*.h tests/*.h) | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cc $(wildcard core/*.h)
+$(BUILD)/%.o: %.cc $(wildcard core/*.h) | deps
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
@@ -99,10 +104,10 @@ $(UI_C): $(UI_SRC)
 	for f in $(UI_SRC); do n=$$(basename $$f | tr . _); printf 'const char ui_%s[] =\n' $$n; \
 	    sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/?/\\?/g' -e 's/^/"/' -e 's/$$/\\n"/' $$f; printf ';\n'; done > $@
 
-$(OPENAPI_C:.c=.o) $(UI_C:.c=.o): %.o: %.c
+$(OPENAPI_C:.c=.o) $(UI_C:.c=.o): %.o: %.c | deps
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h)
+$(BUILD)/%.o: %.cu $(wildcard kernels/*.h kernels/*.cuh core/*.h) | deps
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -arch=sm_90 -Icore $(NVCC_DEFS) $(NVCC_WARN) -c $< -o $@
 
@@ -114,11 +119,11 @@ $(BIN): $(SRV_OBJ) $(BUILD)/libcore.a
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) $(SRV_OBJ) $(BUILD)/libcore.a $(LDLIBS) -o $@
 
-$(CTL): clients/spanctl.c
+$(CTL): clients/spanctl.c | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(CTL_CFLAGS) $< $(LDFLAGS) $(CTL_LIBS) -o $@
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libcore.a tests/harness.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libcore.a tests/harness.h | deps
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libcore.a $(LDFLAGS) $(LDLIBS) -o $@
 
@@ -185,11 +190,11 @@ FUZZ_SAN   := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_FLAGS  = -std=c11 -g -O1 $(FUZZ_SAN) -Icore $(PKG_CFLAGS)
 FUZZ_OBJ   := $(CORE_SRC:core/%.c=$(BUILD)/fuzz/obj/%.o) $(CORE_CXX:core/%.cc=$(BUILD)/fuzz/obj/%.o)
 FUZZ_LIBS   = $(PKG_LIBS) $(SPM_LIBS) -lm -lpthread
-$(BUILD)/fuzz/obj/%.o: core/%.c $(wildcard core/*.h)
+$(BUILD)/fuzz/obj/%.o: core/%.c $(wildcard core/*.h) | deps
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 # (the shim has no classes of its own: vptr checks would need clang++'s C++ runtime at the link)
-$(BUILD)/fuzz/obj/%.o: core/%.cc $(wildcard core/*.h)
+$(BUILD)/fuzz/obj/%.o: core/%.cc $(wildcard core/*.h) | deps
 	@mkdir -p $(dir $@)
 	clang++ -std=c++17 -g -O1 $(FUZZ_SAN) -fno-sanitize=vptr -Icore -fsanitize=fuzzer-no-link -c $< -o $@
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_models.h $(FUZZ_OBJ)
@@ -200,7 +205,7 @@ $(BUILD)/fuzz/state_seeds: tests/fuzz/fuzz_state_seeds.c tests/fuzz/fuzz_models.
 # fuzz_http runs a whole server in its process: the server's files too
 FUZZ_SRV_OBJ := $(patsubst server/%.c,$(BUILD)/fuzz/srv/%.o,$(filter-out server/main.c,$(SRV_SRC))) \
                 $(BUILD)/fuzz/srv/openapi.o $(BUILD)/fuzz/srv/openapi_jobs.o $(BUILD)/fuzz/srv/ui.o
-$(BUILD)/fuzz/srv/%.o: server/%.c $(wildcard core/*.h server/*.h)
+$(BUILD)/fuzz/srv/%.o: server/%.c $(wildcard core/*.h server/*.h) | deps
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_FLAGS) -Iserver -fsanitize=fuzzer-no-link -c $< -o $@
 $(BUILD)/fuzz/srv/openapi.o $(BUILD)/fuzz/srv/openapi_jobs.o $(BUILD)/fuzz/srv/ui.o: $(BUILD)/fuzz/srv/%.o: $(BUILD)/server/%.c
