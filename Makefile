@@ -159,13 +159,17 @@ bench: deps $(BUILD)/tests/bench_gpu $(BIN)
 	    python3 tests/bench_generate.py --memory span --decode-kernel $$d/aspan-enwik8.safetensors $$d/par-base.safetensors; \
 	    rc=$$?; rm -rf $$d; exit $$rc; fi
 
-# Sanitized build in its own tree; OpenBLAS's own threads are kept to one so
-# the sanitizers see all of the work. SPANSERVE_SANITIZED=1: test_fixtures
-# scores the first 4096 predictions of each 100,000-prediction full
-# evaluation (the same code; make test compares the whole with the
-# reference), which took most of its time under the sanitizers.
+# Sanitized build in its own tree; OpenBLAS's own threads are kept to one
+# (OPENBLAS_NUM_THREADS=1): under ASan its threads' spinning took a second
+# core and a fifth of the time of scoring a text on a machine of 2 cores.
+# SPANSERVE_SANITIZED=1: test_fixtures scores the first 4096 predictions of
+# each 100,000-prediction full evaluation (the same code; make test compares
+# the whole with the reference), which took most of its time under the
+# sanitizers; test_convert.sh converts without torch (the same bytes, make
+# test checks) and scores texts of 2,000 characters: the sanitizers check
+# spanserve's side of it.
 asan: deps
-	SPANSERVE_SANITIZED=1 $(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	SPANSERVE_SANITIZED=1 OPENBLAS_NUM_THREADS=1 $(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    $(if $(CU_OBJ),NVCC=) test
 
 # The soak (tests/soak.py): SOAK_CLIENTS clients (64) for SOAK_SECONDS (60)

@@ -57,6 +57,7 @@ BIN = os.path.abspath(os.environ.get("SPANSERVE_BIN", "bin/spanserve"))
 README = os.path.join(ROOT, "README.md")
 SHARED = os.path.abspath(os.environ.get("SPANSERVE_SHARED", os.path.join(ROOT, "..", "shared")))
 BLOCK_SECONDS = int(os.environ.get("TEST_README_BLOCK_SECONDS", "300"))
+SLOW_BLOCK = 20   # a block that takes longer is named, with its time
 VERBOSE = bool(os.environ.get("TEST_README_VERBOSE"))
 SAN = re.compile(r"ERROR: (Address|Undefined|Leak)Sanitizer|runtime error")
 MARK = re.compile(r"^<!--\s*readme-test:\s*(.*?)\s*-->\s*$")
@@ -279,8 +280,11 @@ def main():
                 p.wait()
             if os.path.exists(state + ".new"):
                 os.replace(state + ".new", state)
+            took = time.time() - t0
+            if took > SLOW_BLOCK:   # where the test's time goes (make test and CI must stay quick)
+                print(f"note: {where} took {took:.0f} s")
             if VERBOSE:
-                print(f"--- {where} ({time.time() - t0:.1f} s, exit {rc})\n{open(log, errors='replace').read()}")
+                print(f"--- {where} ({took:.1f} s, exit {rc})\n{open(log, errors='replace').read()}")
             if rc != 0:
                 cmds = [ln for ln in open(trace, errors="replace").read().split("\n") if ln and ln != "+ set +x"
                         and not ln.endswith(": set +x")]
