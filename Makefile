@@ -166,8 +166,9 @@ bench: deps $(BUILD)/tests/bench_gpu $(BIN)
 # each 100,000-prediction full evaluation (the same code; make test compares
 # the whole with the reference), which took most of its time under the
 # sanitizers; test_convert.sh converts without torch (the same bytes, make
-# test checks) and scores texts of 2,000 characters: the sanitizers check
-# spanserve's side of it.
+# test checks) and scores texts of 2,000 characters, and test_convert_tf.sh
+# converts and scores the fixture only (its TensorFlow checks are Python's):
+# the sanitizers check spanserve's side of them.
 asan: deps
 	SPANSERVE_SANITIZED=1 OPENBLAS_NUM_THREADS=1 $(MAKE) BUILD=build/asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    $(if $(CU_OBJ),NVCC=) test
