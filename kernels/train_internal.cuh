@@ -91,7 +91,7 @@ struct tgpu {
     /* arenas of n floats, the host trainer's layout */
     float *w, *g, *m1, *m2;
     /* memories, the host trainer's layout (L x B x mem_rows x H, mem_n
-     * floats); the stash for evaluation; one layer's next (adaptive-span) */
+     * floats); the stash for evaluation */
     size_t mem_n;
     int mem_rows;
     float *mem, *mem_keep;

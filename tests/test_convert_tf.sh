@@ -147,7 +147,7 @@ contains "$tmp/err" "needs tensorflow, which is not installed.*$TF_PIP"
 nothing_written "$tmp/e7.safetensors"
 expect 2 convert "$FX/checkpoint" "$tmp/e8.safetensors" --text "$TEXT"
 contains "$tmp/err" "--text does not apply to a TensorFlow PAR Transformer-XL checkpoint"
-fi
+fi   # the converter's TensorFlow checks (not under the sanitizers)
 
 # ---- served: the converted fixture scores its validation text (the last
 # 10% of tiny_shakespeare by characters) as the seed did, where bin/spanserve
