@@ -3,11 +3,13 @@
  * and backward, and the memory carried between blocks (core/train_aspan.c
  * has the math; train_internal.cuh the layouts).
  *
- * The products q.k, w v and their backwards are cuBLAS batched products on
- * the full score matrices (train_gpu_aspan.cu); the kernels here do what
- * lies on the band, one warp per (stream, head, query) row, and write the
- * full rows' zeros off the band only when the buffer does not hold them
- * from the band before (the same window):
+ * The products q.k, w v and their backwards are train_band.cu's on the band
+ * (windows up to TG_BAND_MAX; F1 and F2 then hold bands of W) or cuBLAS
+ * batched products on the full score matrices (train_gpu_aspan.cu); the
+ * kernels here do what lies on the band (train_band.cuh's rows,
+ * band_lanes(W) lanes a (stream, head, query) row), and write full rows'
+ * zeros off the band only when the buffer does not hold them from the band
+ * before (the same window):
  *
  *   forward   s_c = (q.k_{i+c} + q.pe_c) / sqrt(D);  a = softmax(s);
  *             w_c = a_c m_c / n,  n = sum_c a_c m_c + 1e-8
@@ -16,11 +18,11 @@
  *             dz += db_c a_c S/R where the mask's clamp passes a gradient
  *
  * The mask m_c = clamp((1 - (W - c) + z S) / R + 1, 0, 1) is computed from
- * the device's z/S each forward. Rows are summed in double.
+ * the device's z/S each forward. Rows are summed in float, in a fixed order.
  *
  * The memory moves on in place, only over the rows that can be non-zero.
  */
-#include "train_internal.cuh"
+#include "train_band.cuh"
 
 __global__ static void span_mask_kernel(float *mask, float *mskin, const float *zf, int W, int S, int R)
 {
@@ -60,10 +62,9 @@ int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W,
 }
 
 /* Row r = (b K + h) M + i: its band sits at columns i..i+W-1 of the full
- * row; the full row gets VAL(c) there and zeros elsewhere. A warp a row
- * (BAND_WARPS rows a block), lane l the band's columns c = l mod 32, its
- * sums in double across the warp. */
-#define BAND_WARPS 4
+ * row (or is the row, with bands); the full row gets VAL(c) there and zeros
+ * elsewhere. band_lanes(W) lanes a row, BAND_THREADS threads a block. */
+#define BAND_THREADS 128
 
 __device__ __forceinline__ void band_row_ids(int r, int M, int K, int &b, int &h, int &i)
 {
@@ -75,139 +76,112 @@ __device__ __forceinline__ void band_row_ids(int r, int M, int K, int &b, int &h
 
 /* The zeros of a full row off its band (columns 0..i-1 and i+W..W+M-1),
  * written only when F2 does not hold them already (tg_f2_full). */
-__device__ __forceinline__ void band_zeros(float *fr, int i, int W, int SM, int lane)
+__device__ __forceinline__ void band_zeros(float *fr, int i, int W, int SM, const band_lane &bl)
 {
-    for (int j = lane; j < i; j += 32) fr[j] = 0.0f;
-    for (int j = i + W + lane; j < SM; j += 32) fr[j] = 0.0f;
+    for (int j = bl.l; j < i; j += bl.n) fr[j] = 0.0f;
+    for (int j = i + W + bl.l; j < SM; j += bl.n) fr[j] = 0.0f;
 }
 
-/* the final weights w_c = a_c m_c / n through dropout DS, into the band of
- * the full row FR (each lane its own columns) */
-__device__ __forceinline__ void band_put(float *fr, const float *ar, const float *mk, double zb, int r, int S, int W,
-                                         int lane, const td_site &drop)
-{
-    for (int c = lane; c < W; c += 32) fr[c] = (float)(ar[c] * mk[c] / zb) * tg_keep(drop, (size_t)r * S + c);
-}
+/* F1's and F2's rows: bands (BAND: W columns, the band at 0) or full rows
+ * (W + M, the band at column i) */
+__device__ __forceinline__ size_t band_ld(int band, int W, int M) { return band ? (size_t)W : (size_t)W + M; }
 
 __global__ static void band_softmax_kernel(const float *F1, const float *PB, float *A, float *nrm, float *F2,
                                            const float *mask, int rows, int W, int M, int K, int S, float scale,
-                                           int full, td_site drop)
+                                           int full, int band, td_site drop)
 {
-    const int r = blockIdx.x * BAND_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31, SM = W + M;
+    const int r = blockIdx.x * (BAND_THREADS / band_lanes(W)) + threadIdx.x / band_lanes(W), SM = W + M;
     if (r >= rows) return;
+    const band_lane bl = band_lane_of(threadIdx.x & 31, W);
     int b, h, i;
     band_row_ids(r, M, K, b, h, i);
-    const float *sr = F1 + (size_t)r * SM + i, *pr = PB + ((size_t)(b * M + i) * K + h) * W;
+    const size_t ld = band_ld(band, W, M), at = band ? 0 : i;
+    const float *sr = F1 + (size_t)r * ld + at, *pr = PB + ((size_t)(b * M + i) * K + h) * W;
     const float *mk = mask + (size_t)h * S;
-    float *ar = A + (size_t)r * W, *fr = F2 + (size_t)r * SM;
-    float mx = -INFINITY;
-    for (int c = lane; c < W; c += 32) mx = fmaxf(mx, (sr[c] + pr[c]) * scale);
-    mx = warp_max(mx);
-    double z = 0;
-    for (int c = lane; c < W; c += 32) {
-        const float e = expf((sr[c] + pr[c]) * scale - mx);
-        ar[c] = e;
-        z += e;
-    }
-    z = warp_sum(z);
-    double zb = 0;
-    for (int c = lane; c < W; c += 32) {
-        const float a = (float)(ar[c] / z);
-        ar[c] = a;
-        zb += (double)a * mk[c];
-    }
-    zb = warp_sum(zb) + 1e-8;
-    if (lane == 0) nrm[r] = (float)zb;
-    band_put(fr + i, ar, mk, zb, r, S, W, lane, drop);
-    if (full) band_zeros(fr, i, W, SM, lane);
+    float *ar = A + (size_t)r * W, *fr = F2 + (size_t)r * ld;
+    band_softmax_row(sr, pr, mk, ar, ar, nrm + r, fr + at, r, W, S, scale, bl, drop);
+    if (full) band_zeros(fr, i, W, SM, bl);
 }
 
-/* Whether the band kernels must write the zeros of F2's rows at window W
- * (row stride W + M): not while F2 holds them already, from its allocation
- * (all zeros) or from the last band written at the same W. Only the band
- * kernels write F2. */
-static int tg_f2_full(tgpu *g, int W)
+/* Whether the band kernels must write the zeros of F2's full rows at window
+ * W (row stride W + M): not while F2 holds them already, from its
+ * allocation (all zeros) or from the last band written at the same W. Only
+ * the band kernels write F2. BAND: F2 holds bands now, no zeros. */
+static int tg_f2_full(tgpu *g, int W, int band)
 {
+    if (band) {
+        g->f2_w = TG_F2_BAND;
+        return 0;
+    }
     const int full = g->f2_w != W && g->f2_w != TG_F2_ZERO;
     g->f2_w = W;
     return full;
 }
 
-static unsigned band_blocks(const tgpu *g) { return tg_blocks((size_t)g->B * g->K * g->M, BAND_WARPS); }
+static unsigned band_blocks(const tgpu *g, int W)
+{
+    return tg_blocks((size_t)g->B * g->K * g->M, BAND_THREADS / band_lanes(W));
+}
 
 int tg_band_softmax(tgpu *g, const float *F1, const float *PB, float *A, float *nrm, float *F2, const float *mask,
-                    int W, td_site ds, char *err)
+                    int W, int band, td_site ds, char *err)
 {
     const float scale = (float)(1.0 / sqrt((double)g->D));
-    band_softmax_kernel<<<band_blocks(g), 32 * BAND_WARPS, 0, g->stream>>>(
-        F1, PB, A, nrm, F2, mask, g->B * g->K * g->M, W, g->M, g->K, g->S, scale, tg_f2_full(g, W), ds);
+    band_softmax_kernel<<<band_blocks(g, W), BAND_THREADS, 0, g->stream>>>(
+        F1, PB, A, nrm, F2, mask, g->B * g->K * g->M, W, g->M, g->K, g->S, scale, tg_f2_full(g, W, band), band, ds);
     LAUNCH_TRY(err, "band softmax");
     return 0;
 }
 
 __global__ static void band_weights_kernel(const float *A, const float *nrm, const float *mask, float *F2, int rows,
-                                           int W, int M, int K, int S, int full, td_site drop)
+                                           int W, int M, int K, int S, int full, int band, td_site drop)
 {
-    const int r = blockIdx.x * BAND_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31, SM = W + M;
+    const int r = blockIdx.x * (BAND_THREADS / band_lanes(W)) + threadIdx.x / band_lanes(W), SM = W + M;
     if (r >= rows) return;
+    const band_lane bl = band_lane_of(threadIdx.x & 31, W);
     int b, h, i;
     band_row_ids(r, M, K, b, h, i);
-    float *fr = F2 + (size_t)r * SM;
-    band_put(fr + i, A + (size_t)r * W, mask + (size_t)h * S, (double)nrm[r], r, S, W, lane, drop);
-    if (full) band_zeros(fr, i, W, SM, lane);
+    float *fr = F2 + (size_t)r * band_ld(band, W, M);
+    band_put(fr + (band ? 0 : i), A + (size_t)r * W, mask + (size_t)h * S, nrm[r], r, S, W, bl, drop);
+    if (full) band_zeros(fr, i, W, SM, bl);
 }
 
-int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, td_site ds,
-                    char *err)
+int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, int band,
+                    td_site ds, char *err)
 {
-    band_weights_kernel<<<band_blocks(g), 32 * BAND_WARPS, 0, g->stream>>>(A, nrm, mask, F2, g->B * g->K * g->M, W,
-                                                                          g->M, g->K, g->S, tg_f2_full(g, W), ds);
+    band_weights_kernel<<<band_blocks(g, W), BAND_THREADS, 0, g->stream>>>(
+        A, nrm, mask, F2, g->B * g->K * g->M, W, g->M, g->K, g->S, tg_f2_full(g, W, band), band, ds);
     LAUNCH_TRY(err, "band weights");
     return 0;
 }
 
 __global__ static void band_back_kernel(const float *F1, const float *A, const float *nrm, const float *mask,
                                         const float *mskin, float *F2, float *PB, float *dzrow, int rows, int W,
-                                        int M, int K, int S, float scale, float s_over_r, int full, td_site drop)
+                                        int M, int K, int S, float scale, float s_over_r, int full, int band,
+                                        td_site drop)
 {
-    const int r = blockIdx.x * BAND_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31, SM = W + M;
+    const int r = blockIdx.x * (BAND_THREADS / band_lanes(W)) + threadIdx.x / band_lanes(W), SM = W + M;
     if (r >= rows) return;
+    const band_lane bl = band_lane_of(threadIdx.x & 31, W);
     int b, h, i;
     band_row_ids(r, M, K, b, h, i);
-    const float *dwr = F1 + (size_t)r * SM + i, *ar = A + (size_t)r * W, *mk = mask + (size_t)h * S,
+    const float *dwr = F1 + (size_t)r * band_ld(band, W, M) + (band ? 0 : i), *ar = A + (size_t)r * W, *mk = mask + (size_t)h * S,
                 *mi = mskin + (size_t)h * S;
     float *pr = PB + ((size_t)(b * M + i) * K + h) * W, *fr = F2 + (size_t)r * SM;
-    const double n = nrm[r];
-    /* dw before dropout's mask */
-    double sw = 0;
-    for (int c = lane; c < W; c += 32)
-        sw += (double)(dwr[c] * tg_keep(drop, (size_t)r * S + c)) * (ar[c] * mk[c] / n);
-    sw = warp_sum(sw);
-    double sa = 0, dz = 0;
-    for (int c = lane; c < W; c += 32) {
-        const double db = (dwr[c] * tg_keep(drop, (size_t)r * S + c) - sw) / n, da = db * mk[c];
-        if (mi[c] != 0.0f) dz += db * ar[c];
-        sa += ar[c] * da;
-        pr[c] = (float)da;   /* da for now; ds below, by the same lane */
-    }
-    sa = warp_sum(sa);
-    dz = warp_sum(dz);
-    if (lane == 0) dzrow[r] = (float)(dz * s_over_r);
-    for (int c = lane; c < W; c += 32) {
-        const float v = (float)(ar[c] * (pr[c] - sa) * scale);
-        pr[c] = v;
-        fr[i + c] = v;
-    }
-    if (full) band_zeros(fr, i, W, SM, lane);
+    band_back_row(dwr, ar, nrm[r], mk, mi, pr, pr, band ? NULL : fr + i, dzrow + r, r, W, S, scale, s_over_r, bl,
+                  drop);
+    if (full) band_zeros(fr, i, W, SM, bl);
 }
 
 int tg_band_back(tgpu *g, const float *F1, const float *A, const float *nrm, const float *mask, const float *mskin,
-                 float *F2, float *PB, float *dzrow, int W, td_site ds, char *err)
+                 float *F2, float *PB, float *dzrow, int W, int band, td_site ds, char *err)
 {
     const float scale = (float)(1.0 / sqrt((double)g->D));
-    band_back_kernel<<<band_blocks(g), 32 * BAND_WARPS, 0, g->stream>>>(
+    /* with bands F2 keeps the weights (the backward's dV has read them) */
+    const int full = band ? 0 : tg_f2_full(g, W, 0);
+    band_back_kernel<<<band_blocks(g, W), BAND_THREADS, 0, g->stream>>>(
         F1, A, nrm, mask, mskin, F2, PB, dzrow, g->B * g->K * g->M, W, g->M, g->K, g->S, scale, (float)g->S / g->R,
-        tg_f2_full(g, W), ds);
+        full, band, ds);
     LAUNCH_TRY(err, "band back");
     return 0;
 }
@@ -241,38 +215,29 @@ int tg_span_grad(tgpu *g, float *gz, const float *dzrow, char *err)
 
 /* The next memory, in place: row r becomes row r + M of [mem; x], or zero
  * before S - C. Only the last R rows are written (R = max(C, the rows that
- * may be non-zero now): those before are zeros already). A thread a
- * (stream, column) walks its rows upward, CARRY_ROWS at a time, all of a
- * batch's reads before its writes: row r + M > r is read before it is
- * written, and no written row is read again. */
-#define CARRY_ROWS 8
-
-__global__ static void carry_kernel(float *mem, const float *x, int B, int S, int M, int H, int C, int R)
+ * may be non-zero now): those before are zeros already), in launches of at
+ * most M rows going upward, a thread an element: a launch over rows
+ * [r0, r1) reads rows r + M >= r1 (or x), which only later launches
+ * write. */
+__global__ static void carry_kernel(float *mem, const float *x, int S, int M, int H, int C, int r0, int rows,
+                                    size_t total)
 {
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (size_t)B * H) return;
-    const size_t b = t / H, col = t % H;
-    float *mb = mem + b * S * H + col;
-    const float *xb = x + b * M * H + col;
-    for (int r0 = S - R; r0 < S; r0 += CARRY_ROWS) {
-        float v[CARRY_ROWS];
-#pragma unroll
-        for (int k = 0; k < CARRY_ROWS; k++) {
-            const int r = r0 + k, p = r + M;
-            v[k] = r >= S || r < S - C ? 0.0f : p < S ? mb[(size_t)p * H] : xb[(size_t)(p - S) * H];
-        }
-#pragma unroll
-        for (int k = 0; k < CARRY_ROWS; k++)
-            if (r0 + k < S) mb[(size_t)(r0 + k) * H] = v[k];
-    }
+    if (t >= total) return;
+    const size_t per = (size_t)rows * H, b = t / per;
+    const int r = r0 + (int)(t % per / H), col = (int)(t % H), p = r + M;
+    float *mb = mem + b * S * H;
+    mb[(size_t)r * H + col] = r < S - C ? 0.0f : p < S ? mb[(size_t)p * H + col] : x[(b * M + p - S) * H + col];
 }
 
 int tg_mem_carry(tgpu *g, int l, const float *x, int C, char *err)
 {
     const int R = C > g->mem_live[l] ? C : g->mem_live[l];
     float *mem = g->mem + (size_t)l * g->B * g->S * g->H;
-    if (R > 0) {
-        carry_kernel<<<tg_blocks((size_t)g->B * g->H, 128), 128, 0, g->stream>>>(mem, x, g->B, g->S, g->M, g->H, C, R);
+    for (int r0 = g->S - R; r0 < g->S; r0 += g->M) {
+        const int rows = g->S - r0 < g->M ? g->S - r0 : g->M;
+        const size_t total = (size_t)g->B * rows * g->H;
+        carry_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(mem, x, g->S, g->M, g->H, C, r0, rows, total);
         LAUNCH_TRY(err, "memory carry");
     }
     g->mem_live[l] = C;

@@ -52,6 +52,7 @@ int tgpu_set_bf16(tgpu *g, int on, char *err)
 int tgpu_set_tf32(tgpu *g, int on, char *err)
 {
     BLAS_TRY(cublasSetMathMode(g->blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), err, "math mode");
+    g->tf32 = on;
     return 0;
 }
 

@@ -1,12 +1,15 @@
 /*
  * train_gpu_aspan.cu - the adaptive-span family on the CUDA trainer
  * (train_internal.cuh's tg_family): its buffers and its block, in the order
- * of core/train_aspan.c. The attention's products are cuBLAS batched
- * products on the full score matrices, head by head; train_attn.cu has the
- * kernels of the span-masked band, train_ops.cu the rest.
+ * of core/train_aspan.c. The attention's products, for windows up to
+ * TG_BAND_MAX: on the band alone (train_band.cu; with tf32 or bf16 a
+ * layer's scores, softmax and o = w v one tensor-core kernel, and dw, the
+ * band's backward and dQ another); wider windows: cuBLAS batched products
+ * on the full score matrices, head by head. train_attn.cu has the
+ * span-masked band's rows and the memory, train_ops.cu the rest.
  *
  * Dropout (core/train_drop.h, the CPU trainer's masks): `dropout` on the
- * final weights (in the band softmax's full form, again in the backward's,
+ * final weights (in the band softmax's weights, again in the backward's,
  * and on the gradient the band's backward reads) and on the hidden layer
  * (in the bias + ReLU; its backward scales what the ReLU passed);
  * `emb_dropout` in the embedding and its backward.
@@ -14,13 +17,19 @@
  * Memory: every buffer is allocated once for B streams of M tokens and the
  * longest window S (a layer whose window W is shorter packs its keys,
  * scores and band at W); a step allocates nothing. The largest are the
- * softmax bands kept per layer (L B K M S floats) and the two full score
- * matrices of one layer (B K M (S+M) each).
+ * softmax bands kept per layer (L B K M S floats) and the two score
+ * buffers of one layer (B K M (S+M) each: full rows, or bands of W).
  */
 #include "train_internal.cuh"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+
+/* wider windows: cuBLAS's products on the full score matrices were
+ * faster (train_band.cu) */
+#define TG_BAND_MAX 256
 
 static int aspan_plan(tgpu *g, const trainer *t, char *err)
 {
@@ -33,8 +42,24 @@ static int aspan_plan(tgpu *g, const trainer *t, char *err)
     g->cache = (int *)calloc(L, sizeof *g->cache);
     if (!g->zoff || !g->win || !g->cache) return err_set(err, "out of memory");
     for (size_t l = 0; l < L; l++) g->zoff[l] = t->ly[l].zfrac;
+    /* the band's products for windows up to TG_BAND_MAX unless
+     * SPANSERVE_TRAIN_BAND_MAX says up to which (0: never) */
+    g->band_max = TG_BAND_MAX;
+    const char *bm = getenv("SPANSERVE_TRAIN_BAND_MAX");
+    if (bm && *bm) {
+        char *end;
+        const long v = strtol(bm, &end, 10);
+        if (*end || v < 0 || v > INT_MAX)
+            return err_set(err, "SPANSERVE_TRAIN_BAND_MAX: '%s' is not a window (a count of key rows, 0 or more)", bm);
+        g->band_max = (int)v;
+    }
+    /* SPANSERVE_TRAIN_BAND_TC=0: the band's CUDA-core-shaped tiles (their
+     * tensor-core variant in tf32 and bf16) instead of the fused whole-tile
+     * kernels; for comparing the two */
+    const char *btc = getenv("SPANSERVE_TRAIN_BAND_TC");
+    g->band_tc_off = btc && !strcmp(btc, "0");
     g->f2_w = TG_F2_ZERO;   /* tg_alloc's zeros */
-    return tg_alloc(g, &g->hall, F * L * B * SMx * H, err) ||
+    return tg_band_tc_setup(g, err) || tg_alloc(g, &g->hall, F * L * B * SMx * H, err) ||
                    tg_alloc(g, &g->Q, F * L * N * H, err) || tg_alloc(g, &g->Kr, F * L * B * SMx * H, err) ||
                    tg_alloc(g, &g->Vr, F * L * B * SMx * H, err) || tg_alloc(g, &g->A, F * L * B * K * M * S, err) ||
                    tg_alloc(g, &g->nrm, F * L * B * K * M, err) || tg_alloc(g, &g->mask, F * L * K * S, err) ||
@@ -91,6 +116,7 @@ static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
           *mem = g->mem + (size_t)l * B * S * H;
     const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
     const size_t hf = (size_t)M * SM;
+    const int band = W <= g->band_max, tc = band && tg_band_tc(g, W);
     if (tg_span_mask(g, mask, mskin, w + ly->zfrac, W, err) ||
         /* q = X Wq^T and its pe band */
         tg_gemm(g, 0, 1, N, H, H, 1, X, H, w + ly->wq, H, 0, Q, H, err) ||
@@ -100,9 +126,12 @@ static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
         tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wk, H, 0, Kr, H, err) ||
         tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wv, H, 0, Vr, H, err) ||
         /* scores, the masked softmax, o = w v */
-        heads_gemm(g, 0, 1, M, SM, D, Q, H, sq, D, Kr, H, sk, D, g->F1, SM, sf, hf, err) ||
-        tg_band_softmax(g, g->F1, g->PB, A, nrm, g->F2, mask, W, da, err) ||
-        heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Vr, H, sk, D, att, H, sq, D, err) ||
+        (tc ? tg_band_attend(g, Q, Kr, Vr, g->PB, A, nrm, mask, att, W, da, err)
+            : (band ? tg_band_qk(g, tg_band_rows(g, g->F1, W), Q, Kr, W, err)
+                    : heads_gemm(g, 0, 1, M, SM, D, Q, H, sq, D, Kr, H, sk, D, g->F1, SM, sf, hf, err)) ||
+                  tg_band_softmax(g, g->F1, g->PB, A, nrm, g->F2, mask, W, band, da, err) ||
+                  (band ? tg_band_av(g, att, tg_band_rows(g, g->F2, W), Vr, W, err)
+                        : heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Vr, H, sk, D, att, H, sq, D, err))) ||
         /* X1 = LN1(X + o Wo^T);  X' = LN2(X1 + fc2(relu(fc1(X1)))) */
         tg_gemm(g, 0, 1, N, H, H, 1, att, H, w + ly->wo, H, 0, g->tmp, H, err) ||
         tg_ln_fwd(g, x1, xh1, r1, g->tmp, NULL, X, w + ly->ln1_w, w + ly->ln1_b, N, H, err) ||
@@ -135,6 +164,7 @@ static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
                 *ff = g->ff + (size_t)l * N * I;
     const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
     const size_t NH = sizeof(float) * N * H, hf = (size_t)M * SM;
+    const int band = W <= g->band_max;
     /* X' = LN2(X1 + FF(X1)) */
     if (tg_ln_back(g, g->dY, gg + ly->ln2_w, gg + ly->ln2_b, g->dX, xh2, r2, w + ly->ln2_w, N, H, err)) return -1;
     CU_TRY(cudaMemcpyAsync(g->dX1, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
@@ -152,14 +182,28 @@ static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
     if (tg_gemm(g, 1, 0, H, H, N, 1, g->dY, H, att, H, 1, gg + ly->wo, H, err) ||
         tg_gemm(g, 0, 0, N, H, H, 1, g->dY, H, w + ly->wo, H, 0, g->dAtt, H, err) ||
         /* attention: dV = w^T dO, dw = dO V^T, then the band's backward */
-        tg_band_weights(g, A, nrm, mask, g->F2, W, da, err) ||
-        heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, g->dAtt, H, sq, D, g->dVr, H, sk, D, err) ||
-        heads_gemm(g, 0, 1, M, SM, D, g->dAtt, H, sq, D, Vr, H, sk, D, g->F1, SM, sf, hf, err) ||
-        tg_band_back(g, g->F1, A, nrm, mask, mskin, g->F2, g->PB, g->dzrow, W, da, err) ||
-        tg_span_grad(g, gg + ly->zfrac, g->dzrow, err) ||
-        /* dQ = dS K + dPE pe^T;  dK = dS^T Q;  dpe += Q^T dPE */
-        heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Kr, H, sk, D, g->dQ, H, sq, D, err) ||
-        heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, Q, H, sq, D, g->dKr, H, sk, D, err) ||
+        tg_band_weights(g, A, nrm, mask, g->F2, W, band, da, err))
+        return -1;
+    if (band) {
+        /* dS as the pe band (PB) only: dQ = dS K, dK = dS^T Q read it there */
+        const tg_band ds = tg_band_pe(g, g->PB, W);
+        if (tg_band_tav(g, g->dVr, tg_band_rows(g, g->F2, W), g->dAtt, W, err) ||
+            (tg_band_tc(g, W)
+                 ? tg_band_attend_back(g, g->dAtt, Vr, Kr, A, nrm, mask, mskin, g->PB, g->dzrow, g->dQ, W, da, err)
+                 : tg_band_qk(g, tg_band_rows(g, g->F1, W), g->dAtt, Vr, W, err) ||
+                       tg_band_back(g, g->F1, A, nrm, mask, mskin, g->F2, g->PB, g->dzrow, W, band, da, err) ||
+                       tg_band_av(g, g->dQ, ds, Kr, W, err)) ||
+            tg_band_tav(g, g->dKr, ds, Q, W, err))
+            return -1;
+    } else if (heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, g->dAtt, H, sq, D, g->dVr, H, sk, D, err) ||
+               heads_gemm(g, 0, 1, M, SM, D, g->dAtt, H, sq, D, Vr, H, sk, D, g->F1, SM, sf, hf, err) ||
+               tg_band_back(g, g->F1, A, nrm, mask, mskin, g->F2, g->PB, g->dzrow, W, band, da, err) ||
+               /* dQ = dS K;  dK = dS^T Q */
+               heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Kr, H, sk, D, g->dQ, H, sq, D, err) ||
+               heads_gemm(g, 1, 0, SM, D, M, g->F2, SM, sf, hf, Q, H, sq, D, g->dKr, H, sk, D, err))
+        return -1;
+    if (tg_span_grad(g, gg + ly->zfrac, g->dzrow, err) ||
+        /* dQ += dPE pe^T;  dpe += Q^T dPE */
         tg_gemm(g, 0, 1, N * K, D, W, 1, g->PB, W, w + g->key_pe + (S - W), S, 1, g->dQ, D, err) ||
         tg_gemm(g, 1, 0, D, W, N * K, 1, Q, D, g->PB, W, 1, gg + g->key_pe + (S - W), S, err) ||
         /* the projections: weights see every row, the input only the block's

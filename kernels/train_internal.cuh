@@ -18,7 +18,8 @@
  *                 stream ([memory window; block]); only columns i..i+W-1
  *                 (the band) can be non-zero
  *   band          [b][h][i][W]: column c of query i is key row i + c, at
- *                 distance W - c (the softmax a is kept in this form)
+ *                 distance W - c (the softmax a is kept in this form; so
+ *                 are the scores and weights on the band products' path)
  *   pe band       [b*M+i][h][W]: q_i . pe[:, S-W+c], rows of Q seen as
  *                 N*K rows of D
  *   PAR:
@@ -76,6 +77,14 @@ struct tgpu {
     int L, B, M, H, K, D, S, I, V, R, N;
     int AW;                       /* PAR: the attention's width nh * dh */
     int bf16;                     /* products on bf16 tensor cores (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF) */
+    int tf32;                     /* the linear layers in TF32 (cuBLAS's math mode) */
+    /* adaptive-span: the attention's products on the band (train_band.cu)
+     * for windows up to band_max (SPANSERVE_TRAIN_BAND_MAX; else cuBLAS on
+     * the full score matrices), on the tensor cores in TF32 where the step's
+     * products are (tf32 or bf16) */
+    int band_max;
+    int smem_optin;               /* the device's shared memory a block may have */
+    int band_tc_off;              /* SPANSERVE_TRAIN_BAND_TC=0: not the fused tensor-core kernels */
     double coeff;                 /* adapt_span_loss */
     train_optim optim;
     double grad_clip, beta1, beta2, adam_eps;
@@ -117,8 +126,9 @@ struct tgpu {
     float *nll;                   /* N */
     int *win, *cache;             /* host, L: the window and cache of the last forward */
     /* adaptive-span scratch */
-    float *F1, *F2;               /* full scores: B K M (S+M) each */
-    int f2_w;                     /* F2 holds the zeros off the bands of window f2_w (TG_F2_ZERO: all zeros) */
+    float *F1, *F2;               /* scores: B K M (S+M) each (full rows, or bands of W) */
+    int f2_w;                     /* F2 holds the zeros off the bands of window f2_w (TG_F2_ZERO: all zeros;
+                                   * TG_F2_BAND: bands, no full rows) */
     float *PB;                    /* pe band: N K S */
     float *tmp, *dX, *dY, *dX1, *dAtt, *dQ;   /* N x H */
     float *dFF;                   /* N x I */
@@ -170,8 +180,18 @@ struct tgpu {
 };
 
 
-/* f2_w of an F2 of zeros only (as allocated): any window's zeros */
+/* f2_w of an F2 of zeros only (as allocated): any window's zeros; of an F2
+ * the band products used (no zeros kept) */
 #define TG_F2_ZERO (-2)
+#define TG_F2_BAND (-1)
+
+/* A band of W columns a (stream b, head h, query i) row: element c at
+ * p + b sb + h sh + i si + c. tg_band_rows: [(b K + h) M + i][W] (the
+ * softmax's, the scores'); tg_band_pe: [(b M + i) K + h][W] (the pe band's) */
+typedef struct tg_band {
+    float *p;
+    long long sb, sh, si;
+} tg_band;
 
 /* What the optimizer does with a tensor this step (train_param_active):
  * leave it alone, update it as a weight, or as PAR's alpha (Adam at
@@ -305,6 +325,33 @@ int tg_optim(tgpu *g, double lr, double arch_lr, long step, char *err);
 /* g->mirror[i] = g->w[g->mir_off[i]] */
 int tg_gather_mirror(tgpu *g, char *err);
 
+/* ---- train_band.cu: the attention's products on the band (windows of W;
+ * X a block's rows, Y the key rows [memory window; block], H columns, head
+ * h's D of them) ---- */
+
+/* out(b, h, i, c) = X[b][i] . Y[b][i + c] over head h's columns */
+int tg_band_qk(tgpu *g, tg_band out, const float *X, const float *Y, int W, char *err);
+/* out[b][i] (head h's columns) = sum_c P(b, h, i, c) Y[b][i + c] */
+int tg_band_av(tgpu *g, float *out, tg_band P, const float *Y, int W, char *err);
+/* out[b][j] (every key row, head h's columns) = sum_i P(b, h, i, j - i) X[b][i] */
+int tg_band_tav(tgpu *g, float *out, tg_band P, const float *X, int W, char *err);
+tg_band tg_band_rows(const tgpu *g, float *p, int W);
+tg_band tg_band_pe(const tgpu *g, float *p, int W);
+/* Whether windows of W run on the tensor cores (the step's products are
+ * tf32 or bf16, heads a multiple of 16 up to 128, the tiles fit the shared
+ * memory); then tg_band_av and tg_band_tav do, and a layer's attention
+ * (scores, the softmax rows of train_band.cuh, o = w v) is one kernel,
+ * tg_band_attend: a, nrm and att, not the weights (tg_band_weights makes
+ * them for the backward); tg_band_attend_back: dw = dO v^T, the rows'
+ * backward (ds into the pe band PB, dzrow) and dQ = ds K (overwritten). */
+int tg_band_tc(const tgpu *g, int W);
+int tg_band_tc_setup(tgpu *g, char *err);
+int tg_band_attend(tgpu *g, const float *Q, const float *Kr, const float *Vr, const float *PB, float *A, float *nrm,
+                   const float *mask, float *att, int W, td_site ds, char *err);
+int tg_band_attend_back(tgpu *g, const float *dO, const float *Vr, const float *Kr, const float *A, const float *nrm,
+                        const float *mask, const float *mskin, float *PB, float *dzrow, float *dQ, int W, td_site ds,
+                        char *err);
+
 /* ---- train_attn.cu ---- */
 
 /* mask[h][c] = clamp((1 - (W - c) + z_h S) / R + 1, 0, 1) for c < W, and
@@ -312,17 +359,18 @@ int tg_gather_mirror(tgpu *g, char *err);
 int tg_span_mask(tgpu *g, float *mask, float *mskin, const float *zf, int W, char *err);
 /* hall[b] = [mem[b][S-W..S); x[b]] */
 int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W, char *err);
-/* full scores F1 + pe band -> a (band), nrm, and the final weights w in
- * full form into F2, through dropout DS (element row * S + c) */
+/* BAND: F1 and F2 hold bands (tg_band_rows), else full rows of W + M.
+ * Scores F1 + pe band -> a (band), nrm, and the final weights w into F2,
+ * through dropout DS (element row * S + c) */
 int tg_band_softmax(tgpu *g, const float *F1, const float *PB, float *A, float *nrm, float *F2, const float *mask,
-                    int W, td_site ds, char *err);
-/* the final weights again, in full form, from a, mask and nrm, through DS */
-int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, td_site ds,
-                    char *err);
-/* from dw (full form F1, after dropout DS): d(score) in full form into F2
- * and as the pe band into PB, each row's z/S gradient into dzrow */
+                    int W, int band, td_site ds, char *err);
+/* the final weights again from a, mask and nrm, through DS, into F2 */
+int tg_band_weights(tgpu *g, const float *A, const float *nrm, const float *mask, float *F2, int W, int band,
+                    td_site ds, char *err);
+/* from dw (F1, after dropout DS): d(score) as the pe band into PB (and, full
+ * rows, into F2), each row's z/S gradient into dzrow */
 int tg_band_back(tgpu *g, const float *F1, const float *A, const float *nrm, const float *mask, const float *mskin,
-                 float *F2, float *PB, float *dzrow, int W, td_site ds, char *err);
+                 float *F2, float *PB, float *dzrow, int W, int band, td_site ds, char *err);
 /* gz[h] += sum of head h's dzrow + coeff S / K */
 int tg_span_grad(tgpu *g, float *gz, const float *dzrow, char *err);
 /* layer L's memory = the last S rows of [memory; x], rows before S - C

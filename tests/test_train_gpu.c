@@ -13,6 +13,11 @@
  *     float32's resolution, which Adagrad's normalisation turns into up to
  *     lr);
  *   - windows trimmed below the span, blocks longer than the span;
+ *   - the attention's products on the band (kernels/train_band.cu) against
+ *     the full score matrices' (SPANSERVE_TRAIN_BAND_MAX=0): float32 every
+ *     element, tf32 and bf16 each tensor's norm; the fused tensor-core
+ *     kernels against the band's tiles (SPANSERVE_TRAIN_BAND_TC=0) every
+ *     element; windows of 64 to 256 at once, heads of 64, 16 and 8;
  *   - `spanserve train`'s loop (train_run_on) on a slice of tiny_shakespeare:
  *     the GPU's logged losses and validation bpc follow the CPU's (5e-3
  *     after 40 steps), the checkpoint loads, and a
@@ -282,6 +287,83 @@ static void test_fast(train_cfg c, int bf16, const char *what)
     tgpu_free(g);
     trainer_free(tc);
     trainer_free(tg);
+}
+
+/* The attention's products on the band (kernels/train_band.cu) against
+ * another way, in precision PREC ("fp32", "tf32" or "bf16"), from the same
+ * weights and batches: the second trainer made with ENV ("NAME=value"):
+ * SPANSERVE_TRAIN_BAND_MAX=0, cuBLAS's products on the full score
+ * matrices; SPANSERVE_TRAIN_BAND_TC=0, the band's tiles of 64 x 64 instead
+ * of the fused whole-tile tensor-core kernels (the same TF32 products, so
+ * element by element). The losses, and each tensor's gradient within TOL
+ * of its norm, or ELEMENTWISE every element within TOL of its tensor's
+ * largest. ZF gives each layer's z/S (its window). */
+static void compare_band(train_cfg c, const double *zf, const char *prec, const char *env, int elementwise, double tol,
+                         const char *what)
+{
+    char err[ERR_LEN];
+    c.tf32 = !strcmp(prec, "tf32");
+    c.bf16 = !strcmp(prec, "bf16");
+        trainer *t[2] = {trainer_new(&c, 40, err), trainer_new(&c, 40, err)};
+    tgpu *g[2] = {NULL, NULL};
+    CHECK(t[0] && t[1], "%s: %s", what, err);
+    if (!t[0] || !t[1]) { trainer_free(t[0]); trainer_free(t[1]); return; }
+    for (int k = 0; k < 2; k++) {
+        trainer_init(t[k], 5);
+        for (int l = 0; l < t[k]->L; l++)
+            for (int h = 0; h < t[k]->K; h++) t[k]->w[t[k]->ly[l].zfrac + h] = zf[l] - 0.01 * h;
+        char var[64];
+        snprintf(var, sizeof var, "%s", env);
+        char *eq = strchr(var, '=');
+        if (eq) *eq = 0;
+        if (k && eq) setenv(var, eq + 1, 1);
+        g[k] = tgpu_new(t[k], err);
+        if (eq) unsetenv(var);
+        CHECK(g[k] != NULL, "%s: tgpu_new: %s", what, err);
+    }
+    const int N = t[0]->B * t[0]->M;
+    train_rng r = {4242};
+    int32_t *x = malloc(sizeof *x * N), *y = malloc(sizeof *y * N);
+    double *gg[2] = {malloc(sizeof(double) * t[0]->n), malloc(sizeof(double) * t[0]->n)};
+    for (int s = 0; s < 3 && g[0] && g[1]; s++) {
+        /* its own tokens: the draws of the checks after it stay as they were */
+        for (int i = 0; i < N; i++) {
+            x[i] = (int32_t)(train_rng_next(&r) % 40u);
+            y[i] = (int32_t)(train_rng_next(&r) % 40u);
+        }
+        t[0]->step = t[1]->step = s + 1;   /* dropout's masks */
+        double a0, a1, l0 = tgpu_forward(g[0], t[0], x, y, s == 2, 1, &a0, err),
+                       l1 = tgpu_forward(g[1], t[1], x, y, s == 2, 1, &a1, err);
+        CHECK(rel(l0, l1) < tol, "%s: block %d: loss on the band %.9g, full %.9g", what, s, l0, l1);
+    }
+    if (g[0] && g[1] && tgpu_download_grad(g[0], gg[0], err) == 0 && tgpu_download_grad(g[1], gg[1], err) == 0) {
+        double worst = 0, n2all = 0;
+        const char *at = "";
+        int bad = 0;
+        for (int i = 0; i < t[0]->n_tp; i++) {
+            const tparam *p = &t[0]->tp[i];
+            double d2 = 0, n2 = 0, big = 0, d = 0;
+            for (size_t j = 0; j < p->n; j++) {
+                const double u = gg[0][p->off + j], v = gg[1][p->off + j];
+                bad += !isfinite(u) || !isfinite(v);
+                d2 += (u - v) * (u - v), n2 += v * v;
+                big = fmax(big, fabs(v)), d = fmax(d, fabs(u - v));
+            }
+            n2all += n2;
+            /* ELEMENTWISE: every element; else each tensor as a whole (a
+             * ReLU unit whose input sits within TF32's rounding of zero
+             * takes the other side and moves its row's elements by a
+             * token's share) */
+            const double e = elementwise ? (big > 0 ? d / big : 0) : (n2 > 0 ? sqrt(d2 / n2) : 0);
+            if (e > worst) worst = e, at = p->name;
+        }
+        CHECK(bad == 0 && n2all > 0, "%s: %d gradient elements not finite, sum of squares %g", what, bad, n2all);
+        CHECK(worst < tol, "%s: gradient of %s off by %.3g", what, at, worst);
+        printf("%s: gradients within %.3g (%s; worst: %s)\n", what, worst,
+               elementwise ? "every element, of its tensor's largest" : "of each tensor's norm", at);
+    }
+    free(x), free(y), free(gg[0]), free(gg[1]);
+    for (int k = 0; k < 2; k++) tgpu_free(g[k]), trainer_free(t[k]);
 }
 
 /* ---- PAR ---- */
@@ -751,6 +833,26 @@ int main(void)
      * float32 and double may take different sides */
     static const double zm[8] = {0.3013, 0.8027, 0.0519, 0.5533, 0.9871, 0.0071, 0.4219, 0.7013};
     compare_case(c, 40, zm, 4, "heads of 64");
+
+    /* the band's products against the full score matrices' on aspan-small's
+     * heads: windows of 64, 128, 192 and 256 (z/S 0, .05, .12, .19 of 1024),
+     * blocks of 100 (tiles past the block's end), 3 streams, dropout */
+    c = tiny();
+    c.nb_layers = 4, c.hidden_size = 256, c.nb_heads = 4, c.inner_hidden_size = 128, c.attn_span = 1024;
+    c.block_size = 100, c.batch_size = 3, c.adapt_span_ramp = 32, c.adapt_span_loss = 2e-3;
+    c.dropout = 0.1;
+    static const double zb[4] = {0.0, 0.05, 0.12, 0.19};
+    compare_band(c, zb, "fp32", "SPANSERVE_TRAIN_BAND_MAX=0", 1, 1e-4, "band fp32 / full, heads of 64");
+    compare_band(c, zb, "tf32", "SPANSERVE_TRAIN_BAND_TC=0", 1, 1e-4, "band tf32 fused / tiles, heads of 64");
+    compare_band(c, zb, "tf32", "SPANSERVE_TRAIN_BAND_MAX=0", 0, 5e-2, "band tf32 / full, heads of 64");
+    compare_band(c, zb, "bf16", "SPANSERVE_TRAIN_BAND_MAX=0", 0, 5e-2, "band bf16 / full, heads of 64");
+    /* heads of 16 and a window over the block (blocks of 40, windows of 64) */
+    c.hidden_size = 64, c.block_size = 40, c.dropout = 0;
+    compare_band(c, zb, "tf32", "SPANSERVE_TRAIN_BAND_TC=0", 1, 1e-4, "band tf32 fused / tiles, heads of 16");
+    compare_band(c, zb, "fp32", "SPANSERVE_TRAIN_BAND_MAX=0", 1, 1e-4, "band fp32 / full, heads of 16");
+    /* heads of 8: the tiles in tf32 too */
+    c.hidden_size = 32;
+    compare_band(c, zb, "tf32", "SPANSERVE_TRAIN_BAND_MAX=0", 0, 5e-2, "band tf32 / full, heads of 8");
 
     train_cfg f = tiny();
     f.hidden_size = 64, f.inner_hidden_size = 128, f.attn_span = 40, f.block_size = 16;
