@@ -78,8 +78,9 @@ __device__ __forceinline__ void band_load(const band_args &a, float *As, float *
                                           int k0)
 {
     const int t = threadIdx.x;
-    const float *X = a.X + (size_t)b * a.M * a.H + (size_t)h * a.D;
-    const float *Y = a.Y + (size_t)b * a.SM * a.H + (size_t)h * a.D;
+    /* the stream's rows at head h's columns (av reads no X, tav no Y) */
+    const float *X = KIND == BAND_AV ? NULL : a.X + (size_t)b * a.M * a.H + (size_t)h * a.D;
+    const float *Y = KIND == BAND_TAV ? NULL : a.Y + (size_t)b * a.SM * a.H + (size_t)h * a.D;
     for (int e = t; e < BT * BK; e += BTHREADS) {
         if (KIND == BAND_QK) {
             /* r0: the first query, c0: the first key row, k0: the first dim */
