@@ -165,8 +165,8 @@ __global__ static void band_back_kernel(const float *F1, const float *A, const f
     const band_lane bl = band_lane_of(threadIdx.x & 31, W);
     int b, h, i;
     band_row_ids(r, M, K, b, h, i);
-    const float *dwr = F1 + (size_t)r * band_ld(band, W, M) + (band ? 0 : i), *ar = A + (size_t)r * W, *mk = mask + (size_t)h * S,
-                *mi = mskin + (size_t)h * S;
+    const float *dwr = F1 + (size_t)r * band_ld(band, W, M) + (band ? 0 : i), *ar = A + (size_t)r * W,
+                *mk = mask + (size_t)h * S, *mi = mskin + (size_t)h * S;
     float *pr = PB + ((size_t)(b * M + i) * K + h) * W, *fr = F2 + (size_t)r * SM;
     band_back_row(dwr, ar, nrm[r], mk, mi, pr, pr, band ? NULL : fr + i, dzrow + r, r, W, S, scale, s_over_r, bl,
                   drop);

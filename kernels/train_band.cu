@@ -64,7 +64,7 @@ struct band_args {
     /* X: [b][M][H]; Y: [b][SM][H]; out rows (av: [b][M][H], tav: [b][SM][H]) */
     const float *X, *Y;
     float *out;
-    tg_band P, Q;   /* P: av's and tav's band; Q: qk's output band */
+    tg_band P, O;   /* P: av's and tav's band; O: qk's output band */
 };
 
 __device__ __forceinline__ size_t band_at(const tg_band &p, int b, int h, int i, int c)
@@ -183,7 +183,7 @@ __global__ static void __launch_bounds__(BTHREADS) band_kernel(band_args a)
         band_tile<KIND, TC>(a, sm, b, h, i0, j0, 0, a.D);
         for (int e = t; e < BT * BT; e += BTHREADS) {
             const int m = e / BT, n = e % BT, i = i0 + m, c = j0 + n - i;
-            if (i < a.M && c >= 0 && c < a.W) a.Q.p[band_at(a.Q, b, h, i, c)] = sm[m * BLD + n];
+            if (i < a.M && c >= 0 && c < a.W) a.O.p[band_at(a.O, b, h, i, c)] = sm[m * BLD + n];
         }
     } else if (KIND == BAND_AV) {
         const int nd = (a.D + BT - 1) / BT, i0 = (blockIdx.x / nd) * BT, d0 = (blockIdx.x % nd) * BT;
@@ -228,7 +228,7 @@ static unsigned cdiv(int a, int b) { return (unsigned)((a + b - 1) / b); }
 int tg_band_qk(tgpu *g, tg_band out, const float *X, const float *Y, int W, char *err)
 {
     band_args a = band_base(g, W);
-    a.X = X, a.Y = Y, a.Q = out;
+    a.X = X, a.Y = Y, a.O = out;
     return band_launch<BAND_QK>(g, a, cdiv(g->M, BT) * cdiv(BT + W - 1, BT), "band qk", err);
 }
 

@@ -164,7 +164,7 @@ static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
                 *ff = g->ff + (size_t)l * N * I;
     const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
     const size_t NH = sizeof(float) * N * H, hf = (size_t)M * SM;
-    const int band = W <= g->band_max;
+    const int band = W <= g->band_max, tc = band && tg_band_tc(g, W);
     /* X' = LN2(X1 + FF(X1)) */
     if (tg_ln_back(g, g->dY, gg + ly->ln2_w, gg + ly->ln2_b, g->dX, xh2, r2, w + ly->ln2_w, N, H, err)) return -1;
     CU_TRY(cudaMemcpyAsync(g->dX1, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
@@ -188,7 +188,7 @@ static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
         /* dS as the pe band (PB) only: dQ = dS K, dK = dS^T Q read it there */
         const tg_band ds = tg_band_pe(g, g->PB, W);
         if (tg_band_tav(g, g->dVr, tg_band_rows(g, g->F2, W), g->dAtt, W, err) ||
-            (tg_band_tc(g, W)
+            (tc
                  ? tg_band_attend_back(g, g->dAtt, Vr, Kr, A, nrm, mask, mskin, g->PB, g->dzrow, g->dQ, W, da, err)
                  : tg_band_qk(g, tg_band_rows(g, g->F1, W), g->dAtt, Vr, W, err) ||
                        tg_band_back(g, g->F1, A, nrm, mask, mskin, g->F2, g->PB, g->dzrow, W, band, da, err) ||
