@@ -42,21 +42,23 @@ int tg_span_mask(tgpu *g, float *mask, float *mskin, const float *zf, int W, cha
     return 0;
 }
 
-__global__ static void hall_kernel(float *hall, const float *mem, const float *x, size_t total, int W, int M, int S,
-                                   int H)
+__global__ static void hall_kernel(float *hall, tbf16 *hb, const float *mem, const float *x, size_t total, int W,
+                                   int M, int S, int H)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     const int col = (int)(i % H), SM = W + M;
     const size_t row = i / H, b = row / SM;
     const int r = (int)(row % SM);
-    hall[i] = r < W ? mem[(b * S + S - W + r) * H + col] : x[(b * M + r - W) * H + col];
+    const float v = r < W ? mem[(b * S + S - W + r) * H + col] : x[(b * M + r - W) * H + col];
+    hall[i] = v;
+    if (hb) hb[i] = __float2bfloat16(v);
 }
 
-int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W, char *err)
+int tg_build_hall(tgpu *g, float *hall, tbf16 *hb, const float *mem, const float *x, int W, char *err)
 {
     const size_t total = (size_t)g->B * (W + g->M) * g->H;
-    hall_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(hall, mem, x, total, W, g->M, g->S, g->H);
+    hall_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(hall, hb, mem, x, total, W, g->M, g->S, g->H);
     LAUNCH_TRY(err, "hall");
     return 0;
 }

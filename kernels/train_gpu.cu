@@ -44,7 +44,7 @@ int tgpu_available(char *err)
 
 int tgpu_set_bf16(tgpu *g, int on, char *err)
 {
-    (void)err;
+    if (on && g->fam->plan_bf16 && !g->bo.w && g->fam->plan_bf16(g, err)) return -1;
     g->bf16 = on;
     return 0;
 }
@@ -278,6 +278,7 @@ tgpu *tgpu_new_part(const trainer *t, int b0, int nb, int rank, char *err)
         tg_alloc(g, &g->nll, F * N, err) || tg_alloc(g, &g->tmp, F * N * H, err) ||
         tg_alloc(g, &g->dX, F * N * H, err) || tg_alloc(g, &g->dY, F * N * H, err) ||
         tg_alloc(g, &g->colpart, sizeof(double) * TG_COL_CHUNKS * maxc, err) ||
+        tg_alloc(g, &g->lnpart, sizeof(double) * 3 * TG_LN_CHUNKS * H, err) ||
         tg_alloc(g, &g->dsum, sizeof(double) * 4, err) ||
         tg_alloc(g, &g->d_tok, sizeof(int32_t) * (3 * N + V + 1), err))
         goto fail;

@@ -76,6 +76,75 @@ static int aspan_plan(tgpu *g, const trainer *t, char *err)
                : 0;
 }
 
+/* precision bf16: g->bo's copies (train_internal.cuh), planned when bf16 is
+ * first set */
+static int aspan_plan_bf16(tgpu *g, char *err)
+{
+    const size_t L = g->L, B = g->B, N = g->N, H = g->H, I = g->I, SMx = (size_t)g->S + g->M, E = sizeof(tbf16);
+    g->bo.nseg = (int)(6 * L);
+    g->bo.off = (size_t *)calloc(6 * L, sizeof(size_t));
+    size_t *seg = (size_t *)calloc(18 * L, sizeof(size_t));
+    if (!g->bo.off || !seg) {
+        free(seg);
+        return err_set(err, "out of memory");
+    }
+    size_t at = 0;
+    for (size_t l = 0; l < L; l++) {
+        const tlayer *ly = &g->ly[l];
+        const size_t src[6] = {ly->wq, ly->wk, ly->wv, ly->wo, ly->fc1_w, ly->fc2_w};
+        for (int k = 0; k < 6; k++) {
+            const size_t len = k < 4 ? H * H : I * H, i = 6 * l + k;
+            seg[3 * i] = src[k], seg[3 * i + 1] = at, seg[3 * i + 2] = len;
+            g->bo.off[i] = at;
+            at += (len + 7) & ~(size_t)7;   /* 16 bytes */
+        }
+    }
+    tbf16 *w = NULL;
+    int rc = tg_alloc(g, &g->bo.seg, sizeof(size_t) * 18 * L, err) || tg_alloc(g, &w, E * at, err) ||
+                     tg_alloc(g, &g->bo.X, E * (L + 1) * N * H, err) ||
+                     tg_alloc(g, &g->bo.hall, E * L * B * SMx * H, err) || tg_alloc(g, &g->bo.att, E * L * N * H, err) ||
+                     tg_alloc(g, &g->bo.x1, E * L * N * H, err) || tg_alloc(g, &g->bo.ff, E * L * N * I, err) ||
+                     tg_alloc(g, &g->bo.dY, E * N * H, err) || tg_alloc(g, &g->bo.dFF, E * N * I, err)
+                 ? -1
+                 : 0;
+    if (!rc && (cudaMemcpyAsync(g->bo.seg, seg, sizeof(size_t) * 18 * L, cudaMemcpyHostToDevice, g->stream) !=
+                    cudaSuccess ||
+                cudaStreamSynchronize(g->stream) != cudaSuccess))
+        rc = err_set(err, "copying the bf16 weights' table failed");
+    free(seg);
+    if (!rc) g->bo.w = w;   /* last: bo.w says the rest is there */
+    return rc;
+}
+
+/* C = op(A) op(B) + beta C from the bf16 copies AB, BB where both are
+ * given, else from the float32 A, B */
+static int gemm2(tgpu *g, int ta, int tb, int m, int n, int k, const float *A, const tbf16 *AB, int lda, const float *B,
+                 const tbf16 *BB, int ldb, float beta, float *C, int ldc, char *err)
+{
+    return AB && BB ? tg_gemm_bf(g, ta, tb, m, n, k, 1, AB, lda, BB, ldb, beta, C, ldc, err)
+                    : tg_gemm(g, ta, tb, m, n, k, 1, A, lda, B, ldb, beta, C, ldc, err);
+}
+
+/* layer l's bf16 operands (all NULL without them) */
+typedef struct bf_ops {
+    tbf16 *X, *Xn, *hall, *att, *x1, *ff, *dY, *dFF;
+    const tbf16 *wq, *wk, *wv, *wo, *fc1, *fc2;
+} bf_ops;
+
+static bf_ops layer_bf(const tgpu *g, int l)
+{
+    bf_ops b16;
+    memset(&b16, 0, sizeof b16);
+    if (!g->bf16 || !g->bo.w) return b16;
+    const size_t N = g->N, H = g->H, I = g->I, SMx = (size_t)g->S + g->M, *off = g->bo.off + 6 * (size_t)l;
+    b16.X = g->bo.X + (size_t)l * N * H, b16.Xn = b16.X + N * H, b16.hall = g->bo.hall + (size_t)l * g->B * SMx * H;
+    b16.att = g->bo.att + (size_t)l * N * H, b16.x1 = g->bo.x1 + (size_t)l * N * H, b16.ff = g->bo.ff + (size_t)l * N * I;
+    b16.dY = g->bo.dY, b16.dFF = g->bo.dFF;
+    b16.wq = g->bo.w + off[0], b16.wk = g->bo.w + off[1], b16.wv = g->bo.w + off[2], b16.wo = g->bo.w + off[3];
+    b16.fc1 = g->bo.w + off[4], b16.fc2 = g->bo.w + off[5];
+    return b16;
+}
+
 /* The attention's products, head by head: for head h the B streams' D
  * columns of the row-layout operands (leading dimension H, a stream apart)
  * and its full-score matrices, in one batched product each. Operand X is
@@ -117,14 +186,18 @@ static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
     const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
     const size_t hf = (size_t)M * SM;
     const int band = W <= g->band_max, tc = band && tg_band_tc(g, W);
+    const bf_ops b16 = layer_bf(g, l);
+    /* with bf16 operands the hidden layer's float32 product is scratch
+     * (dFF) and only its bf16 copy is kept */
+    float *ffp = b16.ff ? g->dFF : ff;
     if (tg_span_mask(g, mask, mskin, w + ly->zfrac, W, err) ||
         /* q = X Wq^T and its pe band */
-        tg_gemm(g, 0, 1, N, H, H, 1, X, H, w + ly->wq, H, 0, Q, H, err) ||
+        gemm2(g, 0, 1, N, H, H, X, b16.X, H, w + ly->wq, b16.wq, H, 0, Q, H, err) ||
         tg_gemm(g, 0, 0, N * K, W, D, 1, Q, D, w + g->key_pe + (S - W), S, 0, g->PB, W, err) ||
         /* k, v of [memory window; X] */
-        tg_build_hall(g, hall, mem, X, W, err) ||
-        tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wk, H, 0, Kr, H, err) ||
-        tg_gemm(g, 0, 1, B * SM, H, H, 1, hall, H, w + ly->wv, H, 0, Vr, H, err) ||
+        tg_build_hall(g, hall, b16.hall, mem, X, W, err) ||
+        gemm2(g, 0, 1, B * SM, H, H, hall, b16.hall, H, w + ly->wk, b16.wk, H, 0, Kr, H, err) ||
+        gemm2(g, 0, 1, B * SM, H, H, hall, b16.hall, H, w + ly->wv, b16.wv, H, 0, Vr, H, err) ||
         /* scores, the masked softmax, o = w v */
         (tc ? tg_band_attend(g, Q, Kr, Vr, g->PB, A, nrm, mask, att, W, da, err)
             : (band ? tg_band_qk(g, tg_band_rows(g, g->F1, W), Q, Kr, W, err)
@@ -132,13 +205,14 @@ static int layer_forward(tgpu *g, const trainer *t, int l, int carry, char *err)
                   tg_band_softmax(g, g->F1, g->PB, A, nrm, g->F2, mask, W, band, da, err) ||
                   (band ? tg_band_av(g, att, tg_band_rows(g, g->F2, W), Vr, W, err)
                         : heads_gemm(g, 0, 0, M, D, SM, g->F2, SM, sf, hf, Vr, H, sk, D, att, H, sq, D, err))) ||
+        (b16.att && tg_to_bf16(g, b16.att, att, (size_t)N * H, err)) ||
         /* X1 = LN1(X + o Wo^T);  X' = LN2(X1 + fc2(relu(fc1(X1)))) */
-        tg_gemm(g, 0, 1, N, H, H, 1, att, H, w + ly->wo, H, 0, g->tmp, H, err) ||
-        tg_ln_fwd(g, x1, xh1, r1, g->tmp, NULL, X, w + ly->ln1_w, w + ly->ln1_b, N, H, err) ||
-        tg_gemm(g, 0, 1, N, I, H, 1, x1, H, w + ly->fc1_w, H, 0, ff, I, err) ||
-        tg_bias_relu(g, ff, w + ly->fc1_b, N, I, df, err) ||
-        tg_gemm(g, 0, 1, N, H, I, 1, ff, I, w + ly->fc2_w, I, 0, g->tmp, H, err) ||
-        tg_ln_fwd(g, Xn, xh2, r2, g->tmp, w + ly->fc2_b, x1, w + ly->ln2_w, w + ly->ln2_b, N, H, err))
+        gemm2(g, 0, 1, N, H, H, att, b16.att, H, w + ly->wo, b16.wo, H, 0, g->tmp, H, err) ||
+        tg_ln_fwd2(g, x1, xh1, r1, b16.x1, g->tmp, NULL, X, w + ly->ln1_w, w + ly->ln1_b, N, H, err) ||
+        gemm2(g, 0, 1, N, I, H, x1, b16.x1, H, w + ly->fc1_w, b16.fc1, H, 0, ffp, I, err) ||
+        tg_bias_relu2(g, ff, b16.ff, ffp, w + ly->fc1_b, N, I, df, err) ||
+        gemm2(g, 0, 1, N, H, I, ff, b16.ff, I, w + ly->fc2_w, b16.fc2, I, 0, g->tmp, H, err) ||
+        tg_ln_fwd2(g, Xn, xh2, r2, b16.Xn, g->tmp, w + ly->fc2_b, x1, w + ly->ln2_w, w + ly->ln2_b, N, H, err))
         return -1;
     if (carry && tg_mem_carry(g, l, X, g->cache[l], err)) return -1;
     return 0;
@@ -163,24 +237,24 @@ static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
                 *xh2 = g->xh2 + (size_t)l * N * H, *r1 = g->r1 + (size_t)l * N, *r2 = g->r2 + (size_t)l * N,
                 *ff = g->ff + (size_t)l * N * I;
     const long long sq = (long long)M * H, sk = (long long)SM * H, sf = (long long)K * M * SM;
-    const size_t NH = sizeof(float) * N * H, hf = (size_t)M * SM;
+    const size_t hf = (size_t)M * SM;
     const int band = W <= g->band_max, tc = band && tg_band_tc(g, W);
-    /* X' = LN2(X1 + FF(X1)) */
-    if (tg_ln_back(g, g->dY, gg + ly->ln2_w, gg + ly->ln2_b, g->dX, xh2, r2, w + ly->ln2_w, N, H, err)) return -1;
-    CU_TRY(cudaMemcpyAsync(g->dX1, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
-    if (tg_gemm(g, 1, 0, H, I, N, 1, g->dY, H, ff, I, 1, gg + ly->fc2_w, I, err) ||
-        tg_colsum(g, gg + ly->fc2_b, g->dY, NULL, N, H, err) ||
-        tg_gemm(g, 0, 0, N, I, H, 1, g->dY, H, w + ly->fc2_w, I, 0, g->dFF, I, err) ||
-        tg_relu_back(g, g->dFF, ff, (size_t)N * I, df.scale, err) ||
-        tg_gemm(g, 1, 0, I, H, N, 1, g->dFF, I, x1, H, 1, gg + ly->fc1_w, H, err) ||
-        tg_colsum(g, gg + ly->fc1_b, g->dFF, NULL, N, I, err) ||
-        tg_gemm(g, 0, 0, N, H, I, 1, g->dFF, I, w + ly->fc1_w, H, 1, g->dX1, H, err) ||
-        /* X1 = LN1(X + att Wo^T) */
-        tg_ln_back(g, g->dY, gg + ly->ln1_w, gg + ly->ln1_b, g->dX1, xh1, r1, w + ly->ln1_w, N, H, err))
-        return -1;
-    CU_TRY(cudaMemcpyAsync(g->dX, g->dY, NH, cudaMemcpyDeviceToDevice, g->stream), err, "copy");
-    if (tg_gemm(g, 1, 0, H, H, N, 1, g->dY, H, att, H, 1, gg + ly->wo, H, err) ||
-        tg_gemm(g, 0, 0, N, H, H, 1, g->dY, H, w + ly->wo, H, 0, g->dAtt, H, err) ||
+    const bf_ops b16 = layer_bf(g, l);
+    /* X' = LN2(X1 + FF(X1)): dY (and dX1, which the feed-forward's input
+     * gradient adds to), LN2's and fc2_b's gradients in one pass; with bf16
+     * operands dY as bf16 alone */
+    if (tg_ln_back2(g, b16.dY ? NULL : g->dY, g->dX1, b16.dY, gg + ly->ln2_w, gg + ly->ln2_b, gg + ly->fc2_b, g->dX, xh2,
+                    r2, w + ly->ln2_w, N, H, err) ||
+        gemm2(g, 1, 0, H, I, N, g->dY, b16.dY, H, ff, b16.ff, I, 1, gg + ly->fc2_w, I, err) ||
+        gemm2(g, 0, 0, N, I, H, g->dY, b16.dY, H, w + ly->fc2_w, b16.fc2, I, 0, g->dFF, I, err) ||
+        tg_relu_back2(g, g->dFF, b16.dFF, ff, b16.ff, gg + ly->fc1_b, N, I, df.scale, err) ||
+        gemm2(g, 1, 0, I, H, N, g->dFF, b16.dFF, I, x1, b16.x1, H, 1, gg + ly->fc1_w, H, err) ||
+        gemm2(g, 0, 0, N, H, I, g->dFF, b16.dFF, I, w + ly->fc1_w, b16.fc1, H, 1, g->dX1, H, err) ||
+        /* X1 = LN1(X + att Wo^T): dY and dX, which the projections add to */
+        tg_ln_back2(g, b16.dY ? NULL : g->dY, g->dX, b16.dY, gg + ly->ln1_w, gg + ly->ln1_b, NULL, g->dX1, xh1, r1,
+                    w + ly->ln1_w, N, H, err) ||
+        gemm2(g, 1, 0, H, H, N, g->dY, b16.dY, H, att, b16.att, H, 1, gg + ly->wo, H, err) ||
+        gemm2(g, 0, 0, N, H, H, g->dY, b16.dY, H, w + ly->wo, b16.wo, H, 0, g->dAtt, H, err) ||
         /* attention: dV = w^T dO, dw = dO V^T, then the band's backward */
         tg_band_weights(g, A, nrm, mask, g->F2, W, band, da, err))
         return -1;
@@ -235,6 +309,12 @@ static int aspan_block(tgpu *g, const trainer *t, int backward, int carry, doubl
     *aux = span_loss;
     const td_site de = tg_site(g, t, TD_EMB, 0, t->c.emb_dropout, (size_t)g->M * H);
     if (tg_embed(g, g->X, g->w + g->emb, dx, N, H, 1.0f, de, err)) return -1;
+    /* bf16 operands: the weights' copies (the optimizer changed them) and
+     * the first layer's input's */
+    if (g->bf16 && g->bo.w &&
+        (tg_seg_to_bf16(g, g->bo.w, g->w, g->bo.seg, g->bo.nseg, err) ||
+         tg_to_bf16(g, g->bo.X, g->X, (size_t)N * H, err)))
+        return -1;
     for (int l = 0; l < L; l++)
         if (layer_forward(g, t, l, carry, err)) return -1;
     const float *XL = g->X + (size_t)L * N * H;
@@ -247,4 +327,4 @@ static int aspan_block(tgpu *g, const trainer *t, int backward, int carry, doubl
                                                                                                                  : 0;
 }
 
-const tg_family tg_family_aspan = {&train_family_aspan, aspan_plan, aspan_block};
+const tg_family tg_family_aspan = {&train_family_aspan, aspan_plan, aspan_plan_bf16, aspan_block};

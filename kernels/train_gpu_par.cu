@@ -318,9 +318,8 @@ static int ffn_backward(tgpu *g, const trainer *t, int l, const float *X, float 
                    tg_gemm(g, 1, 0, D, I, N, 1, dY, D, ff, I, 1, gg + ly->fc2_w, I, err) ||
                    tg_colsum(g, gg + ly->fc2_b, dY, NULL, N, D, err) ||
                    tg_gemm(g, 0, 0, N, I, D, 1, dY, D, w + ly->fc2_w, I, 0, dFF, I, err) ||
-                   tg_relu_back(g, dFF, ff, (size_t)N * I, dff.scale, err) ||
+                   tg_relu_back2(g, dFF, NULL, ff, NULL, gg + ly->fc1_b, N, I, dff.scale, err) ||
                    tg_gemm(g, 1, 0, I, D, N, 1, dFF, I, X, D, 1, gg + ly->fc1_w, D, err) ||
-                   tg_colsum(g, gg + ly->fc1_b, dFF, NULL, N, I, err) ||
                    tg_gemm(g, 0, 0, N, D, I, 1, dFF, I, w + ly->fc1_w, D, 1, g->par.dXn, D, err)
                ? -1
                : 0;
@@ -464,4 +463,4 @@ static int par_block(tgpu *g, const trainer *t, int backward, int carry, double 
                                                                                                                 : 0;
 }
 
-const tg_family tg_family_par = {&train_family_par, par_plan, par_block};
+const tg_family tg_family_par = {&train_family_par, par_plan, NULL, par_block};

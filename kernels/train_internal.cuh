@@ -33,6 +33,7 @@
 #define SPANSERVE_TRAIN_INTERNAL_CUH
 
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 extern "C" {
@@ -48,6 +49,11 @@ extern "C" {
 /* Column sums are done in TG_COL_CHUNKS slices of rows, then the slices
  * summed in order: no atomics, the same bits every run. */
 #define TG_COL_CHUNKS 64
+/* LayerNorm's backward sums its weights' gradients in at most this many
+ * slices of rows (a block each), then the slices in order */
+#define TG_LN_CHUNKS 512
+
+typedef __nv_bfloat16 tbf16;
 /* The optimizer walks the arena in chunks of this many elements, none
  * across two tensors. */
 #define TG_OPT_CHUNK 4096
@@ -135,6 +141,22 @@ struct tgpu {
     float *dKr, *dVr;             /* B x (S+M) x H */
     float *dzrow;                 /* B K M */
     double *colpart;              /* TG_COL_CHUNKS x max(H, I, V) */
+    double *lnpart;               /* 3 x TG_LN_CHUNKS x H: LayerNorm's backward's slices */
+    /* precision bf16 (the adaptive-span family; tg_family.plan_bf16): the
+     * products whose operands a kernel of the step writes read bf16 copies
+     * of them (cuBLAS's bf16 kernels, float32 sums): the weights (w: each
+     * layer's wq wk wv wo fc1_w fc2_w at off[6 l + k], every element at 16
+     * bytes' alignment; seg: their (arena offset, offset in w, length)
+     * triples on the device, nseg of them), every layer's input (L+1 x N x
+     * H), key rows (as hall), attention output, LN1 output (N x H each) and
+     * hidden layer after its ReLU (N x I), and the backward's dY and dFF of
+     * one layer. NULL w: none (float32 operands, rounded to bf16 on the
+     * tensor cores). */
+    struct {
+        tbf16 *w, *X, *hall, *att, *x1, *ff, *dY, *dFF;
+        size_t *off, *seg;
+        int nseg;
+    } bo;
     double *dsum;                 /* scalar results */
     /* the block's tokens: x, y (N each), then the rows of each token id
      * (offsets V+1, row indices N) for the embedding's backward */
@@ -208,6 +230,8 @@ enum { TG_ACT_NONE = 0, TG_ACT_WEIGHT = 1, TG_ACT_ALPHA = 2 };
 typedef struct tg_family {
     const train_family *fam;
     int (*plan)(tgpu *g, const trainer *t, char *err);
+    /* NULL, or the bf16 copies of g->bo, planned once when bf16 is first set */
+    int (*plan_bf16)(tgpu *g, char *err);
     int (*block)(tgpu *g, const trainer *t, int backward, int carry, double *aux, char *err);
 } tg_family;
 extern const tg_family tg_family_aspan, tg_family_par;
@@ -284,6 +308,13 @@ int tg_gemm(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const flo
 int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
                     long long sa, const float *B, int ldb, long long sb, float beta, float *C, int ldc,
                     long long sc, int count, char *err);
+/* tg_gemm with bf16 operands (float32 sums and C) */
+int tg_gemm_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const tbf16 *A, int lda, const tbf16 *B,
+               int ldb, float beta, float *C, int ldc, char *err);
+/* dst[i] = bf16(src[i]), n elements; _seg: the NSEG (src offset, dst
+ * offset, length) triples SEG (device) of src into dst */
+int tg_to_bf16(tgpu *g, tbf16 *dst, const float *src, size_t n, char *err);
+int tg_seg_to_bf16(tgpu *g, tbf16 *dst, const float *src, const size_t *seg, int nseg, char *err);
 /* x[n] = emb[tok[n]] * scale, then dropout site DS (element n*d + j) */
 int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, td_site ds,
              char *err);
@@ -299,16 +330,31 @@ int tg_dot(tgpu *g, double *out, const float *x, const float *y, size_t n, char 
 /* u = a (+ bias) + res;  y = (u - mean) rstd * w + b, xhat and rstd kept */
 int tg_ln_fwd(tgpu *g, float *y, float *xhat, float *rstd, const float *a, const float *bias, const float *res,
               const float *w, const float *b, int n, int d, char *err);
+/* tg_ln_fwd, and with YB y's bf16 copy too */
+int tg_ln_fwd2(tgpu *g, float *y, float *xhat, float *rstd, tbf16 *yb, const float *a, const float *bias,
+               const float *res, const float *w, const float *b, int n, int d, char *err);
 /* dx = rstd (dy w - mean(dy w) - xhat mean(dy w xhat)) (overwrites dx);
  * gw += sum dy xhat, gb += sum dy */
 int tg_ln_back(tgpu *g, float *dx, float *gw, float *gb, const float *dy, const float *xhat, const float *rstd,
                const float *w, int n, int d, char *err);
+/* tg_ln_back, dx written also to DX2 and as bf16 to DXB (each unless
+ * NULL; dx itself may be NULL with DXB), and with GOUT gout += sum dx
+ * (the column sums in the same pass, a warp a row, for d up to 1024) */
+int tg_ln_back2(tgpu *g, float *dx, float *dx2, tbf16 *dxb, float *gw, float *gb, float *gout, const float *dy,
+                const float *xhat, const float *rstd, const float *w, int n, int d, char *err);
 /* out[j] += sum_i a[i][j] (* b[i][j] if b), rows of COLS */
 int tg_colsum(tgpu *g, float *out, const float *a, const float *b, int rows, int cols, char *err);
 /* y = max(y + bias, 0), then dropout DS (element n*d + j) */
 int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, td_site ds, char *err);
-/* dy = y > 0 ? dy * scale : 0 (y after the ReLU and dropout; SCALE the kept elements' factor) */
-int tg_relu_back(tgpu *g, float *dy, const float *y, size_t n, float scale, char *err);
+/* tg_bias_relu from X (may be y) into y, or with YB into yb (bf16) only */
+int tg_bias_relu2(tgpu *g, float *y, tbf16 *yb, const float *x, const float *bias, int n, int d, td_site ds,
+                  char *err);
+/* dy = y > 0 ? dy * scale : 0 over rows x cols (y after the ReLU and
+ * dropout, read as YB where given; SCALE the kept elements' factor), the
+ * result into DYB (bf16) instead of dy where given, and gbias += its
+ * column sums (in the same pass) */
+int tg_relu_back2(tgpu *g, float *dy, tbf16 *dyb, const float *y, const tbf16 *yb, float *gbias, int rows, int cols,
+                  float scale, char *err);
 /* logits += bias, log-softmax in place, nll[i] = -logp[i][y_i] */
 int tg_xent(tgpu *g, float *logits, float *nll, const float *bias, const int32_t *y, int n, int V, char *err);
 /* logp -> SCALE (softmax - onehot) */
@@ -357,8 +403,8 @@ int tg_band_attend_back(tgpu *g, const float *dO, const float *Vr, const float *
 /* mask[h][c] = clamp((1 - (W - c) + z_h S) / R + 1, 0, 1) for c < W, and
  * mskin 1 where the clamp passes a gradient */
 int tg_span_mask(tgpu *g, float *mask, float *mskin, const float *zf, int W, char *err);
-/* hall[b] = [mem[b][S-W..S); x[b]] */
-int tg_build_hall(tgpu *g, float *hall, const float *mem, const float *x, int W, char *err);
+/* hall[b] = [mem[b][S-W..S); x[b]], and its bf16 copy into HB unless NULL */
+int tg_build_hall(tgpu *g, float *hall, tbf16 *hb, const float *mem, const float *x, int W, char *err);
 /* BAND: F1 and F2 hold bands (tg_band_rows), else full rows of W + M.
  * Scores F1 + pe band -> a (band), nrm, and the final weights w into F2,
  * through dropout DS (element row * S + c) */

@@ -8,13 +8,20 @@
  *                   precision bf16 cublasGemmEx on float32 operands with
  *                   CUBLAS_COMPUTE_32F_FAST_16BF (bf16 tensor cores, float32
  *                   sums)
+ *   tg_gemm_bf      the same with bf16 operands (precision bf16's copies,
+ *                   train_internal.cuh's bo), float32 sums and C;
+ *                   tg_to_bf16 and tg_seg_to_bf16 make the copies
  *   tg_embed(_back) the token embedding; its backward sums each token's
  *                   rows (listed on the host) in order, without atomics
  *   tg_ln_fwd/back  residual + post-LayerNorm (eps 1e-5, biased variance),
  *                   sums in double, xhat and 1/sigma kept for the backward:
- *                   with g = dy w, dx = rstd (g - mean g - xhat mean(g xhat))
- *   tg_colsum       bias and LayerNorm weight gradients: column sums in
- *                   TG_COL_CHUNKS slices of rows, then the slices in order
+ *                   with g = dy w, dx = rstd (g - mean g - xhat mean(g xhat));
+ *                   a warp a row (rows up to 1024), the backward's weight
+ *                   gradients summed in the same pass by slices of rows
+ *                   (TG_LN_CHUNKS), then the slices in order
+ *   tg_colsum       bias gradients: column sums in TG_COL_CHUNKS slices of
+ *                   rows, then the slices in order (tg_relu_back2 does the
+ *                   hidden layer's bias in its own pass)
  *   tg_xent(_back)  log-softmax, negative log-likelihood, and its gradient
  *                   (softmax - onehot) / N
  *   tg_optim        Adagrad with the reference's per-tensor clipping
@@ -63,6 +70,48 @@ int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, c
     BLAS_TRY(cublasSgemmStridedBatched(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
                                       k, &alpha, B, ldb, sb, A, lda, sa, &beta, C, ldc, sc, count),
             err, "sgemm batched");
+    return 0;
+}
+
+int tg_gemm_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const tbf16 *A, int lda, const tbf16 *B,
+               int ldb, float beta, float *C, int ldc, char *err)
+{
+    if (m <= 0 || n <= 0) return 0;
+    BLAS_TRY(cublasGemmEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
+                          CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT),
+             err, "gemm bf16 operands");
+    return 0;
+}
+
+__global__ static void to_bf16_kernel(tbf16 *dst, const float *src, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(src[i]);
+}
+
+int tg_to_bf16(tgpu *g, tbf16 *dst, const float *src, size_t n, char *err)
+{
+    if (!n) return 0;
+    const size_t blocks = tg_blocks(n, 256);
+    to_bf16_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, g->stream>>>(dst, src, n);
+    LAUNCH_TRY(err, "to bf16");
+    return 0;
+}
+
+/* blockIdx.y: the segment (src offset, dst offset, length) */
+__global__ static void seg_bf16_kernel(tbf16 *dst, const float *src, const size_t *seg)
+{
+    const size_t *s = seg + 3 * blockIdx.y, from = s[0], to = s[1], len = s[2];
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += (size_t)gridDim.x * blockDim.x)
+        dst[to + i] = __float2bfloat16(src[from + i]);
+}
+
+int tg_seg_to_bf16(tgpu *g, tbf16 *dst, const float *src, const size_t *seg, int nseg, char *err)
+{
+    if (nseg <= 0) return 0;
+    seg_bf16_kernel<<<dim3(32, nseg), 256, 0, g->stream>>>(dst, src, seg);
+    LAUNCH_TRY(err, "weights to bf16");
     return 0;
 }
 
@@ -137,12 +186,83 @@ __global__ static void ln_fwd_kernel(float *y, float *xhat, float *rstd, const f
 
 static int ln_threads(int d) { return d >= 512 ? 256 : d >= 128 ? 128 : 32; }
 
+/* A warp a row for rows up to TG_LN_WARP_MAX: lane l holds columns l + 32 c
+ * (c < C) in registers. */
+#define TG_LN_WARP_MAX 1024
+
+static int ln_lanes(int d)
+{
+    const int c = (d + 31) / 32;
+    return c <= 1 ? 1 : c <= 2 ? 2 : c <= 4 ? 4 : c <= 8 ? 8 : c <= 16 ? 16 : 32;
+}
+
+#define LN_DISPATCH(C, LAUNCH)                                                                                       \
+    switch (C) {                                                                                                     \
+    case 1: LAUNCH(1); break;                                                                                        \
+    case 2: LAUNCH(2); break;                                                                                        \
+    case 4: LAUNCH(4); break;                                                                                        \
+    case 8: LAUNCH(8); break;                                                                                        \
+    case 16: LAUNCH(16); break;                                                                                      \
+    default: LAUNCH(32); break;                                                                                      \
+    }
+
+template <int C>
+__global__ static void ln_fwd_warp(float *y, float *xhat, float *rstd, tbf16 *yb, const float *a, const float *bias,
+                                   const float *res, const float *w, const float *b, int n, int d)
+{
+    const int lane = threadIdx.x & 31;
+    const size_t r = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), o = r * d;
+    if (r >= (size_t)n) return;   /* the whole warp */
+    float u[C];
+    double s = 0;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int j = lane + 32 * c;
+        u[c] = j < d ? (bias ? a[o + j] + bias[j] : a[o + j]) + res[o + j] : 0.0f;
+        s += u[c];
+    }
+    const double mean = warp_sum(s) / d;
+    double v = 0;
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        if (lane + 32 * c < d) {
+            const double e = u[c] - mean;
+            v += e * e;
+        }
+    const double inv = 1.0 / sqrt(warp_sum(v) / d + 1e-5);
+    if (lane == 0) rstd[r] = (float)inv;
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        const int j = lane + 32 * c;
+        if (j < d) {
+            const float h = (float)((u[c] - mean) * inv), out = h * w[j] + b[j];
+            xhat[o + j] = h;
+            y[o + j] = out;
+            if (yb) yb[o + j] = __float2bfloat16(out);
+        }
+    }
+}
+
+int tg_ln_fwd2(tgpu *g, float *y, float *xhat, float *rstd, tbf16 *yb, const float *a, const float *bias,
+               const float *res, const float *w, const float *b, int n, int d, char *err)
+{
+    if (n <= 0) return 0;
+    if (d > TG_LN_WARP_MAX) {
+        ln_fwd_kernel<<<n, ln_threads(d), 0, g->stream>>>(y, xhat, rstd, a, bias, res, w, b, d);
+        LAUNCH_TRY(err, "layernorm");
+        return yb ? tg_to_bf16(g, yb, y, (size_t)n * d, err) : 0;
+    }
+#define LN_FWD(C) ln_fwd_warp<C><<<tg_blocks(n, 8), 256, 0, g->stream>>>(y, xhat, rstd, yb, a, bias, res, w, b, n, d)
+    LN_DISPATCH(ln_lanes(d), LN_FWD)
+#undef LN_FWD
+    LAUNCH_TRY(err, "layernorm");
+    return 0;
+}
+
 int tg_ln_fwd(tgpu *g, float *y, float *xhat, float *rstd, const float *a, const float *bias, const float *res,
               const float *w, const float *b, int n, int d, char *err)
 {
-    ln_fwd_kernel<<<n, ln_threads(d), 0, g->stream>>>(y, xhat, rstd, a, bias, res, w, b, d);
-    LAUNCH_TRY(err, "layernorm");
-    return 0;
+    return tg_ln_fwd2(g, y, xhat, rstd, NULL, a, bias, res, w, b, n, d, err);
 }
 
 __global__ static void ln_back_kernel(float *dx, const float *dy, const float *xhat, const float *rstd,
@@ -165,13 +285,124 @@ __global__ static void ln_back_kernel(float *dx, const float *dy, const float *x
         dr[j] = (float)(rs * ((double)gr[j] * w[j] - mg - hr[j] * mgh));
 }
 
+/* Rows [blockIdx.x per, + per), warp w of the block taking every
+ * (blockDim.x / 32)th from the w-th; each lane sums its columns of dy xhat,
+ * dy and (NSUM 3) dx over its rows in float, then the block's warps in
+ * double into part[k][blockIdx.x][j], k < NSUM (ln_fold_kernel adds the
+ * slices in order). Dynamic shared memory: warps x d floats. */
+template <int C>
+__global__ static void ln_back_warp(float *dx, float *dx2, tbf16 *dxb, double *part, const float *dy,
+                                    const float *xhat, const float *rstd, const float *w, int n, int d, int per,
+                                    int nsum)
+{
+    extern __shared__ float ln_sh[];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int r0 = blockIdx.x * per, r1 = min(n, r0 + per);
+    float aw[C], ab[C], ao[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) aw[c] = ab[c] = ao[c] = 0.0f;
+    for (int r = r0 + wi; r < r1; r += nw) {
+        const size_t o = (size_t)r * d;
+        float gv[C], hv[C];
+        double mg = 0, mgh = 0;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int j = lane + 32 * c;
+            gv[c] = j < d ? dy[o + j] : 0.0f;
+            hv[c] = j < d ? xhat[o + j] : 0.0f;
+            const double gj = j < d ? (double)gv[c] * w[j] : 0.0;
+            mg += gj;
+            mgh += gj * hv[c];
+        }
+        mg = warp_sum(mg) / d;
+        mgh = warp_sum(mgh) / d;
+        const double rs = rstd[r];
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int j = lane + 32 * c;
+            if (j < d) {
+                const float out = (float)(rs * ((double)gv[c] * w[j] - mg - hv[c] * mgh));
+                if (dx) dx[o + j] = out;
+                if (dx2) dx2[o + j] = out;
+                if (dxb) dxb[o + j] = __float2bfloat16(out);
+                aw[c] += gv[c] * hv[c];
+                ab[c] += gv[c];
+                ao[c] += out;
+            }
+        }
+    }
+    for (int k = 0; k < nsum; k++) {
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int j = lane + 32 * c;
+            if (j < d) ln_sh[wi * d + j] = k == 0 ? aw[c] : k == 1 ? ab[c] : ao[c];
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < d; j += blockDim.x) {
+            double s = 0;
+            for (int i = 0; i < nw; i++) s += ln_sh[i * d + j];
+            part[((size_t)k * gridDim.x + blockIdx.x) * d + j] = s;
+        }
+        __syncthreads();
+    }
+}
+
+/* out_k[j] += the CHUNKS slices part[k][c][j] (blockIdx.y = k), in a fixed
+ * order: 8 rows of threads over the slices, then those 8 in order */
+__global__ static void ln_fold_kernel(float *o0, float *o1, float *o2, const double *part, int chunks, int d)
+{
+    __shared__ double sh[8][33];
+    const int j = blockIdx.x * 32 + threadIdx.x, k = blockIdx.y;
+    double s = 0;
+    if (j < d)
+        for (int c = threadIdx.y; c < chunks; c += 8) s += part[((size_t)k * chunks + c) * d + j];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < d) {
+        double t = 0;
+        for (int i = 0; i < 8; i++) t += sh[i][threadIdx.x];
+        float *o = k == 0 ? o0 : k == 1 ? o1 : o2;
+        o[j] += (float)t;
+    }
+}
+
+int tg_ln_back2(tgpu *g, float *dx, float *dx2, tbf16 *dxb, float *gw, float *gb, float *gout, const float *dy,
+                const float *xhat, const float *rstd, const float *w, int n, int d, char *err)
+{
+    if (n <= 0) return 0;
+    if (d > TG_LN_WARP_MAX) {   /* a block a row, then the column sums */
+        float *out = dx ? dx : dx2;
+        if (!out) return err_set(err, "layernorm back: no output for rows of %d", d);
+        ln_back_kernel<<<n, ln_threads(d), 0, g->stream>>>(out, dy, xhat, rstd, w, d);
+        LAUNCH_TRY(err, "layernorm back");
+        const size_t bytes = sizeof(float) * n * d;
+        if ((dx && dx2 && cudaMemcpyAsync(dx2, dx, bytes, cudaMemcpyDeviceToDevice, g->stream) != cudaSuccess) ||
+            (dxb && tg_to_bf16(g, dxb, out, (size_t)n * d, err)))
+            return err_set(err, "layernorm back: copy failed");
+        return tg_colsum(g, gw, dy, xhat, n, d, err) || tg_colsum(g, gb, dy, NULL, n, d, err) ||
+                       (gout && tg_colsum(g, gout, out, NULL, n, d, err))
+                   ? -1
+                   : 0;
+    }
+    int chunks = (n + 31) / 32;
+    if (chunks > TG_LN_CHUNKS) chunks = TG_LN_CHUNKS;
+    const int per = (n + chunks - 1) / chunks, nsum = gout ? 3 : 2;
+    chunks = (n + per - 1) / per;
+    const size_t sh = sizeof(float) * 8 * d;
+#define LN_BACK(C)                                                                                                   \
+    ln_back_warp<C><<<chunks, 256, sh, g->stream>>>(dx, dx2, dxb, g->lnpart, dy, xhat, rstd, w, n, d, per, nsum)
+    LN_DISPATCH(ln_lanes(d), LN_BACK)
+#undef LN_BACK
+    LAUNCH_TRY(err, "layernorm back");
+    ln_fold_kernel<<<dim3(tg_blocks(d, 32), nsum), dim3(32, 8), 0, g->stream>>>(gw, gb, gout, g->lnpart, chunks, d);
+    LAUNCH_TRY(err, "layernorm back's sums");
+    return 0;
+}
+
 int tg_ln_back(tgpu *g, float *dx, float *gw, float *gb, const float *dy, const float *xhat, const float *rstd,
                const float *w, int n, int d, char *err)
 {
-    ln_back_kernel<<<n, ln_threads(d), 0, g->stream>>>(dx, dy, xhat, rstd, w, d);
-    LAUNCH_TRY(err, "layernorm back");
-    if (tg_colsum(g, gw, dy, xhat, n, d, err) || tg_colsum(g, gb, dy, NULL, n, d, err)) return -1;
-    return 0;
+    return tg_ln_back2(g, dx, NULL, NULL, gw, gb, NULL, dy, xhat, rstd, w, n, d, err);
 }
 
 /* blocks (column tile of 32, row chunk); threads 32 x 8 */
@@ -214,32 +445,72 @@ int tg_colsum(tgpu *g, float *out, const float *a, const float *b, int rows, int
     return 0;
 }
 
-__global__ static void bias_relu_kernel(float *y, const float *bias, size_t n, int d, td_site ds)
+/* a block a row of D */
+__global__ static void bias_relu_row_kernel(float *y, tbf16 *yb, const float *x, const float *bias, int d, td_site ds)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float v = y[i] + bias[i % d];
-    y[i] = v > 0 ? v * tg_keep(ds, i) : 0;
+    const size_t o = (size_t)blockIdx.x * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+        const size_t i = o + j;
+        const float v = x[i] + bias[j], out = v > 0 ? v * tg_keep(ds, i) : 0.0f;
+        if (yb)
+            yb[i] = __float2bfloat16(out);
+        else
+            y[i] = out;
+    }
 }
 
-int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, td_site ds, char *err)
+int tg_bias_relu2(tgpu *g, float *y, tbf16 *yb, const float *x, const float *bias, int n, int d, td_site ds,
+                  char *err)
 {
-    const size_t total = (size_t)n * d;
-    bias_relu_kernel<<<tg_blocks(total, 256), 256, 0, g->stream>>>(y, bias, total, d, ds);
+    if (n <= 0 || d <= 0) return 0;
+    bias_relu_row_kernel<<<n, d >= 256 ? 256 : 32 * ((d + 31) / 32), 0, g->stream>>>(y, yb, x, bias, d, ds);
     LAUNCH_TRY(err, "bias_relu");
     return 0;
 }
 
-__global__ static void relu_back_kernel(float *dy, const float *y, size_t n, float scale)
+/* blocks (column tile of 32, slice of rows) as colsum_part_kernel's: the
+ * ReLU's backward of each element, and its column's sum over the slice */
+__global__ static void relu_back_sum_kernel(float *dy, tbf16 *dyb, const float *y, const tbf16 *yb, double *part,
+                                            int rows, int cols, int per, float scale)
 {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dy[i] = y[i] > 0 ? dy[i] * scale : 0.0f;
+    __shared__ double sh[8][33];
+    const int j = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * per, r1 = min(rows, r0 + per);
+    double s = 0;
+    if (j < cols)
+#pragma unroll 4
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            const size_t at = (size_t)r * cols + j;
+            const float yv = yb ? __bfloat162float(yb[at]) : y[at], v = yv > 0 ? dy[at] * scale : 0.0f;
+            if (dyb)
+                dyb[at] = __float2bfloat16(v);
+            else
+                dy[at] = v;
+            s += v;
+        }
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < cols) {
+        double t = 0;
+        for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
+        part[(size_t)blockIdx.y * cols + j] = t;
+    }
 }
 
-int tg_relu_back(tgpu *g, float *dy, const float *y, size_t n, float scale, char *err)
+int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, td_site ds, char *err)
 {
-    relu_back_kernel<<<tg_blocks(n, 256), 256, 0, g->stream>>>(dy, y, n, scale);
+    return tg_bias_relu2(g, y, NULL, y, bias, n, d, ds, err);
+}
+
+int tg_relu_back2(tgpu *g, float *dy, tbf16 *dyb, const float *y, const tbf16 *yb, float *gbias, int rows, int cols,
+                  float scale, char *err)
+{
+    if (rows <= 0 || cols <= 0) return 0;
+    const int chunks = rows < TG_COL_CHUNKS ? rows : TG_COL_CHUNKS, per = (rows + chunks - 1) / chunks;
+    relu_back_sum_kernel<<<dim3(tg_blocks(cols, 32), chunks), dim3(32, 8), 0, g->stream>>>(dy, dyb, y, yb, g->colpart,
+                                                                                          rows, cols, per, scale);
     LAUNCH_TRY(err, "relu_back");
+    colsum_fold_kernel<<<tg_blocks(cols, 128), 128, 0, g->stream>>>(gbias, g->colpart, chunks, cols);
+    LAUNCH_TRY(err, "relu_back's sums");
     return 0;
 }
 

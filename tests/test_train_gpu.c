@@ -903,6 +903,18 @@ int main(void)
     test_loop(p, "par-transformer-xl");
 
     test_multi();
+
+    /* (last: these draw from the shared generator) bf16 operands with
+     * dropout on each site */
+    train_cfg fd = tiny();
+    fd.hidden_size = 64, fd.inner_hidden_size = 128, fd.attn_span = 40, fd.block_size = 16;
+    fd.dropout = 0.1, fd.emb_dropout = 0.1;
+    test_fast(fd, 1, "bf16 dropout");
+    /* rows wider than LayerNorm's warp a row (1024): a block a row and the
+     * column sums apart */
+    c = tiny();
+    c.hidden_size = 1040, c.nb_heads = 2, c.nb_layers = 1, c.inner_hidden_size = 16;
+    compare_case(c, 7, zf, 0, "rows of 1040");   /* the gradients: Adagrad magnifies what float32 cannot resolve */
     return test_summary("test_train_gpu");
 }
 #endif
