@@ -104,7 +104,9 @@ static int aspan_plan_bf16(tgpu *g, char *err)
                      tg_alloc(g, &g->bo.X, E * (L + 1) * N * H, err) ||
                      tg_alloc(g, &g->bo.hall, E * L * B * SMx * H, err) || tg_alloc(g, &g->bo.att, E * L * N * H, err) ||
                      tg_alloc(g, &g->bo.x1, E * L * N * H, err) || tg_alloc(g, &g->bo.ff, E * L * N * I, err) ||
-                     tg_alloc(g, &g->bo.dY, E * N * H, err) || tg_alloc(g, &g->bo.dFF, E * N * I, err)
+                     tg_alloc(g, &g->bo.dY, E * N * H, err) || tg_alloc(g, &g->bo.dFF, E * N * I, err) ||
+                     tg_alloc(g, &g->bo.dQ, E * N * H, err) || tg_alloc(g, &g->bo.dKr, E * B * SMx * H, err) ||
+                     tg_alloc(g, &g->bo.dVr, E * B * SMx * H, err)
                  ? -1
                  : 0;
     if (!rc && (cudaMemcpyAsync(g->bo.seg, seg, sizeof(size_t) * 18 * L, cudaMemcpyHostToDevice, g->stream) !=
@@ -127,7 +129,7 @@ static int gemm2(tgpu *g, int ta, int tb, int m, int n, int k, const float *A, c
 
 /* layer l's bf16 operands (all NULL without them) */
 typedef struct bf_ops {
-    tbf16 *X, *Xn, *hall, *att, *x1, *ff, *dY, *dFF;
+    tbf16 *X, *Xn, *hall, *att, *x1, *ff, *dY, *dFF, *dQ, *dKr, *dVr;
     const tbf16 *wq, *wk, *wv, *wo, *fc1, *fc2;
 } bf_ops;
 
@@ -139,7 +141,7 @@ static bf_ops layer_bf(const tgpu *g, int l)
     const size_t N = g->N, H = g->H, I = g->I, SMx = (size_t)g->S + g->M, *off = g->bo.off + 6 * (size_t)l;
     b16.X = g->bo.X + (size_t)l * N * H, b16.Xn = b16.X + N * H, b16.hall = g->bo.hall + (size_t)l * g->B * SMx * H;
     b16.att = g->bo.att + (size_t)l * N * H, b16.x1 = g->bo.x1 + (size_t)l * N * H, b16.ff = g->bo.ff + (size_t)l * N * I;
-    b16.dY = g->bo.dY, b16.dFF = g->bo.dFF;
+    b16.dY = g->bo.dY, b16.dFF = g->bo.dFF, b16.dQ = g->bo.dQ, b16.dKr = g->bo.dKr, b16.dVr = g->bo.dVr;
     b16.wq = g->bo.w + off[0], b16.wk = g->bo.w + off[1], b16.wv = g->bo.w + off[2], b16.wo = g->bo.w + off[3];
     b16.fc1 = g->bo.w + off[4], b16.fc2 = g->bo.w + off[5];
     return b16;
@@ -281,32 +283,46 @@ static int layer_backward(tgpu *g, const trainer *t, int l, char *err)
         tg_gemm(g, 0, 1, N * K, D, W, 1, g->PB, W, w + g->key_pe + (S - W), S, 1, g->dQ, D, err) ||
         tg_gemm(g, 1, 0, D, W, N * K, 1, Q, D, g->PB, W, 1, gg + g->key_pe + (S - W), S, err) ||
         /* the projections: weights see every row, the input only the block's
-         * (the memory is detached) */
-        tg_gemm(g, 1, 0, H, H, N, 1, g->dQ, H, X, H, 1, gg + ly->wq, H, err) ||
-        tg_gemm(g, 0, 0, N, H, H, 1, g->dQ, H, w + ly->wq, H, 1, g->dX, H, err) ||
-        tg_gemm(g, 1, 0, H, H, B * SM, 1, g->dKr, H, hall, H, 1, gg + ly->wk, H, err) ||
-        tg_gemm(g, 1, 0, H, H, B * SM, 1, g->dVr, H, hall, H, 1, gg + ly->wv, H, err) ||
-        tg_gemm_batched(g, 0, 0, M, H, H, 1, g->dKr + (size_t)W * H, H, (long long)SM * H, w + ly->wk, H, 0, 1,
-                        g->dX, H, (long long)M * H, B, err) ||
-        tg_gemm_batched(g, 0, 0, M, H, H, 1, g->dVr + (size_t)W * H, H, (long long)SM * H, w + ly->wv, H, 0, 1,
-                        g->dX, H, (long long)M * H, B, err))
+         * (the memory is detached); with bf16 operands dQ, dK and dV as bf16 */
+        (b16.dQ && (tg_to_bf16(g, b16.dQ, g->dQ, (size_t)N * H, err) ||
+                    tg_to_bf16(g, b16.dKr, g->dKr, (size_t)B * SM * H, err) ||
+                    tg_to_bf16(g, b16.dVr, g->dVr, (size_t)B * SM * H, err))) ||
+        gemm2(g, 1, 0, H, H, N, g->dQ, b16.dQ, H, X, b16.X, H, 1, gg + ly->wq, H, err) ||
+        gemm2(g, 0, 0, N, H, H, g->dQ, b16.dQ, H, w + ly->wq, b16.wq, H, 1, g->dX, H, err) ||
+        gemm2(g, 1, 0, H, H, B * SM, g->dKr, b16.dKr, H, hall, b16.hall, H, 1, gg + ly->wk, H, err) ||
+        gemm2(g, 1, 0, H, H, B * SM, g->dVr, b16.dVr, H, hall, b16.hall, H, 1, gg + ly->wv, H, err) ||
+        (b16.dKr ? tg_gemm_batched_bf(g, 0, 0, M, H, H, 1, b16.dKr + (size_t)W * H, H, (long long)SM * H, b16.wk, H,
+                                      0, 1, g->dX, H, (long long)M * H, B, err) ||
+                       tg_gemm_batched_bf(g, 0, 0, M, H, H, 1, b16.dVr + (size_t)W * H, H, (long long)SM * H, b16.wv,
+                                          H, 0, 1, g->dX, H, (long long)M * H, B, err)
+                 : tg_gemm_batched(g, 0, 0, M, H, H, 1, g->dKr + (size_t)W * H, H, (long long)SM * H, w + ly->wk, H,
+                                   0, 1, g->dX, H, (long long)M * H, B, err) ||
+                       tg_gemm_batched(g, 0, 0, M, H, H, 1, g->dVr + (size_t)W * H, H, (long long)SM * H, w + ly->wv,
+                                       H, 0, 1, g->dX, H, (long long)M * H, B, err)))
         return -1;
     return 0;
 }
 
 
-static int aspan_block(tgpu *g, const trainer *t, int backward, int carry, double *aux, char *err)
+/* the host's part of a step: each layer's window and cache from z/S (the
+ * host's mirror), and the span loss */
+static double aspan_shapes(tgpu *g, const trainer *t)
 {
-    const int L = g->L, N = g->N, H = g->H, K = g->K, S = g->S, V = g->V;
-    const int32_t *dx = g->d_tok, *doff = g->d_tok + 2 * N, *didx = doff + V + 1;
     double span_loss = 0;
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < g->L; l++) {
         aspan_window(t, l, &g->win[l], &g->cache[l]);
         double zs = 0;
-        for (int h = 0; h < K; h++) zs += t->w[t->ly[l].zfrac + h];
-        span_loss += t->c.adapt_span_loss * S * zs / K;
+        for (int h = 0; h < g->K; h++) zs += t->w[t->ly[l].zfrac + h];
+        span_loss += t->c.adapt_span_loss * g->S * zs / g->K;
     }
-    *aux = span_loss;
+    return span_loss;
+}
+
+static int aspan_block(tgpu *g, const trainer *t, int backward, int carry, double *aux, char *err)
+{
+    const int L = g->L, N = g->N, H = g->H, V = g->V;
+    const int32_t *dx = g->d_tok, *doff = g->d_tok + 2 * N, *didx = doff + V + 1;
+    *aux = aspan_shapes(g, t);
     const td_site de = tg_site(g, t, TD_EMB, 0, t->c.emb_dropout, (size_t)g->M * H);
     if (tg_embed(g, g->X, g->w + g->emb, dx, N, H, 1.0f, de, err)) return -1;
     /* bf16 operands: the weights' copies (the optimizer changed them) and

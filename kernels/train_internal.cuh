@@ -149,11 +149,11 @@ struct tgpu {
      * bytes' alignment; seg: their (arena offset, offset in w, length)
      * triples on the device, nseg of them), every layer's input (L+1 x N x
      * H), key rows (as hall), attention output, LN1 output (N x H each) and
-     * hidden layer after its ReLU (N x I), and the backward's dY and dFF of
-     * one layer. NULL w: none (float32 operands, rounded to bf16 on the
-     * tensor cores). */
+     * hidden layer after its ReLU (N x I), and the backward's dY, dFF, dQ,
+     * dKr and dVr of one layer. NULL w: none (float32 operands, rounded to
+     * bf16 on the tensor cores). */
     struct {
-        tbf16 *w, *X, *hall, *att, *x1, *ff, *dY, *dFF;
+        tbf16 *w, *X, *hall, *att, *x1, *ff, *dY, *dFF, *dQ, *dKr, *dVr;
         size_t *off, *seg;
         int nseg;
     } bo;
@@ -311,6 +311,9 @@ int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, c
 /* tg_gemm with bf16 operands (float32 sums and C) */
 int tg_gemm_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const tbf16 *A, int lda, const tbf16 *B,
                int ldb, float beta, float *C, int ldc, char *err);
+int tg_gemm_batched_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const tbf16 *A, int lda,
+                       long long sa, const tbf16 *B, int ldb, long long sb, float beta, float *C, int ldc,
+                       long long sc, int count, char *err);
 /* dst[i] = bf16(src[i]), n elements; _seg: the NSEG (src offset, dst
  * offset, length) triples SEG (device) of src into dst */
 int tg_to_bf16(tgpu *g, tbf16 *dst, const float *src, size_t n, char *err);

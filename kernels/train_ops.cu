@@ -84,6 +84,18 @@ int tg_gemm_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const 
     return 0;
 }
 
+int tg_gemm_batched_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const tbf16 *A, int lda,
+                       long long sa, const tbf16 *B, int ldb, long long sb, float beta, float *C, int ldc,
+                       long long sc, int count, char *err)
+{
+    if (m <= 0 || n <= 0 || count <= 0) return 0;
+    BLAS_TRY(cublasGemmStridedBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
+                                        k, &alpha, B, CUDA_R_16BF, ldb, sb, A, CUDA_R_16BF, lda, sa, &beta, C,
+                                        CUDA_R_32F, ldc, sc, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             err, "gemm bf16 operands batched");
+    return 0;
+}
+
 __global__ static void to_bf16_kernel(tbf16 *dst, const float *src, size_t n)
 {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -288,7 +300,7 @@ __global__ static void ln_back_kernel(float *dx, const float *dy, const float *x
 /* Rows [blockIdx.x per, + per), warp w of the block taking every
  * (blockDim.x / 32)th from the w-th; each lane sums its columns of dy xhat,
  * dy and (NSUM 3) dx over its rows in float, then the block's warps in
- * double into part[k][blockIdx.x][j], k < NSUM (ln_fold_kernel adds the
+ * double into part[k][blockIdx.x][j], k < NSUM (fold_kernel adds the
  * slices in order). Dynamic shared memory: warps x d floats. */
 template <int C>
 __global__ static void ln_back_warp(float *dx, float *dx2, tbf16 *dxb, double *part, const float *dy,
@@ -348,22 +360,31 @@ __global__ static void ln_back_warp(float *dx, float *dx2, tbf16 *dxb, double *p
 }
 
 /* out_k[j] += the CHUNKS slices part[k][c][j] (blockIdx.y = k), in a fixed
- * order: 8 rows of threads over the slices, then those 8 in order */
-__global__ static void ln_fold_kernel(float *o0, float *o1, float *o2, const double *part, int chunks, int d)
+ * order: FOLD_ROWS rows of threads over the slices, then those rows in
+ * order */
+#define FOLD_ROWS 32
+__global__ static void fold_kernel(float *o0, float *o1, float *o2, const double *part, int chunks, int d)
 {
-    __shared__ double sh[8][33];
+    __shared__ double sh[FOLD_ROWS][33];
     const int j = blockIdx.x * 32 + threadIdx.x, k = blockIdx.y;
     double s = 0;
     if (j < d)
-        for (int c = threadIdx.y; c < chunks; c += 8) s += part[((size_t)k * chunks + c) * d + j];
+        for (int c = threadIdx.y; c < chunks; c += FOLD_ROWS) s += part[((size_t)k * chunks + c) * d + j];
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && j < d) {
         double t = 0;
-        for (int i = 0; i < 8; i++) t += sh[i][threadIdx.x];
+        for (int i = 0; i < FOLD_ROWS; i++) t += sh[i][threadIdx.x];
         float *o = k == 0 ? o0 : k == 1 ? o1 : o2;
         o[j] += (float)t;
     }
+}
+
+static int fold(tgpu *g, float *o0, float *o1, float *o2, const double *part, int nsum, int chunks, int d, char *err)
+{
+    fold_kernel<<<dim3(tg_blocks(d, 32), nsum), dim3(32, FOLD_ROWS), 0, g->stream>>>(o0, o1, o2, part, chunks, d);
+    LAUNCH_TRY(err, "column sums' slices");
+    return 0;
 }
 
 int tg_ln_back2(tgpu *g, float *dx, float *dx2, tbf16 *dxb, float *gw, float *gb, float *gout, const float *dy,
@@ -394,9 +415,7 @@ int tg_ln_back2(tgpu *g, float *dx, float *dx2, tbf16 *dxb, float *gw, float *gb
     LN_DISPATCH(ln_lanes(d), LN_BACK)
 #undef LN_BACK
     LAUNCH_TRY(err, "layernorm back");
-    ln_fold_kernel<<<dim3(tg_blocks(d, 32), nsum), dim3(32, 8), 0, g->stream>>>(gw, gb, gout, g->lnpart, chunks, d);
-    LAUNCH_TRY(err, "layernorm back's sums");
-    return 0;
+    return fold(g, gw, gb, gout, g->lnpart, nsum, chunks, d, err);
 }
 
 int tg_ln_back(tgpu *g, float *dx, float *gw, float *gb, const float *dy, const float *xhat, const float *rstd,
@@ -425,24 +444,13 @@ __global__ static void colsum_part_kernel(double *part, const float *a, const fl
     }
 }
 
-__global__ static void colsum_fold_kernel(float *out, const double *part, int chunks, int cols)
-{
-    const int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= cols) return;
-    double s = 0;
-    for (int c = 0; c < chunks; c++) s += part[(size_t)c * cols + j];
-    out[j] += (float)s;
-}
-
 int tg_colsum(tgpu *g, float *out, const float *a, const float *b, int rows, int cols, char *err)
 {
     const int chunks = rows < TG_COL_CHUNKS ? (rows > 0 ? rows : 1) : TG_COL_CHUNKS, per = (rows + chunks - 1) / chunks;
     colsum_part_kernel<<<dim3(tg_blocks(cols, 32), chunks), dim3(32, 8), 0, g->stream>>>(g->colpart, a, b, rows,
                                                                                           cols, per);
     LAUNCH_TRY(err, "colsum");
-    colsum_fold_kernel<<<tg_blocks(cols, 128), 128, 0, g->stream>>>(out, g->colpart, chunks, cols);
-    LAUNCH_TRY(err, "colsum fold");
-    return 0;
+    return fold(g, out, NULL, NULL, g->colpart, 1, chunks, cols, err);
 }
 
 /* a block a row of D */
@@ -509,9 +517,7 @@ int tg_relu_back2(tgpu *g, float *dy, tbf16 *dyb, const float *y, const tbf16 *y
     relu_back_sum_kernel<<<dim3(tg_blocks(cols, 32), chunks), dim3(32, 8), 0, g->stream>>>(dy, dyb, y, yb, g->colpart,
                                                                                           rows, cols, per, scale);
     LAUNCH_TRY(err, "relu_back");
-    colsum_fold_kernel<<<tg_blocks(cols, 128), 128, 0, g->stream>>>(gbias, g->colpart, chunks, cols);
-    LAUNCH_TRY(err, "relu_back's sums");
-    return 0;
+    return fold(g, gbias, NULL, NULL, g->colpart, 1, chunks, cols, err);
 }
 
 __global__ static void xent_kernel(float *x, float *nll, const float *bias, const int32_t *y, int V)

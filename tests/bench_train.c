@@ -11,11 +11,15 @@
  * linear layers in TF32 and in bf16 (precision). Wall time of STEPS steps
  * after WARM, median of RUNS.
  * Where the machine has two GPUs or more, the same global batches on 1 and
- * on 2 GPUs (`gpus`, train_multi.cu), tf32, and the ratio.
+ * on 2 GPUs (`gpus`, train_multi.cu), tf32 and bf16 (PAR: tf32), and the
+ * ratio.
  * `bench_train --profile [fp32|tf32|bf16]`: one step at z/S = 0 in that
  * precision (float32 by default) only, for a profiler (ncu) to time each
  * kernel; `--profile-par [fp32|tf32|bf16]`: one step of PAR's
- * fixed architecture in float32 only.
+ * fixed architecture in float32 only. `bench_train --batch N`: aspan-small
+ * alone with N streams (N = 32: what each of two GPUs does with the batch
+ * of 64; with --profile, that step); `bench_train --scaling`: the 2 GPUs'
+ * figures alone.
  *
  * Then PAR Transformer-XL of par-base's shape (../shared/bench: 24 blocks,
  * d_model 512, 8 heads of 64, d_inner 2048, mem_len 512, vocabulary 256)
@@ -102,7 +106,7 @@ static double bench(trainer *t, bench_step step, void *ctx, int32_t *x, int32_t 
 }
 
 /* Data parallel on the machine's GPUs (train_multi.cu): the same global
- * batch on 1 and on 2 GPUs, tf32: aspan-small at z/S = 0 and PAR of
+ * batch on 1 and on 2 GPUs, tf32 and bf16: aspan-small at z/S = 0, and PAR of
  * par-base's shape, fixed architecture. */
 static int bench_scaling(char *err)
 {
@@ -111,7 +115,9 @@ static int bench_scaling(char *err)
         printf("SKIP bench_train scaling: this machine has %d CUDA device%s\n", n, n == 1 ? "" : "s");
         return 0;
     }
-    for (int fam = 0; fam < 2; fam++) {
+    /* aspan-small in tf32 and bf16, PAR in tf32 */
+    for (int run = 0; run < 3; run++) {
+        const int fam = run == 2, bf16 = run == 1;
         train_cfg c;
         int V;
         if (fam == 0) {
@@ -126,7 +132,8 @@ static int bench_scaling(char *err)
             c.tgt_len = 512, c.batch_size = 16, c.lr = 2.5e-4, c.search_steps = 0;
             V = 256;
         }
-        c.tf32 = 1;
+        c.tf32 = !bf16;
+        c.bf16 = bf16;
         /* one GPU with the whole batch, one with half of it (what each of
          * two does), two with the whole */
         double tps[3] = {0, 0, 0};
@@ -152,10 +159,10 @@ static int bench_scaling(char *err)
             trainer_free(t);
             if (tps[k] < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
         }
-        printf("bench_train: %s, %s, tf32, the same batch of %d x %d: one GPU %.0f tokens/s, 2 GPUs %.0f: %.2fx "
+        printf("bench_train: %s, %s, %s, the same batch of %d x %d: one GPU %.0f tokens/s, 2 GPUs %.0f: %.2fx "
                "(one GPU with half the batch, what each of the two does: %.0f; 2 GPUs reach %.0f%% of twice that)\n",
-               name, fam ? "PAR afff x4 + f x8 (par-base's shape)" : "aspan-small z/S 0", B, fam ? c.tgt_len : c.block_size,
-               tps[0], tps[2], tps[2] / tps[0], tps[1], 100 * tps[2] / (2 * tps[1]));
+               name, fam ? "PAR afff x4 + f x8 (par-base's shape)" : "aspan-small z/S 0", bf16 ? "bf16" : "tf32", B,
+               fam ? c.tgt_len : c.block_size, tps[0], tps[2], tps[2] / tps[0], tps[1], 100 * tps[2] / (2 * tps[1]));
     }
     return 0;
 }
@@ -203,10 +210,32 @@ static int bench_par(char *err, int profile)
 int main(int argc, char **argv)
 {
     char err[ERR_LEN];
-    const int profile = argc > 1 && strcmp(argv[1], "--profile") == 0,
-              profile_par = argc > 1 && strcmp(argv[1], "--profile-par") == 0;
+    int profile = 0, profile_par = 0, scaling = 0, batch = 64, batch_only = 0;
+    for (int i = 1; i < argc; i++) {
+        const int more = i + 1 < argc && argv[i + 1][0] != '-';
+        if (!strcmp(argv[i], "--profile") || !strcmp(argv[i], "--profile-par")) {
+            *(argv[i][9] ? &profile_par : &profile) = 1;
+            if (more) {
+                i++;
+                PROFILE_PREC = !strcmp(argv[i], "tf32") ? 1 : !strcmp(argv[i], "bf16") ? 2 : 0;
+            }
+        } else if (!strcmp(argv[i], "--batch") && more) {
+            batch = atoi(argv[++i]), batch_only = 1;
+            if (batch < 1 || batch > 1024) {
+                printf("FAIL bench_train: --batch %s: a count of streams, 1 to 1024\n", argv[i]);
+                return 1;
+            }
+        } else if (!strcmp(argv[i], "--scaling"))
+            scaling = 1;
+        else {
+            printf("FAIL bench_train: %s: the options are --profile [fp32|tf32|bf16], --profile-par [...], "
+                   "--batch N, --scaling\n",
+                   argv[i]);
+            return 1;
+        }
+    }
+    if (scaling) return bench_scaling(err) ? 1 : 0;
     if (profile || profile_par) WARM = 0, STEPS = 1, RUNS = 1;
-    if (argc > 2) PROFILE_PREC = !strcmp(argv[2], "tf32") ? 1 : !strcmp(argv[2], "bf16") ? 2 : 0;
     if (tgpu_available(err)) {
         printf("SKIP bench_train: %s\n", err);
         return 0;
@@ -215,14 +244,15 @@ int main(int argc, char **argv)
     train_cfg c;
     train_cfg_defaults(&c, &train_family_aspan);
     c.nb_layers = 8, c.hidden_size = 256, c.nb_heads = 4, c.inner_hidden_size = 1024, c.attn_span = 1024;
-    c.block_size = 256, c.batch_size = 64, c.adapt_span_ramp = 32, c.grad_clip = 0.03, c.lr = 0.07;
+    c.block_size = 256, c.batch_size = batch, c.adapt_span_ramp = 32, c.grad_clip = 0.03, c.lr = 0.07;
     c.lr_warmup = 1;
     const int V = 65;
     trainer *t = trainer_new(&c, V, err);
     if (!t) { printf("FAIL bench_train: %s\n", err); return 1; }
     int32_t *x = malloc(sizeof *x * c.batch_size * c.block_size), *y = malloc(sizeof *y * c.batch_size * c.block_size);
     train_rng r = {99};
-    printf("bench_train: aspan-small training step (L 8, H 256, heads 4, inner 1024, S 1024, M 256, B 64, V %d)\n", V);
+    printf("bench_train: aspan-small training step (L 8, H 256, heads 4, inner 1024, S 1024, M 256, B %d, V %d)\n",
+           batch, V);
     for (int span = 0; span < (profile ? 1 : 2); span++)
         for (int prec = profile ? PROFILE_PREC : 0; prec < (profile ? PROFILE_PREC + 1 : 3); prec++) {
             trainer_init(t, 1);
@@ -246,7 +276,7 @@ int main(int argc, char **argv)
     free(x);
     free(y);
     trainer_free(t);
-    if (profile) return 0;
+    if (profile || batch_only) return 0;
     return bench_par(err, profile_par) || (!profile_par && bench_scaling(err)) ? 1 : 0;
 }
 #endif
