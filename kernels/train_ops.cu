@@ -37,17 +37,31 @@
  */
 #include "train_internal.cuh"
 
+/* Row-major C = op(A) op(B) through cublasGemmEx (COUNT 0) or its strided
+ * batch, operands of type T, float32 C, sums as COMPUTE */
+static int gemm_ex(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const void *A, int lda, long long sa,
+                   const void *B, int ldb, long long sb, cudaDataType_t T, float beta, float *C, int ldc, long long sc,
+                   int count, cublasComputeType_t compute, const char *what, char *err)
+{
+    const cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (count)
+        BLAS_TRY(cublasGemmStridedBatchedEx(g->blas, ob, oa, n, m, k, &alpha, B, T, ldb, sb, A, T, lda, sa, &beta, C,
+                                            CUDA_R_32F, ldc, sc, count, compute, CUBLAS_GEMM_DEFAULT),
+                 err, what);
+    else
+        BLAS_TRY(cublasGemmEx(g->blas, ob, oa, n, m, k, &alpha, B, T, ldb, A, T, lda, &beta, C, CUDA_R_32F, ldc, compute,
+                              CUBLAS_GEMM_DEFAULT),
+                 err, what);
+    return 0;
+}
+
 int tg_gemm(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda, const float *B,
             int ldb, float beta, float *C, int ldc, char *err)
 {
     if (m <= 0 || n <= 0) return 0;
-    if (g->bf16) {   /* float32 operands, rounded to bf16 on the tensor cores, float32 sums */
-        BLAS_TRY(cublasGemmEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
-                              CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
-                              CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
-                 err, "gemm bf16");
-        return 0;
-    }
+    if (g->bf16)   /* float32 operands, rounded to bf16 on the tensor cores, float32 sums */
+        return gemm_ex(g, ta, tb, m, n, k, alpha, A, lda, 0, B, ldb, 0, CUDA_R_32F, beta, C, ldc, 0, 0,
+                       CUBLAS_COMPUTE_32F_FAST_16BF, "gemm bf16", err);
     BLAS_TRY(cublasSgemm(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
                         ldb, A, lda, &beta, C, ldc),
             err, "sgemm");
@@ -59,14 +73,9 @@ int tg_gemm_batched(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, c
                     long long sc, int count, char *err)
 {
     if (m <= 0 || n <= 0 || count <= 0) return 0;
-    if (g->bf16) {
-        BLAS_TRY(cublasGemmStridedBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
-                                            k, &alpha, B, CUDA_R_32F, ldb, sb, A, CUDA_R_32F, lda, sa, &beta, C,
-                                            CUDA_R_32F, ldc, sc, count, CUBLAS_COMPUTE_32F_FAST_16BF,
-                                            CUBLAS_GEMM_DEFAULT),
-                 err, "gemm bf16 batched");
-        return 0;
-    }
+    if (g->bf16)
+        return gemm_ex(g, ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, CUDA_R_32F, beta, C, ldc, sc, count,
+                       CUBLAS_COMPUTE_32F_FAST_16BF, "gemm bf16 batched", err);
     BLAS_TRY(cublasSgemmStridedBatched(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
                                       k, &alpha, B, ldb, sb, A, lda, sa, &beta, C, ldc, sc, count),
             err, "sgemm batched");
@@ -77,11 +86,8 @@ int tg_gemm_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const 
                int ldb, float beta, float *C, int ldc, char *err)
 {
     if (m <= 0 || n <= 0) return 0;
-    BLAS_TRY(cublasGemmEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
-                          CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT),
-             err, "gemm bf16 operands");
-    return 0;
+    return gemm_ex(g, ta, tb, m, n, k, alpha, A, lda, 0, B, ldb, 0, CUDA_R_16BF, beta, C, ldc, 0, 0,
+                   CUBLAS_COMPUTE_32F, "gemm bf16 operands", err);
 }
 
 int tg_gemm_batched_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha, const tbf16 *A, int lda,
@@ -89,11 +95,8 @@ int tg_gemm_batched_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha
                        long long sc, int count, char *err)
 {
     if (m <= 0 || n <= 0 || count <= 0) return 0;
-    BLAS_TRY(cublasGemmStridedBatchedEx(g->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
-                                        k, &alpha, B, CUDA_R_16BF, ldb, sb, A, CUDA_R_16BF, lda, sa, &beta, C,
-                                        CUDA_R_32F, ldc, sc, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-             err, "gemm bf16 operands batched");
-    return 0;
+    return gemm_ex(g, ta, tb, m, n, k, alpha, A, lda, sa, B, ldb, sb, CUDA_R_16BF, beta, C, ldc, sc, count,
+                   CUBLAS_COMPUTE_32F, "gemm bf16 operands batched", err);
 }
 
 __global__ static void to_bf16_kernel(tbf16 *dst, const float *src, size_t n)
@@ -424,17 +427,11 @@ int tg_ln_back(tgpu *g, float *dx, float *gw, float *gb, const float *dy, const 
     return tg_ln_back2(g, dx, NULL, NULL, gw, gb, NULL, dy, xhat, rstd, w, n, d, err);
 }
 
-/* blocks (column tile of 32, row chunk); threads 32 x 8 */
-__global__ static void colsum_part_kernel(double *part, const float *a, const float *b, int rows, int cols, int per)
+/* a block (32 columns x 8 rows of threads) of the column sums: thread
+ * (x, y)'s S summed over y in order into part[blockIdx.y][column j] */
+__device__ __forceinline__ static void col_part_store(double *part, double s, int j, int cols)
 {
     __shared__ double sh[8][33];
-    const int j = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * per, r1 = min(rows, r0 + per);
-    double s = 0;
-    if (j < cols)
-        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
-            const size_t at = (size_t)r * cols + j;
-            s += b ? (double)a[at] * b[at] : (double)a[at];
-        }
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && j < cols) {
@@ -442,6 +439,19 @@ __global__ static void colsum_part_kernel(double *part, const float *a, const fl
         for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
         part[(size_t)blockIdx.y * cols + j] = t;
     }
+}
+
+/* blocks (column tile of 32, row chunk); threads 32 x 8 */
+__global__ static void colsum_part_kernel(double *part, const float *a, const float *b, int rows, int cols, int per)
+{
+    const int j = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * per, r1 = min(rows, r0 + per);
+    double s = 0;
+    if (j < cols)
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            const size_t at = (size_t)r * cols + j;
+            s += b ? (double)a[at] * b[at] : (double)a[at];
+        }
+    col_part_store(part, s, j, cols);
 }
 
 int tg_colsum(tgpu *g, float *out, const float *a, const float *b, int rows, int cols, char *err)
@@ -481,7 +491,6 @@ int tg_bias_relu2(tgpu *g, float *y, tbf16 *yb, const float *x, const float *bia
 __global__ static void relu_back_sum_kernel(float *dy, tbf16 *dyb, const float *y, const tbf16 *yb, double *part,
                                             int rows, int cols, int per, float scale)
 {
-    __shared__ double sh[8][33];
     const int j = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * per, r1 = min(rows, r0 + per);
     double s = 0;
     if (j < cols)
@@ -495,13 +504,7 @@ __global__ static void relu_back_sum_kernel(float *dy, tbf16 *dyb, const float *
                 dy[at] = v;
             s += v;
         }
-    sh[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < cols) {
-        double t = 0;
-        for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
-        part[(size_t)blockIdx.y * cols + j] = t;
-    }
+    col_part_store(part, s, j, cols);
 }
 
 int tg_bias_relu(tgpu *g, float *y, const float *bias, int n, int d, td_site ds, char *err)
