@@ -76,6 +76,7 @@ void tgpu_free(tgpu *g)
     if (g->blas) cublasDestroy(g->blas);
     if (g->stream) cudaStreamDestroy(g->stream);
     free(g->zoff);
+    free(g->bo.off);
     free(g->ly);
     free(g->win);
     free(g->cache);
