@@ -82,6 +82,7 @@ static int aspan_plan_bf16(tgpu *g, char *err)
 {
     const size_t L = g->L, B = g->B, N = g->N, H = g->H, I = g->I, SMx = (size_t)g->S + g->M, E = sizeof(tbf16);
     g->bo.nseg = (int)(6 * L);
+    free(g->bo.off);   /* a failed plan's */
     g->bo.off = (size_t *)calloc(6 * L, sizeof(size_t));
     size_t *seg = (size_t *)calloc(18 * L, sizeof(size_t));
     if (!g->bo.off || !seg) {

@@ -341,8 +341,9 @@ int tg_ln_fwd2(tgpu *g, float *y, float *xhat, float *rstd, tbf16 *yb, const flo
 int tg_ln_back(tgpu *g, float *dx, float *gw, float *gb, const float *dy, const float *xhat, const float *rstd,
                const float *w, int n, int d, char *err);
 /* tg_ln_back, dx written also to DX2 and as bf16 to DXB (each unless
- * NULL; dx itself may be NULL with DXB), and with GOUT gout += sum dx
- * (the column sums in the same pass, a warp a row, for d up to 1024) */
+ * NULL; dx itself may be NULL where DX2 is given), and with GOUT gout +=
+ * sum dx (the column sums in the same pass, a warp a row, for d up to
+ * 1024) */
 int tg_ln_back2(tgpu *g, float *dx, float *dx2, tbf16 *dxb, float *gw, float *gb, float *gout, const float *dy,
                 const float *xhat, const float *rstd, const float *w, int n, int d, char *err);
 /* out[j] += sum_i a[i][j] (* b[i][j] if b), rows of COLS */

@@ -396,13 +396,13 @@ int tg_ln_back2(tgpu *g, float *dx, float *dx2, tbf16 *dxb, float *gw, float *gb
     if (n <= 0) return 0;
     if (d > TG_LN_WARP_MAX) {   /* a block a row, then the column sums */
         float *out = dx ? dx : dx2;
-        if (!out) return err_set(err, "layernorm back: no output for rows of %d", d);
+        if (!out) return err_set(err, "layernorm back: no float32 output for rows of %d", d);
         ln_back_kernel<<<n, ln_threads(d), 0, g->stream>>>(out, dy, xhat, rstd, w, d);
         LAUNCH_TRY(err, "layernorm back");
-        const size_t bytes = sizeof(float) * n * d;
-        if ((dx && dx2 && cudaMemcpyAsync(dx2, dx, bytes, cudaMemcpyDeviceToDevice, g->stream) != cudaSuccess) ||
-            (dxb && tg_to_bf16(g, dxb, out, (size_t)n * d, err)))
-            return err_set(err, "layernorm back: copy failed");
+        if (dx && dx2)
+            CU_TRY(cudaMemcpyAsync(dx2, dx, sizeof(float) * n * d, cudaMemcpyDeviceToDevice, g->stream), err,
+                   "layernorm back's copy");
+        if (dxb && tg_to_bf16(g, dxb, out, (size_t)n * d, err)) return -1;
         return tg_colsum(g, gw, dy, xhat, n, d, err) || tg_colsum(g, gb, dy, NULL, n, d, err) ||
                        (gout && tg_colsum(g, gout, out, NULL, n, d, err))
                    ? -1

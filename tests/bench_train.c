@@ -214,7 +214,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const int more = i + 1 < argc && argv[i + 1][0] != '-';
         if (!strcmp(argv[i], "--profile") || !strcmp(argv[i], "--profile-par")) {
-            *(argv[i][9] ? &profile_par : &profile) = 1;
+            if (!strcmp(argv[i], "--profile"))
+                profile = 1;
+            else
+                profile_par = 1;
             if (more) {
                 i++;
                 PROFILE_PREC = !strcmp(argv[i], "tf32") ? 1 : !strcmp(argv[i], "bf16") ? 2 : 0;
