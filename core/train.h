@@ -342,6 +342,12 @@ typedef struct train_device {
      * step) */
     int (*primary)(void *ctx);
     int (*stop_agreed)(void *ctx);
+    /* NULL, or forward (backward, memories carried) and step at LR in one
+     * call: the device launches the optimizer behind the backward and
+     * waits once; the mean NLL, t->step advanced; NAN with ERR set, and
+     * nothing changed, when the loss is not finite */
+    double (*train_step)(void *ctx, trainer *t, const int32_t *x, const int32_t *y, double lr, double *aux,
+                         char *err);
 } train_device;
 
 /* Runs the whole training of C: reads the text, builds the vocabulary,

@@ -559,13 +559,19 @@ int train_run_on(const train_cfg *cfg, const train_device *dev, int resume, FILE
         const long s = t->step + 1;
         if (c->fam->step_begin) c->fam->step_begin(t, s, &r.rng);
         fill_block(&r, 0, r.nb, r.pos);
-        double aux, nll = run_forward(&r, 1, &aux, err);
-        if (!isfinite(nll)) goto out;
         lr = train_lr(c, s);
-        if (dev) {
-            if (dev->step(r.dev_ctx, t, lr, err)) goto out;
-        } else
-            train_optim_step(t, lr, c->arch_lr);
+        double aux, nll;
+        if (dev && dev->train_step) {   /* the device's forward, backward and step, one wait */
+            nll = dev->train_step(r.dev_ctx, t, r.x, r.y, lr, &aux, err);
+            if (!isfinite(nll)) goto out;
+        } else {
+            nll = run_forward(&r, 1, &aux, err);
+            if (!isfinite(nll)) goto out;
+            if (dev) {
+                if (dev->step(r.dev_ctx, t, lr, err)) goto out;
+            } else
+                train_optim_step(t, lr, c->arch_lr);
+        }
         r.loss_sum += nll;
         r.aux_sum += aux;
         r.loss_n++;

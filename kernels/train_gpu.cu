@@ -66,6 +66,7 @@ void tgpu_free(tgpu *g)
     for (int i = 0; i < g->n_allocs; i++) cudaFree(g->allocs[i]);
     if (g->h_tok) cudaFreeHost(g->h_tok);
     if (g->h_mirror) cudaFreeHost(g->h_mirror);
+    if (g->h_sum) cudaFreeHost(g->h_sum);
     if (g->cstream) cudaStreamDestroy(g->cstream);
     if (g->ev_grad) cudaEventDestroy(g->ev_grad);
     if (g->ev_comm) cudaEventDestroy(g->ev_comm);
@@ -283,7 +284,8 @@ tgpu *tgpu_new_part(const trainer *t, int b0, int nb, int rank, char *err)
         tg_alloc(g, &g->dsum, sizeof(double) * 4, err) ||
         tg_alloc(g, &g->d_tok, sizeof(int32_t) * (3 * N + V + 1), err))
         goto fail;
-    if (cudaMallocHost((void **)&g->h_tok, sizeof(int32_t) * (3 * N + V + 1)) != cudaSuccess) {
+    if (cudaMallocHost((void **)&g->h_tok, sizeof(int32_t) * (3 * N + V + 1)) != cudaSuccess ||
+        cudaMallocHost((void **)&g->h_sum, sizeof(double) * 4) != cudaSuccess) {
         err_set(err, "cudaMallocHost failed");
         goto fail;
     }
@@ -436,32 +438,47 @@ int tg_loss_back(tgpu *g, const float *XL, char *err)
                : 0;
 }
 
-int tgpu_forward_sum(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
-                     double *sum, double *aux, char *err)
+/* the forward (and backward) of this device's streams, launched: the
+ * tokens' upload, the block, and with several devices the all-reduce of
+ * the loss and of the stop requests into g->dsum[0..1] */
+static int forward_launch(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
+                          double *aux, char *err)
 {
-    double nll = 0, a = 0;
+    double a = 0;
     const size_t at = (size_t)g->b0 * g->M;   /* this device's streams */
     if (upload_tokens(g, x + at, y + at, err)) return -1;
     if (backward && cudaMemsetAsync(g->g, 0, sizeof(float) * g->n, g->stream) != cudaSuccess)
         return err_set(err, "gradient reset failed");
     if (g->fam->block(g, t, backward, carry, &a, err)) return -1;
-    double both[2] = {0, 0};
     if (g->sum_all && g->comm) {   /* the loss and the stop requests of every device of the run */
 #ifdef SPANSERVE_NCCL
-        const double stop = g->stop_local;
-        CU_TRY(cudaMemcpyAsync(g->dsum + 1, &stop, sizeof stop, cudaMemcpyHostToDevice, g->stream), err, "stop flag");
+        g->h_sum[2] = g->stop_local;   /* pinned: the copy does not wait for the stream */
+        CU_TRY(cudaMemcpyAsync(g->dsum + 1, g->h_sum + 2, sizeof(double), cudaMemcpyHostToDevice, g->stream), err,
+               "stop flag");
         ncclResult_t r = ncclAllReduce(g->dsum, g->dsum, 2, ncclFloat64, ncclSum, (ncclComm_t)g->comm, g->stream);
         if (r != ncclSuccess) return err_set(err, "the loss's all-reduce: %s", ncclGetErrorString(r));
 #endif
     }
-    cudaError_t e = cudaMemcpyAsync(both, g->dsum, sizeof both, cudaMemcpyDeviceToHost, g->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
-    if (e != cudaSuccess) return err_set(err, "training step: %s", cudaGetErrorString(e));
-    nll = both[0];
-    g->stop_all = both[1] > 0.5;
     if (aux) *aux = a;
-    *sum = nll;
     return 0;
+}
+
+/* the launched work's end: the loss and stop requests to the host */
+static int forward_wait(tgpu *g, double *sum, const char *what, char *err)
+{
+    cudaError_t e = cudaMemcpyAsync(g->h_sum, g->dsum, 2 * sizeof(double), cudaMemcpyDeviceToHost, g->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
+    if (e != cudaSuccess) return err_set(err, "%s: %s", what, cudaGetErrorString(e));
+    g->stop_all = g->h_sum[1] > 0.5;
+    *sum = g->h_sum[0];
+    return 0;
+}
+
+int tgpu_forward_sum(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
+                     double *sum, double *aux, char *err)
+{
+    return forward_launch(g, t, x, y, backward, carry, aux, err) || forward_wait(g, sum, "training step", err) ? -1
+                                                                                                              : 0;
 }
 
 double tgpu_forward(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
@@ -481,7 +498,10 @@ int tgpu_step(tgpu *g, trainer *t, double lr, char *err)
     return 0;
 }
 
-int tgpu_step_part(tgpu *g, trainer *t, long step, double lr, int mirror, char *err)
+/* the optimizer at STEP, launched (GUARD: it leaves the weights as they are
+ * unless the loss in g->dsum[0] is finite), and with MIRROR the new z/S and
+ * alpha on their way to the host */
+static int step_launch(tgpu *g, const trainer *t, long step, double lr, int mirror, int guard, char *err)
 {
     /* what this step trains: everything while PAR searches, the chosen
      * branches after (uploaded when it changes) */
@@ -494,14 +514,47 @@ int tgpu_step_part(tgpu *g, trainer *t, long step, double lr, int mirror, char *
     if (changed)
         CU_TRY(cudaMemcpyAsync(g->tp_act, g->h_act, sizeof(int) * g->n_tp, cudaMemcpyHostToDevice, g->stream), err,
                "optimizer plan");
-    if (tg_optim(g, lr, t->c.arch_lr, step, err) || tg_gather_mirror(g, err)) return -1;
+    if (tg_optim(g, lr, t->c.arch_lr, step, guard ? g->dsum : NULL, err) || tg_gather_mirror(g, err)) return -1;
     if (g->n_mirror && mirror)
         CU_TRY(cudaMemcpyAsync(g->h_mirror, g->mirror, sizeof(float) * g->n_mirror, cudaMemcpyDeviceToHost, g->stream),
                err, "mirror download");
-    CU_TRY(cudaStreamSynchronize(g->stream), err, "optimizer step");
-    if (mirror)
-        for (int i = 0; i < g->n_mirror; i++) t->w[g->h_mir_off[i]] = g->h_mirror[i];
     return 0;
+}
+
+static void mirror_write(const tgpu *g, trainer *t)
+{
+    for (int i = 0; i < g->n_mirror; i++) t->w[g->h_mir_off[i]] = g->h_mirror[i];
+}
+
+int tgpu_step_part(tgpu *g, trainer *t, long step, double lr, int mirror, char *err)
+{
+    if (step_launch(g, t, step, lr, mirror, 0, err)) return -1;
+    CU_TRY(cudaStreamSynchronize(g->stream), err, "optimizer step");
+    if (mirror) mirror_write(g, t);
+    return 0;
+}
+
+int tgpu_train_step_sum(tgpu *g, trainer *t, const int32_t *x, const int32_t *y, long step, double lr, int mirror,
+                        double *sum, double *aux, char *err)
+{
+    if (forward_launch(g, t, x, y, 1, 1, aux, err) || step_launch(g, t, step, lr, mirror, 1, err) ||
+        forward_wait(g, sum, "training step", err))
+        return -1;
+    if (mirror && isfinite(*sum)) mirror_write(g, t);
+    return 0;
+}
+
+double tgpu_train_step(tgpu *g, trainer *t, const int32_t *x, const int32_t *y, double lr, double *aux, char *err)
+{
+    double sum = 0;
+    if (tgpu_train_step_sum(g, t, x, y, t->step + 1, lr, 1, &sum, aux, err)) return NAN;
+    const double nll = sum / (double)g->N_all;
+    if (!isfinite(nll)) {
+        err_set(err, "the loss is not finite (%g): the learning rate may be too high", nll);
+        return NAN;
+    }
+    t->step++;
+    return nll;
 }
 
 int tg_grad_ready(tgpu *g, int l, char *err)
@@ -570,6 +623,12 @@ static int dev_step(void *ctx, trainer *t, double lr, char *err)
     tdev *d = (tdev *)ctx;
     return d->multi ? tmulti_step(d->multi, t, lr, err) : tgpu_step(d->one, t, lr, err);
 }
+static double dev_train_step(void *ctx, trainer *t, const int32_t *x, const int32_t *y, double lr, double *aux,
+                             char *err)
+{
+    tdev *d = (tdev *)ctx;
+    return d->multi ? tmulti_train_step(d->multi, t, x, y, lr, aux, err) : tgpu_train_step(d->one, t, x, y, lr, aux, err);
+}
 static int dev_reset(void *ctx, char *err)
 {
     tdev *d = (tdev *)ctx;
@@ -602,5 +661,6 @@ static int dev_stop_agreed(void *ctx)
     return d->multi ? tmulti_stop_agreed(d->multi) : train_stop_pending();
 }
 
-const train_device tgpu_train_device = {"cuda",    dev_open,     dev_close, dev_forward, dev_step,       dev_reset,
-                                        dev_stash, dev_download, dev_name,  dev_primary, dev_stop_agreed};
+const train_device tgpu_train_device = {"cuda",     dev_open,     dev_close, dev_forward, dev_step,
+                                        dev_reset,  dev_stash,    dev_download, dev_name, dev_primary,
+                                        dev_stop_agreed, dev_train_step};

@@ -77,6 +77,11 @@ double tgpu_forward(tgpu *g, const trainer *t, const int32_t *x, const int32_t *
  * t->c.arch_lr): t->step advances and t's copies of z/S (clamped) and
  * alpha take the new values. */
 int tgpu_step(tgpu *g, trainer *t, double lr, char *err);
+/* tgpu_forward with backward and the memories carried, then tgpu_step at
+ * LR, launched together with one wait at the end: the mean NLL, t->step
+ * advanced; NAN (the weights as they were, the step not taken) when the
+ * loss is not finite or on error. */
+double tgpu_train_step(tgpu *g, trainer *t, const int32_t *x, const int32_t *y, double lr, double *aux, char *err);
 /* Zero every memory (trainer_reset_memory). */
 int tgpu_reset_memory(tgpu *g, char *err);
 /* RESTORE 0: keeps a copy of the memories; 1: puts it back (evaluation

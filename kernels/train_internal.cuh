@@ -196,6 +196,7 @@ struct tgpu {
     int n_mirror;
     size_t *mir_off, *h_mir_off;
     float *mirror, *h_mirror;
+    double *h_sum;   /* pinned: the loss and stop requests from the device, the stop flag to it */
     /* every device allocation, freed together */
     void *allocs[120];
     int n_allocs;
@@ -247,6 +248,11 @@ int tgpu_forward_sum(tgpu *g, const trainer *t, const int32_t *x, const int32_t 
 /* the optimizer at STEP (1-based), T left as it is but for the mirror of
  * z/S and alpha (MIRROR: this device writes it) */
 int tgpu_step_part(tgpu *g, trainer *t, long step, double lr, int mirror, char *err);
+/* both in one: forward and backward with the memories carried, then the
+ * optimizer at STEP unless the loss (*SUM, every device's) is not finite,
+ * all launched before one wait */
+int tgpu_train_step_sum(tgpu *g, trainer *t, const int32_t *x, const int32_t *y, long step, double lr, int mirror,
+                        double *sum, double *aux, char *err);
 /* into T: this device's streams of the memories, and with WEIGHTS the
  * weights, moments and memory rows */
 int tgpu_download_part(tgpu *g, trainer *t, int weights, char *err);
@@ -260,6 +266,9 @@ void tmulti_free(tmulti *m);
 double tmulti_forward(tmulti *m, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
                       double *aux, char *err);
 int tmulti_step(tmulti *m, trainer *t, double lr, char *err);
+/* tmulti_forward (backward, memories carried) and tmulti_step in one
+ * command (tgpu_train_step_sum on every device) */
+double tmulti_train_step(tmulti *m, trainer *t, const int32_t *x, const int32_t *y, double lr, double *aux, char *err);
 int tmulti_reset_memory(tmulti *m, char *err);
 int tmulti_stash_memory(tmulti *m, int restore, char *err);
 int tmulti_download(tmulti *m, trainer *t, char *err);
@@ -371,7 +380,7 @@ int tg_d2f(tgpu *g, float *dst, const double *src, size_t n, char *err);
 /* One optimizer update of every tensor the step trains (g->tp_act;
  * core/train_optim.c): weights at LR, PAR's alpha by Adam at ARCH_LR; then
  * z/S clamped. */
-int tg_optim(tgpu *g, double lr, double arch_lr, long step, char *err);
+int tg_optim(tgpu *g, double lr, double arch_lr, long step, const double *guard, char *err);
 /* g->mirror[i] = g->w[g->mir_off[i]] */
 int tg_gather_mirror(tgpu *g, char *err);
 

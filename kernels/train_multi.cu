@@ -45,7 +45,7 @@
 
 #define TM_MAX 16
 
-enum { TM_FORWARD, TM_STEP, TM_RESET, TM_STASH, TM_DOWNLOAD, TM_EXIT };
+enum { TM_FORWARD, TM_STEP, TM_TRAIN, TM_RESET, TM_STASH, TM_DOWNLOAD, TM_EXIT };
 
 typedef struct {
     tmulti *m;
@@ -154,6 +154,8 @@ static int tm_run(tmulti *m, int r, int cmd)
     switch (cmd) {
     case TM_FORWARD: return tgpu_forward_sum(g, m->t, m->x, m->y, m->backward, m->carry, &m->sum[r], &m->aux[r], err);
     case TM_STEP: return tgpu_step_part(g, m->tw, m->step, m->lr, r == 0, err);
+    case TM_TRAIN:
+        return tgpu_train_step_sum(g, m->tw, m->x, m->y, m->step, m->lr, r == 0, &m->sum[r], &m->aux[r], err);
     case TM_RESET: return tgpu_reset_memory(g, err);
     case TM_STASH: return tgpu_stash_memory(g, m->restore, err);
     case TM_DOWNLOAD: return m->nodes > 1 ? tm_gather(m, r, err) : tgpu_download_part(g, m->tw, r == 0, err);
@@ -352,6 +354,23 @@ int tmulti_step(tmulti *m, trainer *t, double lr, char *err)
     if (tm_do(m, TM_STEP, err)) return -1;
     t->step++;
     return 0;
+}
+
+double tmulti_train_step(tmulti *m, trainer *t, const int32_t *x, const int32_t *y, double lr, double *aux, char *err)
+{
+    m->t = t, m->tw = t, m->x = x, m->y = y, m->step = t->step + 1, m->lr = lr;
+    const int stop = train_stop_pending();
+    for (int r = 0; r < m->n; r++) m->g[r]->stop_local = stop;
+    if (tm_do(m, TM_TRAIN, err)) return NAN;
+    m->stop = m->g[0]->stop_all;
+    if (aux) *aux = m->aux[0];
+    const double nll = m->sum[0] / ((double)t->B * t->M);   /* every device's sum is the run's */
+    if (!isfinite(nll)) {   /* no device took the step */
+        err_set(err, "the loss is not finite (%g): the learning rate may be too high", nll);
+        return NAN;
+    }
+    t->step++;
+    return nll;
 }
 
 int tmulti_reset_memory(tmulti *m, char *err) { return tm_do(m, TM_RESET, err); }

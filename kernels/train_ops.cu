@@ -33,6 +33,8 @@
  *                   architecture left out) untouched; then z/S clamped to
  *                   [0, 1]. Three passes: squares per chunk, the factor
  *                   per tensor, the update per chunk; the update in double.
+ *                   With GUARD (the loss's sum on the device), nothing
+ *                   changes unless it is finite.
  *   tg_axpy, tg_dot the mixture of PAR's branches and its gradient
  */
 #include "train_internal.cuh"
@@ -710,8 +712,9 @@ __global__ static void opt_factor_kernel(double *scale, const double *part, cons
 __global__ static void opt_update_kernel(float *w, const float *grad, float *m1, float *m2, const size_t *ck_off,
                                          const int *ck_len, const int *ck_t, const int *kind, const int *act,
                                          const double *scale, int adam_w, double lr_w, double arch_lr, double b1,
-                                         double b2, double eps, double bc1, double bc2)
+                                         double b2, double eps, double bc1, double bc2, const double *guard)
 {
+    if (guard && !isfinite(*guard)) return;   /* a loss that is not finite changes nothing */
     const size_t o = ck_off[blockIdx.x];
     const int n = ck_len[blockIdx.x], t = ck_t[blockIdx.x], a = act[t];
     if (a == TG_ACT_NONE) return;
@@ -738,7 +741,7 @@ __global__ static void opt_update_kernel(float *w, const float *grad, float *m1,
     }
 }
 
-int tg_optim(tgpu *g, double lr, double arch_lr, long step, char *err)
+int tg_optim(tgpu *g, double lr, double arch_lr, long step, const double *guard, char *err)
 {
     const int adam = g->optim == OPT_ADAM;
     opt_squares_kernel<<<g->n_chunk, 256, 0, g->stream>>>(g->ck_part, g->g, g->ck_off, g->ck_len);
@@ -753,7 +756,7 @@ int tg_optim(tgpu *g, double lr, double arch_lr, long step, char *err)
     const double bc1 = 1.0 - pow(g->beta1, (double)step), bc2 = 1.0 - pow(g->beta2, (double)step);
     opt_update_kernel<<<g->n_chunk, 256, 0, g->stream>>>(g->w, g->g, g->m1, g->m2, g->ck_off, g->ck_len, g->ck_t,
                                                          g->tp_kind, g->tp_act, g->tp_scale, adam, lr, arch_lr,
-                                                         g->beta1, g->beta2, g->adam_eps, bc1, bc2);
+                                                         g->beta1, g->beta2, g->adam_eps, bc1, bc2, guard);
     LAUNCH_TRY(err, "optimizer update");
     return 0;
 }

@@ -3,23 +3,26 @@
  * CUDA trainer (kernels/train_gpu.h) on the reference aspan-small training
  * configuration: 8 layers, hidden 256, 4 heads, inner 1024, span 1024,
  * block 256, batch 64, vocabulary 65 (tiny_shakespeare's), random weights
- * and tokens. A step is the whole of a training step as `spanserve train`
- * runs it: the tokens' upload, forward, loss, backward, Adagrad, z/S back to
- * the host. The attention's cost follows the spans, so it is measured at
+ * and tokens (drawn before the clock starts; each step copies its batch as
+ * the loop copies it from the text). A step is the whole of a training step
+ * as `spanserve train` runs it (tgpu_train_step): the tokens' upload,
+ * forward, loss, backward, Adagrad, z/S back to the host. The attention's cost follows the spans, so it is measured at
  * two: z/S = 0 (the recipe's start: windows of 64) and z/S = 1 (every head
  * at the full span: windows of 1024); in float32 (the default), with the
  * linear layers in TF32 and in bf16 (precision). Wall time of STEPS steps
  * after WARM, median of RUNS.
  * Where the machine has two GPUs or more, the same global batches on 1 and
  * on 2 GPUs (`gpus`, train_multi.cu), tf32 and bf16 (PAR: tf32), and the
- * ratio.
+ * ratio; then 2 GPUs with twice the batch (each GPU keeps one GPU's), and
+ * where each step's wall time went (the host's copy of its batch, the
+ * step's call).
  * `bench_train --profile [fp32|tf32|bf16]`: one step at z/S = 0 in that
  * precision (float32 by default) only, for a profiler (ncu) to time each
  * kernel; `--profile-par [fp32|tf32|bf16]`: one step of PAR's
  * fixed architecture in float32 only. `bench_train --batch N`: aspan-small
  * alone with N streams (N = 32: what each of two GPUs does with the batch
- * of 64; with --profile, that step); `bench_train --scaling`: the 2 GPUs'
- * figures alone.
+ * of 64; with --profile, that step); `bench_train --scaling [tf32|bf16|par]`: the 2
+ * GPUs' figures alone (of the one configuration named).
  *
  * Then PAR Transformer-XL of par-base's shape (../shared/bench: 24 blocks,
  * d_model 512, 8 heads of 64, d_inner 2048, mem_len 512, vocabulary 256)
@@ -49,6 +52,10 @@ int main(void)
 #include <time.h>
 
 static int WARM = 3, STEPS = 10, RUNS = 3;
+/* where the timed steps' wall time went, for the scaling's report: the
+ * host's batch (a copy, as the loop's from the text), the step's call */
+static double PHASE[2];
+static long PHASE_N;
 static int PROFILE_PREC;   /* --profile's precision: 0 fp32, 1 tf32, 2 bf16 */
 static const char *const PREC_NAME[] = {"fp32", "tf32", "bf16"};
 
@@ -65,50 +72,64 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* One training step of batch X, Y: 0, or -1 with ERR set. */
+/* One training step of batch X, Y, as train_run_on takes it: 0, or -1
+ * with ERR set. */
 typedef int (*bench_step)(void *ctx, trainer *t, const int32_t *x, const int32_t *y, char *err);
 
 static int step_tgpu(void *ctx, trainer *t, const int32_t *x, const int32_t *y, char *err)
 {
-    double aux, nll = tgpu_forward((tgpu *)ctx, t, x, y, 1, 1, &aux, err);
-    return !isfinite(nll) || tgpu_step((tgpu *)ctx, t, train_lr(&t->c, t->step + 1), err) ? -1 : 0;
+    double aux;
+    return isfinite(tgpu_train_step((tgpu *)ctx, t, x, y, train_lr(&t->c, t->step + 1), &aux, err)) ? 0 : -1;
 }
 
 /* through the trainer's device table (one GPU or the config's gpus) */
 static int step_dev(void *ctx, trainer *t, const int32_t *x, const int32_t *y, char *err)
 {
-    double aux, nll = tgpu_train_device.forward(ctx, t, x, y, 1, 1, &aux, err);
-    return !isfinite(nll) || tgpu_train_device.step(ctx, t, train_lr(&t->c, t->step + 1), err) ? -1 : 0;
+    double aux;
+    return isfinite(tgpu_train_device.train_step(ctx, t, x, y, train_lr(&t->c, t->step + 1), &aux, err)) ? 0 : -1;
 }
 
 /* tokens/s of STEP on random batches (PAR's search draws tau and the
- * Gumbel noise each step), or -1 */
+ * Gumbel noise each step), or -1. The batches are drawn before the clock
+ * starts, and each step copies its own into X, Y, as the loop copies its
+ * from the text. */
+#define POOL 4
 static double bench(trainer *t, bench_step step, void *ctx, int32_t *x, int32_t *y, train_rng *r, char *err)
 {
     const int search = t->c.fam->search && t->searching;
-    const int N = t->B * t->M;
+    const size_t N = (size_t)t->B * t->M;
+    int32_t *pool = malloc(sizeof *pool * 2 * POOL * N);
+    if (!pool) { err_set(err, "out of memory"); return -1; }
+    for (size_t i = 0; i < 2 * POOL * N; i++) pool[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
     double runs[3];
+    PHASE[0] = PHASE[1] = 0, PHASE_N = 0;
     for (int k = 0; k < RUNS; k++) {
         double t0 = 0;
         for (int s = 0; s < WARM + STEPS; s++) {
             if (s == WARM) t0 = now_s();
-            for (int i = 0; i < N; i++) {
-                x[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
-                y[i] = (int32_t)(train_rng_next(r) % (uint64_t)t->V);
-            }
+            const double a = now_s();
+            const int32_t *b = pool + (size_t)2 * N * ((k * (WARM + STEPS) + s) % POOL);
+            memcpy(x, b, sizeof *x * N);
+            memcpy(y, b + N, sizeof *y * N);
             if (search) t->c.fam->step_begin(t, t->step + 1, r);
-            if (step(ctx, t, x, y, err)) return -1;
+            const double m = now_s();
+            if (step(ctx, t, x, y, err)) { free(pool); return -1; }
+            if (s >= WARM) PHASE[0] += m - a, PHASE[1] += now_s() - m, PHASE_N++;
         }
         runs[k] = (double)STEPS * N / (now_s() - t0);
     }
+    free(pool);
     qsort(runs, RUNS, sizeof *runs, cmp_double);
     return runs[RUNS / 2];
 }
 
-/* Data parallel on the machine's GPUs (train_multi.cu): the same global
- * batch on 1 and on 2 GPUs, tf32 and bf16: aspan-small at z/S = 0, and PAR of
- * par-base's shape, fixed architecture. */
-static int bench_scaling(char *err)
+/* Data parallel on the machine's GPUs (train_multi.cu), tf32 and bf16:
+ * aspan-small at z/S = 0, and PAR of par-base's shape, fixed architecture.
+ * The same global batch on 1 and on 2 GPUs (what `--gpus 2` does to a
+ * config), one GPU with half of it (what each of the two then does), and 2
+ * GPUs with the batch doubled (each GPU keeps the one-GPU batch). ONLY: -1
+ * every configuration, else that one (0 aspan tf32, 1 aspan bf16, 2 PAR). */
+static int bench_scaling(int only, char *err)
 {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
@@ -117,6 +138,7 @@ static int bench_scaling(char *err)
     }
     /* aspan-small in tf32 and bf16, PAR in tf32 */
     for (int run = 0; run < 3; run++) {
+        if (only >= 0 && run != only) continue;
         const int fam = run == 2, bf16 = run == 1;
         train_cfg c;
         int V;
@@ -134,14 +156,15 @@ static int bench_scaling(char *err)
         }
         c.tf32 = !bf16;
         c.bf16 = bf16;
-        /* one GPU with the whole batch, one with half of it (what each of
-         * two does), two with the whole */
-        double tps[3] = {0, 0, 0};
+        /* one GPU with the whole batch, one with half of it, two with the
+         * whole, two with twice it */
+        double tps[4] = {0, 0, 0, 0}, ph[4][2];
         char name[320] = "";
         const int B = c.batch_size;
-        for (int k = 0; k < 3; k++) {
-            c.gpus = k == 2 ? 2 : 1;
-            c.batch_size = k == 1 ? B / 2 : B;
+        static const char *const what[4] = {"one GPU", "one GPU, half the batch", "2 GPUs", "2 GPUs, twice the batch"};
+        for (int k = 0; k < 4; k++) {
+            c.gpus = k >= 2 ? 2 : 1;
+            c.batch_size = k == 1 ? B / 2 : k == 3 ? 2 * B : B;
             trainer *t = trainer_new(&c, V, err);
             if (!t) { printf("FAIL bench_train: %s\n", err); return 1; }
             trainer_init(t, 1);
@@ -153,16 +176,25 @@ static int bench_scaling(char *err)
             if (!ctx) { printf("FAIL bench_train: %s\n", err); return 1; }
             snprintf(name, sizeof name, "%s", tgpu_train_device.device_name(ctx));
             tps[k] = bench(t, step_dev, ctx, x, y, &r, err);
+            for (int p = 0; p < 2; p++) ph[k][p] = PHASE_N ? 1e3 * PHASE[p] / PHASE_N : 0;
             tgpu_train_device.close(ctx);
             free(x);
             free(y);
             trainer_free(t);
             if (tps[k] < 0) { printf("FAIL bench_train: %s\n", err); return 1; }
         }
+        const char *model = fam ? "PAR afff x4 + f x8 (par-base's shape)" : "aspan-small z/S 0";
+        const int M = fam ? c.tgt_len : c.block_size;
         printf("bench_train: %s, %s, %s, the same batch of %d x %d: one GPU %.0f tokens/s, 2 GPUs %.0f: %.2fx "
                "(one GPU with half the batch, what each of the two does: %.0f; 2 GPUs reach %.0f%% of twice that)\n",
-               name, fam ? "PAR afff x4 + f x8 (par-base's shape)" : "aspan-small z/S 0", bf16 ? "bf16" : "tf32", B,
-               fam ? c.tgt_len : c.block_size, tps[0], tps[2], tps[2] / tps[0], tps[1], 100 * tps[2] / (2 * tps[1]));
+               name, model, bf16 ? "bf16" : "tf32", B, M, tps[0], tps[2], tps[2] / tps[0], tps[1],
+               100 * tps[2] / (2 * tps[1]));
+        printf("bench_train: %s, %s, %s, each GPU keeps the batch of %d x %d (2 GPUs: %d streams): one GPU %.0f "
+               "tokens/s, 2 GPUs %.0f: %.2fx\n",
+               name, model, bf16 ? "bf16" : "tf32", B, M, 2 * B, tps[0], tps[3], tps[3] / tps[0]);
+        for (int k = 0; k < 4; k++)
+            printf("bench_train:   %s: a step %.2f ms: the host's batch %.2f, the step's call %.2f\n", what[k],
+                   ph[k][0] + ph[k][1], ph[k][0], ph[k][1]);
     }
     return 0;
 }
@@ -210,7 +242,7 @@ static int bench_par(char *err, int profile)
 int main(int argc, char **argv)
 {
     char err[ERR_LEN];
-    int profile = 0, profile_par = 0, scaling = 0, batch = 64, batch_only = 0;
+    int profile = 0, profile_par = 0, scaling = 0, scaling_only = -1, batch = 64, batch_only = 0;
     for (int i = 1; i < argc; i++) {
         const int more = i + 1 < argc && argv[i + 1][0] != '-';
         if (!strcmp(argv[i], "--profile") || !strcmp(argv[i], "--profile-par")) {
@@ -228,16 +260,25 @@ int main(int argc, char **argv)
                 printf("FAIL bench_train: --batch %s: a count of streams, 1 to 1024\n", argv[i]);
                 return 1;
             }
-        } else if (!strcmp(argv[i], "--scaling"))
+        } else if (!strcmp(argv[i], "--scaling")) {
             scaling = 1;
-        else {
+            if (more) {
+                i++;
+                scaling_only = !strcmp(argv[i], "tf32") ? 0 : !strcmp(argv[i], "bf16") ? 1 : !strcmp(argv[i], "par") ? 2 : -2;
+                if (scaling_only == -2) {
+                    printf("FAIL bench_train: --scaling %s: tf32, bf16 or par (aspan-small in tf32 or bf16, PAR in tf32)\n",
+                           argv[i]);
+                    return 1;
+                }
+            }
+        } else {
             printf("FAIL bench_train: %s: the options are --profile [fp32|tf32|bf16], --profile-par [...], "
-                   "--batch N, --scaling\n",
+                   "--batch N, --scaling [tf32|bf16|par]\n",
                    argv[i]);
             return 1;
         }
     }
-    if (scaling) return bench_scaling(err) ? 1 : 0;
+    if (scaling) return bench_scaling(scaling_only, err) ? 1 : 0;
     if (profile || profile_par) WARM = 0, STEPS = 1, RUNS = 1;
     if (tgpu_available(err)) {
         printf("SKIP bench_train: %s\n", err);
@@ -280,6 +321,6 @@ int main(int argc, char **argv)
     free(y);
     trainer_free(t);
     if (profile || batch_only) return 0;
-    return bench_par(err, profile_par) || (!profile_par && bench_scaling(err)) ? 1 : 0;
+    return bench_par(err, profile_par) || (!profile_par && bench_scaling(-1, err)) ? 1 : 0;
 }
 #endif

@@ -743,6 +743,106 @@ static void test_loop_multi(train_cfg c, int gpus, const char *what)
     if (system(cmd)) printf("note: could not remove %s\n", dir);
 }
 
+/* The device table's train_step (forward, backward and optimizer launched
+ * together, one wait) against its forward then step on GPUS devices: the
+ * same kernels in the same order, so the same losses and weights to the
+ * bit on one GPU (NCCL's sums too, on several). Then a loss that is not
+ * finite: NAN, the error said, and neither the step count nor any weight
+ * or moment moved. */
+static void compare_fused(train_cfg c, int V, int gpus, int steps, const char *what)
+{
+    char err[ERR_LEN];
+    const train_device *dev = &tgpu_train_device;
+    c.gpus = gpus;
+    trainer *ta = trainer_new(&c, V, err), *tb = trainer_new(&c, V, err);
+    CHECK(ta && tb, "%s: trainer_new: %s", what, err);
+    if (!ta || !tb) { trainer_free(ta); trainer_free(tb); return; }
+    trainer_init(ta, 31);
+    trainer_init(tb, 31);
+    if (c.fam == &train_family_par && !ta->searching)   /* a fixed architecture of both kinds of block */
+        for (int l = 0; l < ta->L; l++) ta->arch[l] = tb->arch[l] = l % 2 ? BLK_FFN : BLK_ATTN;
+    void *da = dev->open(ta, err);
+    CHECK(da != NULL, "%s: open: %s", what, err);
+    void *db = da ? dev->open(tb, err) : NULL;
+    CHECK(db != NULL, "%s: open: %s", what, err);
+    const int N = ta->B * ta->M;
+    int32_t *x = malloc(sizeof *x * N), *y = malloc(sizeof *y * N);
+    for (int s = 1; s <= steps && db; s++) {
+        if (c.fam->step_begin) {
+            train_rng r1 = {(uint64_t)s}, r2 = {(uint64_t)s};
+            c.fam->step_begin(ta, s, &r1);
+            c.fam->step_begin(tb, s, &r2);
+        }
+        rand_tokens(x, y, N, V);
+        const double lr = train_lr(&c, s);
+        double aa, ab, la = dev->forward(da, ta, x, y, 1, 1, &aa, err);
+        CHECK(isfinite(la) && dev->step(da, ta, lr, err) == 0, "%s: step %d, forward then step: %s", what, s, err);
+        const double lb = dev->train_step(db, tb, x, y, lr, &ab, err);
+        CHECK(isfinite(lb), "%s: step %d, train_step: %s", what, s, err);
+        CHECK(la == lb && aa == ab, "%s: step %d: loss %.17g vs %.17g, aux %.17g vs %.17g", what, s, lb, la, ab, aa);
+    }
+    if (db) {
+        CHECK(dev->download(da, ta, err) == 0 && dev->download(db, tb, err) == 0, "%s: download: %s", what, err);
+        CHECK(ta->step == steps && tb->step == steps, "%s: steps %ld and %ld", what, ta->step, tb->step);
+        size_t diff = 0;
+        for (size_t i = 0; i < ta->n; i++) diff += ta->w[i] != tb->w[i] || ta->m1[i] != tb->m1[i];
+        CHECK(diff == 0, "%s: %zu weights or moments differ after %d steps", what, diff, steps);
+        printf("%s: train_step and forward + step: %d steps, %d GPU%s, losses and weights equal to the bit\n", what,
+               steps, gpus, gpus == 1 ? "" : "s");
+    }
+    if (da) dev->close(da);
+    if (db) dev->close(db);
+    /* a weight that is not a number: the loss is not finite */
+    trainer_init(tb, 31);
+    tb->step = 0;
+    size_t at = 0;
+    for (int i = 0; i < tb->n_tp; i++)
+        if (tb->tp[i].kind == TP_WEIGHT) { at = tb->tp[i].off; break; }
+    tb->w[at] = NAN;
+    double *w0 = malloc(sizeof *w0 * tb->n * 3);
+    memcpy(w0, tb->w, sizeof *w0 * tb->n);
+    memcpy(w0 + tb->n, tb->m1, sizeof *w0 * tb->n);
+    if (tb->m2) memcpy(w0 + 2 * tb->n, tb->m2, sizeof *w0 * tb->n);
+    db = dev->open(tb, err);
+    CHECK(db != NULL, "%s: open: %s", what, err);
+    if (db) {
+        for (int i = 0; i < N; i++) x[i] = 0, y[i] = 1;   /* every row reads the broken weight's row */
+        double aux;
+        err[0] = 0;
+        const double l = dev->train_step(db, tb, x, y, 0.1, &aux, err);
+        CHECK(isnan(l) && strstr(err, "not finite"), "%s: a NaN weight: loss %g, '%s'", what, l, err);
+        CHECK(tb->step == 0, "%s: a step that was not taken counted: %ld", what, tb->step);
+        CHECK(dev->download(db, tb, err) == 0, "%s: download: %s", what, err);
+        size_t moved = 0;
+        for (size_t i = 0; i < tb->n; i++)
+            moved += i != at && (tb->w[i] != (float)w0[i] || tb->m1[i] != (float)w0[tb->n + i] ||
+                                 (tb->m2 && tb->m2[i] != (float)w0[2 * tb->n + i]));   /* the device keeps floats */
+        CHECK(moved == 0 && isnan(tb->w[at]), "%s: a loss that is not finite moved %zu weights or moments", what, moved);
+        dev->close(db);
+    }
+    free(w0);
+    free(x);
+    free(y);
+    trainer_free(ta);
+    trainer_free(tb);
+}
+
+static void test_fused_multi(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+        printf("SKIP test_train_gpu train_step on several GPUs: this machine has %d CUDA device%s\n", n,
+               n == 1 ? "" : "s");
+        return;
+    }
+    train_cfg c = tiny();
+    c.batch_size = 4, c.dropout = 0.2, c.optim = OPT_ADAM, c.lr = 0.01;
+    compare_fused(c, 7, 2, 4, "train_step aspan, 2 GPUs");
+    train_cfg p = tiny_par();
+    p.batch_size = 4, p.dropout = 0.2;
+    compare_fused(p, 9, 2, 4, "train_step par, 2 GPUs");
+}
+
 static void test_multi(void)
 {
     int n = 0;
@@ -915,6 +1015,19 @@ int main(void)
     c = tiny();
     c.hidden_size = 1040, c.nb_heads = 2, c.nb_layers = 1, c.inner_hidden_size = 16;
     compare_case(c, 7, zf, 0, "rows of 1040");   /* the gradients: Adagrad magnifies what float32 cannot resolve */
+    /* the one-wait step */
+    c = tiny();
+    compare_fused(c, 7, 1, 4, "train_step aspan adagrad");
+    c.optim = OPT_ADAM, c.lr = 0.01, c.dropout = 0.1;
+    compare_fused(c, 7, 1, 4, "train_step aspan adam dropout");
+    train_cfg fp = tiny_par();
+    compare_fused(fp, 9, 1, 4, "train_step par search");
+    fp.search_steps = 0;
+    compare_fused(fp, 9, 1, 3, "train_step par fixed");
+    c = tiny();
+    c.bf16 = 1;
+    compare_fused(c, 7, 1, 3, "train_step aspan bf16");
+    test_fused_multi();
     return test_summary("test_train_gpu");
 }
 #endif
