@@ -562,19 +562,21 @@ int tg_grad_ready(tgpu *g, int l, char *err)
     if (!g->comm) return 0;
 #ifdef SPANSERVE_NCCL
     ncclComm_t comm = (ncclComm_t)g->comm;
-    if (l >= 0 && !g->buckets) return 0;
+    if (!g->overlap || !g->buckets) {   /* one all-reduce, after the backward */
+        if (l >= 0) return 0;
+        const ncclResult_t r = ncclAllReduce(g->g, g->g, g->n, ncclFloat32, ncclSum, comm, g->stream);
+        return r != ncclSuccess ? err_set(err, "the gradient's all-reduce: %s", ncclGetErrorString(r)) : 0;
+    }
     CU_TRY(cudaEventRecord(g->ev_grad, g->stream), err, "gradient event");
     CU_TRY(cudaStreamWaitEvent(g->cstream, g->ev_grad, 0), err, "gradient event wait");
     ncclResult_t r = ncclSuccess;
     if (l >= 0)
         r = ncclAllReduce(g->g + g->bk_lo[l], g->g + g->bk_lo[l], g->bk_hi[l] - g->bk_lo[l], ncclFloat32, ncclSum, comm,
                           g->cstream);
-    else if (g->buckets)
+    else
         for (int i = 0; i < g->n_rest && r == ncclSuccess; i++)
             r = ncclAllReduce(g->g + g->rest_lo[i], g->g + g->rest_lo[i], g->rest_hi[i] - g->rest_lo[i], ncclFloat32,
                               ncclSum, comm, g->cstream);
-    else
-        r = ncclAllReduce(g->g, g->g, g->n, ncclFloat32, ncclSum, comm, g->cstream);
     if (r != ncclSuccess) return err_set(err, "the gradient's all-reduce: %s", ncclGetErrorString(r));
     if (l < 0) {   /* the optimizer waits for every bucket */
         CU_TRY(cudaEventRecord(g->ev_comm, g->cstream), err, "all-reduce event");

@@ -65,10 +65,13 @@ struct tgpu {
      * of the step's B_all; rank 0 adds the loss's constant gradients; the
      * mean loss divides by all the tokens N_all = B_all M. With a
      * communicator (an ncclComm_t; NULL alone) the gradient is summed over
-     * the devices in buckets as the backward goes: layer l's tensors
-     * [bk_lo[l], bk_hi[l]) once its backward is done (on cstream, after
-     * ev_grad), the rest's runs [rest_lo, rest_hi) at the end; the next
-     * work on the step's stream waits for ev_comm */
+     * the devices: with OVERLAP (and BUCKETS: each layer's tensors one
+     * run), in buckets as the backward goes: layer l's tensors
+     * [bk_lo[l], bk_hi[l]) once its backward is done (on cstream, of the
+     * highest priority, after ev_grad), the rest's runs [rest_lo, rest_hi)
+     * at the end, and the next work on the step's stream waits for
+     * ev_comm; else the whole gradient in one all-reduce on the step's
+     * stream after the backward */
     int b0, B_all, rank;
     size_t N_all;
     void *comm;
@@ -78,7 +81,7 @@ struct tgpu {
     cudaStream_t cstream;
     cudaEvent_t ev_grad, ev_comm;
     size_t *bk_lo, *bk_hi, *rest_lo, *rest_hi;
-    int n_rest, buckets;
+    int n_rest, buckets, overlap;
     const struct tg_family *fam;
     int L, B, M, H, K, D, S, I, V, R, N;
     int AW;                       /* PAR: the attention's width nh * dh */

@@ -859,6 +859,12 @@ static void test_multi(void)
     train_cfg p = tiny_par();
     p.batch_size = 4, p.dropout = 0.2, p.dropatt = 0.2;
     compare_multi(p, 9, 2, 5, "par, 2 GPUs");
+    /* the all-reduces of buckets overlapped with the backward (what several
+     * machines do) on this one */
+    setenv("SPANSERVE_GRAD_OVERLAP", "1", 1);
+    compare_multi(c, 7, 2, 5, "aspan, 2 GPUs, buckets overlapped");
+    compare_multi(p, 9, 2, 5, "par, 2 GPUs, buckets overlapped");
+    unsetenv("SPANSERVE_GRAD_OVERLAP");
     /* refusals: more GPUs than the machine has; a batch they do not divide */
     c = tiny();
     c.gpus = n + 1;
