@@ -464,11 +464,11 @@ static int forward_launch(tgpu *g, const trainer *t, const int32_t *x, const int
 }
 
 /* the launched work's end: the loss and stop requests to the host */
-static int forward_wait(tgpu *g, double *sum, const char *what, char *err)
+static int forward_wait(tgpu *g, double *sum, char *err)
 {
     cudaError_t e = cudaMemcpyAsync(g->h_sum, g->dsum, 2 * sizeof(double), cudaMemcpyDeviceToHost, g->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->stream);
-    if (e != cudaSuccess) return err_set(err, "%s: %s", what, cudaGetErrorString(e));
+    if (e != cudaSuccess) return err_set(err, "training step: %s", cudaGetErrorString(e));
     g->stop_all = g->h_sum[1] > 0.5;
     *sum = g->h_sum[0];
     return 0;
@@ -477,8 +477,7 @@ static int forward_wait(tgpu *g, double *sum, const char *what, char *err)
 int tgpu_forward_sum(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
                      double *sum, double *aux, char *err)
 {
-    return forward_launch(g, t, x, y, backward, carry, aux, err) || forward_wait(g, sum, "training step", err) ? -1
-                                                                                                              : 0;
+    return forward_launch(g, t, x, y, backward, carry, aux, err) || forward_wait(g, sum, err) ? -1 : 0;
 }
 
 double tgpu_forward(tgpu *g, const trainer *t, const int32_t *x, const int32_t *y, int backward, int carry,
@@ -538,7 +537,7 @@ int tgpu_train_step_sum(tgpu *g, trainer *t, const int32_t *x, const int32_t *y,
                         double *sum, double *aux, char *err)
 {
     if (forward_launch(g, t, x, y, 1, 1, aux, err) || step_launch(g, t, step, lr, mirror, 1, err) ||
-        forward_wait(g, sum, "training step", err))
+        forward_wait(g, sum, err))
         return -1;
     if (mirror && isfinite(*sum)) mirror_write(g, t);
     return 0;

@@ -11,8 +11,9 @@
  * buckets as the backward goes (each layer's tensors once its backward is
  * done, on a stream of their own of the highest priority, overlapped with
  * the layers below; the tensors of no layer at the end).
- * SPANSERVE_GRAD_OVERLAP=1 or 0 asks for the one or the other. Each device's loss is its tokens' share of the mean over all
- * B*M tokens, so the sum is the one-GPU gradient of the same batch; every
+ * SPANSERVE_GRAD_OVERLAP=1 or 0 asks for the one or the other. Each
+ * device's loss is its tokens' share of the mean over all B*M tokens, so
+ * the sum is the one-GPU gradient of the same batch; every
  * device then takes the same optimizer step from the same gradient, and the
  * copies stay equal. The dropout masks are drawn by the streams' places in
  * the whole batch (core/train_drop.h): N devices drop what one drops.
