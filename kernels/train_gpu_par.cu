@@ -69,6 +69,55 @@ static int par_plan(tgpu *g, const trainer *t, char *err)
     return 0;
 }
 
+/* precision bf16: the feed-forward branch's products read bf16 copies of
+ * their operands (g->bo): fc1_w and fc2_w of every block (each at 16 bytes'
+ * alignment; off[2 l], off[2 l + 1]), the branch's input (X: one block's,
+ * cast where it is read), the hidden layer after its ReLU (ff: every
+ * block's, its only copy), dY and dFF. The attention's products keep
+ * float32 operands rounded on the tensor cores. */
+static int par_plan_bf16(tgpu *g, char *err)
+{
+    const size_t L = g->L, N = g->N, D = g->H, I = g->I, E = sizeof(tbf16);
+    g->bo.nseg = (int)(2 * L);
+    free(g->bo.off);   /* a failed plan's */
+    g->bo.off = (size_t *)calloc(2 * L, sizeof(size_t));
+    size_t *seg = (size_t *)calloc(6 * L, sizeof(size_t));
+    if (!g->bo.off || !seg) {
+        free(seg);
+        return err_set(err, "out of memory");
+    }
+    size_t at = 0;
+    for (size_t l = 0; l < L; l++)
+        for (int k = 0; k < 2; k++) {
+            const size_t i = 2 * l + k, len = I * D;
+            seg[3 * i] = k ? g->ly[l].fc2_w : g->ly[l].fc1_w, seg[3 * i + 1] = at, seg[3 * i + 2] = len;
+            g->bo.off[i] = at;
+            at += (len + 7) & ~(size_t)7;   /* 16 bytes */
+        }
+    tbf16 *w = NULL;
+    int rc = tg_alloc(g, &g->bo.seg, sizeof(size_t) * 6 * L, err) || tg_alloc(g, &w, E * at, err) ||
+                     tg_alloc(g, &g->bo.X, E * N * D, err) || tg_alloc(g, &g->bo.ff, E * L * N * I, err) ||
+                     tg_alloc(g, &g->bo.dY, E * N * D, err) || tg_alloc(g, &g->bo.dFF, E * N * I, err)
+                 ? -1
+                 : 0;
+    if (!rc && (cudaMemcpyAsync(g->bo.seg, seg, sizeof(size_t) * 6 * L, cudaMemcpyHostToDevice, g->stream) !=
+                    cudaSuccess ||
+                cudaStreamSynchronize(g->stream) != cudaSuccess))
+        rc = err_set(err, "copying the bf16 weights' table failed");
+    free(seg);
+    if (!rc) g->bo.w = w;   /* last: bo.w says the rest is there */
+    return rc;
+}
+
+/* block l's bf16 copies: fc1_w, fc2_w and its hidden layer; NULL without them */
+static int ffn_bf(const tgpu *g, int l, const tbf16 **fc1, const tbf16 **fc2, tbf16 **ff)
+{
+    if (!g->bf16 || !g->bo.w) return 0;
+    *fc1 = g->bo.w + g->bo.off[2 * l], *fc2 = g->bo.w + g->bo.off[2 * l + 1];
+    *ff = g->bo.ff + (size_t)l * g->N * g->I;
+    return 1;
+}
+
 /* ---- kernels ---- */
 
 /* qu = q + u, qv = q + v for the block's queries (rows mlen.. of each stream's qkv) */
@@ -264,11 +313,20 @@ static int ffn_forward(tgpu *g, const trainer *t, int l, const float *X, char *e
     float *ff = g->par.ff + (size_t)l * N * I;
     td_site dff, dfo;
     ffn_sites(g, t, l, &dff, &dfo);
+    const tbf16 *fc1b = NULL, *fc2b = NULL;
+    tbf16 *ffb = NULL;
+    if (ffn_bf(g, l, &fc1b, &fc2b, &ffb)) {   /* fc1 into scratch (dFF), the hidden layer as bf16 only */
+        if (tg_to_bf16(g, g->bo.X, X, (size_t)N * D, err) ||
+            tg_gemm_bf(g, 0, 1, N, I, D, 1, g->bo.X, D, fc1b, D, 0, g->par.dFF, I, err) ||
+            tg_bias_relu2(g, NULL, ffb, g->par.dFF, w + ly->fc1_b, N, I, dff, err) ||
+            tg_gemm_bf(g, 0, 1, N, D, I, 1, ffb, I, fc2b, I, 0, g->tmp, D, err))
+            return -1;
+    } else if (tg_gemm(g, 0, 1, N, I, D, 1, X, D, w + ly->fc1_w, D, 0, ff, I, err) ||
+               tg_bias_relu(g, ff, w + ly->fc1_b, N, I, dff, err) ||
+               tg_gemm(g, 0, 1, N, D, I, 1, ff, I, w + ly->fc2_w, I, 0, g->tmp, D, err))
+        return -1;
     /* the output's dropout takes the bias with it; else the LayerNorm adds it */
-    return tg_gemm(g, 0, 1, N, I, D, 1, X, D, w + ly->fc1_w, D, 0, ff, I, err) ||
-                   tg_bias_relu(g, ff, w + ly->fc1_b, N, I, dff, err) ||
-                   tg_gemm(g, 0, 1, N, D, I, 1, ff, I, w + ly->fc2_w, I, 0, g->tmp, D, err) ||
-                   (dfo.thresh && tg_dropout(g, g->tmp, g->tmp, w + ly->fc2_b, D, (size_t)N * D, dfo, err)) ||
+    return (dfo.thresh && tg_dropout(g, g->tmp, g->tmp, w + ly->fc2_b, D, (size_t)N * D, dfo, err)) ||
                    tg_ln_fwd(g, g->par.of + (size_t)l * N * D, g->par.xhf + (size_t)l * N * D, g->par.rf + (size_t)l * N,
                              g->tmp, dfo.thresh ? NULL : w + ly->fc2_b, X, w + ly->ln2_w, w + ly->ln2_b, N, D, err)
                ? -1
@@ -310,12 +368,26 @@ static int ffn_backward(tgpu *g, const trainer *t, int l, const float *X, float 
     const tlayer *ly = &g->ly[l];
     const float *w = g->w, *ff = g->par.ff + (size_t)l * N * I;
     float *gg = g->g, *dY = g->dY, *dFF = g->par.dFF;
-    return tg_axpy(g, g->par.dS, g->dX, w_ffn, (size_t)N * D, 0, err) ||
-                   tg_ln_back(g, dY, gg + ly->ln2_w, gg + ly->ln2_b, g->par.dS, g->par.xhf + (size_t)l * N * D,
-                              g->par.rf + (size_t)l * N, w + ly->ln2_w, N, D, err) ||
-                   tg_axpy(g, g->par.dXn, dY, 1.0f, (size_t)N * D, 1, err) ||
-                   (dfo.thresh && tg_dropout(g, dY, dY, NULL, D, (size_t)N * D, dfo, err)) ||
-                   tg_gemm(g, 1, 0, D, I, N, 1, dY, D, ff, I, 1, gg + ly->fc2_w, I, err) ||
+    if (tg_axpy(g, g->par.dS, g->dX, w_ffn, (size_t)N * D, 0, err) ||
+        tg_ln_back(g, dY, gg + ly->ln2_w, gg + ly->ln2_b, g->par.dS, g->par.xhf + (size_t)l * N * D,
+                   g->par.rf + (size_t)l * N, w + ly->ln2_w, N, D, err) ||
+        tg_axpy(g, g->par.dXn, dY, 1.0f, (size_t)N * D, 1, err) ||
+        (dfo.thresh && tg_dropout(g, dY, dY, NULL, D, (size_t)N * D, dfo, err)))
+        return -1;
+    const tbf16 *fc1b = NULL, *fc2b = NULL;
+    tbf16 *ffb = NULL;
+    if (ffn_bf(g, l, &fc1b, &fc2b, &ffb))   /* dY, dFF and the input as bf16 copies */
+        return tg_to_bf16(g, g->bo.dY, dY, (size_t)N * D, err) ||
+                       tg_gemm_bf(g, 1, 0, D, I, N, 1, g->bo.dY, D, ffb, I, 1, gg + ly->fc2_w, I, err) ||
+                       tg_colsum(g, gg + ly->fc2_b, dY, NULL, N, D, err) ||
+                       tg_gemm_bf(g, 0, 0, N, I, D, 1, g->bo.dY, D, fc2b, I, 0, dFF, I, err) ||
+                       tg_relu_back2(g, dFF, g->bo.dFF, NULL, ffb, gg + ly->fc1_b, N, I, dff.scale, err) ||
+                       tg_to_bf16(g, g->bo.X, X, (size_t)N * D, err) ||
+                       tg_gemm_bf(g, 1, 0, I, D, N, 1, g->bo.dFF, I, g->bo.X, D, 1, gg + ly->fc1_w, D, err) ||
+                       tg_gemm_bf(g, 0, 0, N, D, I, 1, g->bo.dFF, I, fc1b, D, 1, g->par.dXn, D, err)
+                   ? -1
+                   : 0;
+    return tg_gemm(g, 1, 0, D, I, N, 1, dY, D, ff, I, 1, gg + ly->fc2_w, I, err) ||
                    tg_colsum(g, gg + ly->fc2_b, dY, NULL, N, D, err) ||
                    tg_gemm(g, 0, 0, N, I, D, 1, dY, D, w + ly->fc2_w, I, 0, dFF, I, err) ||
                    tg_relu_back2(g, dFF, NULL, ff, NULL, gg + ly->fc1_b, N, I, dff.scale, err) ||
@@ -447,6 +519,8 @@ static int par_block(tgpu *g, const trainer *t, int backward, int carry, double 
         g->par.posu = g->par.posd;
     }
     if (tg_embed(g, g->X, g->w + g->emb, dx, N, D, esc, de, err)) return -1;
+    /* bf16 operands: the feed-forward weights' copies (the optimizer changed them) */
+    if (g->bf16 && g->bo.w && tg_seg_to_bf16(g, g->bo.w, g->w, g->bo.seg, g->bo.nseg, err)) return -1;
     for (int l = 0; l < L; l++)
         if (layer_forward(g, t, l, mix + 3 * l, carry, err)) return -1;
     const float *XL = g->X + (size_t)L * N * D;
@@ -463,4 +537,4 @@ static int par_block(tgpu *g, const trainer *t, int backward, int carry, double 
                                                                                                                 : 0;
 }
 
-const tg_family tg_family_par = {&train_family_par, par_plan, NULL, par_block};
+const tg_family tg_family_par = {&train_family_par, par_plan, par_plan_bf16, par_block};

@@ -145,7 +145,10 @@ struct tgpu {
     float *dzrow;                 /* B K M */
     double *colpart;              /* TG_COL_CHUNKS x max(H, I, V) */
     double *lnpart;               /* 3 x TG_LN_CHUNKS x H: LayerNorm's backward's slices */
-    /* precision bf16 (the adaptive-span family; tg_family.plan_bf16): the
+    /* precision bf16 (tg_family.plan_bf16; PAR: its feed-forward branch
+     * only, w holding fc1_w and fc2_w at off[2 l + k], X one block's
+     * input, ff every block's hidden layer, dY and dFF; below, adaptive-
+     * span's): the
      * products whose operands a kernel of the step writes read bf16 copies
      * of them (cuBLAS's bf16 kernels, float32 sums): the weights (w: each
      * layer's wq wk wv wo fc1_w fc2_w at off[6 l + k], every element at 16

@@ -1033,6 +1033,14 @@ int main(void)
     c = tiny();
     c.bf16 = 1;
     compare_fused(c, 7, 1, 3, "train_step aspan bf16");
+    fp = tiny_par();
+    fp.bf16 = 1, fp.dropout = 0.1;
+    compare_fused(fp, 9, 1, 3, "train_step par bf16");
+    /* PAR's feed-forward branch on bf16 copies, with dropout on its sites */
+    fp = tiny_par();
+    fp.d_model = 64, fp.n_head = 2, fp.d_head = 32, fp.d_inner = 128, fp.tgt_len = 16, fp.mem_len = 16;
+    fp.batch_size = 4, fp.dropout = 0.1;
+    test_fast(fp, 1, "par bf16 dropout");
     test_fused_multi();
     return test_summary("test_train_gpu");
 }
