@@ -81,40 +81,25 @@ static int aspan_plan(tgpu *g, const trainer *t, char *err)
 static int aspan_plan_bf16(tgpu *g, char *err)
 {
     const size_t L = g->L, B = g->B, N = g->N, H = g->H, I = g->I, SMx = (size_t)g->S + g->M, E = sizeof(tbf16);
-    g->bo.nseg = (int)(6 * L);
-    free(g->bo.off);   /* a failed plan's */
-    g->bo.off = (size_t *)calloc(6 * L, sizeof(size_t));
-    size_t *seg = (size_t *)calloc(18 * L, sizeof(size_t));
-    if (!g->bo.off || !seg) {
-        free(seg);
-        return err_set(err, "out of memory");
-    }
-    size_t at = 0;
+    size_t *src = (size_t *)calloc(12 * L, sizeof(size_t)), *len = src + 6 * L;
+    if (!src) return err_set(err, "out of memory");
     for (size_t l = 0; l < L; l++) {
         const tlayer *ly = &g->ly[l];
-        const size_t src[6] = {ly->wq, ly->wk, ly->wv, ly->wo, ly->fc1_w, ly->fc2_w};
-        for (int k = 0; k < 6; k++) {
-            const size_t len = k < 4 ? H * H : I * H, i = 6 * l + k;
-            seg[3 * i] = src[k], seg[3 * i + 1] = at, seg[3 * i + 2] = len;
-            g->bo.off[i] = at;
-            at += (len + 7) & ~(size_t)7;   /* 16 bytes */
-        }
+        const size_t s6[6] = {ly->wq, ly->wk, ly->wv, ly->wo, ly->fc1_w, ly->fc2_w};
+        for (int k = 0; k < 6; k++) src[6 * l + k] = s6[k], len[6 * l + k] = k < 4 ? H * H : I * H;
     }
     tbf16 *w = NULL;
-    int rc = tg_alloc(g, &g->bo.seg, sizeof(size_t) * 18 * L, err) || tg_alloc(g, &w, E * at, err) ||
-                     tg_alloc(g, &g->bo.X, E * (L + 1) * N * H, err) ||
-                     tg_alloc(g, &g->bo.hall, E * L * B * SMx * H, err) || tg_alloc(g, &g->bo.att, E * L * N * H, err) ||
-                     tg_alloc(g, &g->bo.x1, E * L * N * H, err) || tg_alloc(g, &g->bo.ff, E * L * N * I, err) ||
-                     tg_alloc(g, &g->bo.dY, E * N * H, err) || tg_alloc(g, &g->bo.dFF, E * N * I, err) ||
-                     tg_alloc(g, &g->bo.dQ, E * N * H, err) || tg_alloc(g, &g->bo.dKr, E * B * SMx * H, err) ||
-                     tg_alloc(g, &g->bo.dVr, E * B * SMx * H, err)
-                 ? -1
-                 : 0;
-    if (!rc && (cudaMemcpyAsync(g->bo.seg, seg, sizeof(size_t) * 18 * L, cudaMemcpyHostToDevice, g->stream) !=
-                    cudaSuccess ||
-                cudaStreamSynchronize(g->stream) != cudaSuccess))
-        rc = err_set(err, "copying the bf16 weights' table failed");
-    free(seg);
+    const int rc = tg_plan_bf16_weights(g, src, len, (int)(6 * L), &w, err) ||
+                           tg_alloc(g, &g->bo.X, E * (L + 1) * N * H, err) ||
+                           tg_alloc(g, &g->bo.hall, E * L * B * SMx * H, err) ||
+                           tg_alloc(g, &g->bo.att, E * L * N * H, err) || tg_alloc(g, &g->bo.x1, E * L * N * H, err) ||
+                           tg_alloc(g, &g->bo.ff, E * L * N * I, err) || tg_alloc(g, &g->bo.dY, E * N * H, err) ||
+                           tg_alloc(g, &g->bo.dFF, E * N * I, err) || tg_alloc(g, &g->bo.dQ, E * N * H, err) ||
+                           tg_alloc(g, &g->bo.dKr, E * B * SMx * H, err) ||
+                           tg_alloc(g, &g->bo.dVr, E * B * SMx * H, err)
+                       ? -1
+                       : 0;
+    free(src);
     if (!rc) g->bo.w = w;   /* last: bo.w says the rest is there */
     return rc;
 }

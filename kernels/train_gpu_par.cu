@@ -78,33 +78,19 @@ static int par_plan(tgpu *g, const trainer *t, char *err)
 static int par_plan_bf16(tgpu *g, char *err)
 {
     const size_t L = g->L, N = g->N, D = g->H, I = g->I, E = sizeof(tbf16);
-    g->bo.nseg = (int)(2 * L);
-    free(g->bo.off);   /* a failed plan's */
-    g->bo.off = (size_t *)calloc(2 * L, sizeof(size_t));
-    size_t *seg = (size_t *)calloc(6 * L, sizeof(size_t));
-    if (!g->bo.off || !seg) {
-        free(seg);
-        return err_set(err, "out of memory");
+    size_t *src = (size_t *)calloc(4 * L, sizeof(size_t)), *len = src + 2 * L;
+    if (!src) return err_set(err, "out of memory");
+    for (size_t l = 0; l < L; l++) {
+        src[2 * l] = g->ly[l].fc1_w, src[2 * l + 1] = g->ly[l].fc2_w;
+        len[2 * l] = len[2 * l + 1] = I * D;
     }
-    size_t at = 0;
-    for (size_t l = 0; l < L; l++)
-        for (int k = 0; k < 2; k++) {
-            const size_t i = 2 * l + k, len = I * D;
-            seg[3 * i] = k ? g->ly[l].fc2_w : g->ly[l].fc1_w, seg[3 * i + 1] = at, seg[3 * i + 2] = len;
-            g->bo.off[i] = at;
-            at += (len + 7) & ~(size_t)7;   /* 16 bytes */
-        }
     tbf16 *w = NULL;
-    int rc = tg_alloc(g, &g->bo.seg, sizeof(size_t) * 6 * L, err) || tg_alloc(g, &w, E * at, err) ||
-                     tg_alloc(g, &g->bo.X, E * N * D, err) || tg_alloc(g, &g->bo.ff, E * L * N * I, err) ||
-                     tg_alloc(g, &g->bo.dY, E * N * D, err) || tg_alloc(g, &g->bo.dFF, E * N * I, err)
-                 ? -1
-                 : 0;
-    if (!rc && (cudaMemcpyAsync(g->bo.seg, seg, sizeof(size_t) * 6 * L, cudaMemcpyHostToDevice, g->stream) !=
-                    cudaSuccess ||
-                cudaStreamSynchronize(g->stream) != cudaSuccess))
-        rc = err_set(err, "copying the bf16 weights' table failed");
-    free(seg);
+    const int rc = tg_plan_bf16_weights(g, src, len, (int)(2 * L), &w, err) ||
+                           tg_alloc(g, &g->bo.X, E * N * D, err) || tg_alloc(g, &g->bo.ff, E * L * N * I, err) ||
+                           tg_alloc(g, &g->bo.dY, E * N * D, err) || tg_alloc(g, &g->bo.dFF, E * N * I, err)
+                       ? -1
+                       : 0;
+    free(src);
     if (!rc) g->bo.w = w;   /* last: bo.w says the rest is there */
     return rc;
 }

@@ -333,6 +333,11 @@ int tg_gemm_batched_bf(tgpu *g, int ta, int tb, int m, int n, int k, float alpha
  * offset, length) triples SEG (device) of src into dst */
 int tg_to_bf16(tgpu *g, tbf16 *dst, const float *src, size_t n, char *err);
 int tg_seg_to_bf16(tgpu *g, tbf16 *dst, const float *src, const size_t *seg, int nseg, char *err);
+/* the bf16 copy of N weight tensors (arena offsets SRC, lengths LEN), for a
+ * family's plan_bf16: g->bo.off[i] each one's place in the copy (at 16
+ * bytes' alignment), g->bo.seg and nseg the table tg_seg_to_bf16 reads
+ * (on the device), *W the copy (allocated; the caller sets g->bo.w) */
+int tg_plan_bf16_weights(tgpu *g, const size_t *src, const size_t *len, int n, tbf16 **w, char *err);
 /* x[n] = emb[tok[n]] * scale, then dropout site DS (element n*d + j) */
 int tg_embed(tgpu *g, float *x, const float *emb, const int32_t *tok, int n, int d, float scale, td_site ds,
              char *err);

@@ -132,6 +132,31 @@ int tg_seg_to_bf16(tgpu *g, tbf16 *dst, const float *src, const size_t *seg, int
     return 0;
 }
 
+int tg_plan_bf16_weights(tgpu *g, const size_t *src, const size_t *len, int n, tbf16 **w, char *err)
+{
+    g->bo.nseg = n;
+    free(g->bo.off);   /* a failed plan's */
+    g->bo.off = (size_t *)calloc(n, sizeof(size_t));
+    size_t *seg = (size_t *)calloc(3 * (size_t)n, sizeof(size_t));
+    if (!g->bo.off || !seg) {
+        free(seg);
+        return err_set(err, "out of memory");
+    }
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        seg[3 * i] = src[i], seg[3 * i + 1] = at, seg[3 * i + 2] = len[i];
+        g->bo.off[i] = at;
+        at += (len[i] + 7) & ~(size_t)7;   /* 16 bytes */
+    }
+    int rc = tg_alloc(g, &g->bo.seg, sizeof(size_t) * 3 * n, err) || tg_alloc(g, w, sizeof(tbf16) * at, err) ? -1 : 0;
+    if (!rc && (cudaMemcpyAsync(g->bo.seg, seg, sizeof(size_t) * 3 * n, cudaMemcpyHostToDevice, g->stream) !=
+                    cudaSuccess ||
+                cudaStreamSynchronize(g->stream) != cudaSuccess))
+        rc = err_set(err, "copying the bf16 weights' table failed");
+    free(seg);
+    return rc;
+}
+
 __global__ static void embed_kernel(float *x, const float *emb, const int32_t *tok, int n, int d, float scale,
                                     td_site ds)
 {
