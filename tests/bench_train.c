@@ -6,8 +6,8 @@
  * and tokens (drawn before the clock starts; each step copies its batch as
  * the loop copies it from the text). A step is the whole of a training step
  * as `spanserve train` runs it (tgpu_train_step): the tokens' upload,
- * forward, loss, backward, Adagrad, z/S back to the host. The attention's cost follows the spans, so it is measured at
- * two: z/S = 0 (the recipe's start: windows of 64) and z/S = 1 (every head
+ * forward, loss, backward, Adagrad, z/S back to the host. The attention's
+ * cost follows the spans, so it is measured at two: z/S = 0 (the recipe's start: windows of 64) and z/S = 1 (every head
  * at the full span: windows of 1024); in float32 (the default), with the
  * linear layers in TF32 and in bf16 (precision). Wall time of STEPS steps
  * after WARM, median of RUNS.
@@ -21,8 +21,9 @@
  * kernel; `--profile-par [fp32|tf32|bf16]`: one step of PAR's
  * fixed architecture in float32 only. `bench_train --batch N`: aspan-small
  * alone with N streams (N = 32: what each of two GPUs does with the batch
- * of 64; with --profile, that step); `bench_train --scaling [tf32|bf16|par]`: the 2
- * GPUs' figures alone (of the one configuration named).
+ * of 64; with --profile, that step); `bench_train --scaling
+ * [tf32|bf16|par]`: the 2 GPUs' figures alone (of the one configuration
+ * named).
  *
  * Then PAR Transformer-XL of par-base's shape (../shared/bench: 24 blocks,
  * d_model 512, 8 heads of 64, d_inner 2048, mem_len 512, vocabulary 256)
@@ -264,9 +265,12 @@ int main(int argc, char **argv)
             scaling = 1;
             if (more) {
                 i++;
-                scaling_only = !strcmp(argv[i], "tf32") ? 0 : !strcmp(argv[i], "bf16") ? 1 : !strcmp(argv[i], "par") ? 2 : -2;
-                if (scaling_only == -2) {
-                    printf("FAIL bench_train: --scaling %s: tf32, bf16 or par (aspan-small in tf32 or bf16, PAR in tf32)\n",
+                static const char *const which[3] = {"tf32", "bf16", "par"};
+                for (int k = 0; k < 3; k++)
+                    if (!strcmp(argv[i], which[k])) scaling_only = k;
+                if (scaling_only < 0) {
+                    printf("FAIL bench_train: --scaling %s: tf32, bf16 or par "
+                           "(aspan-small in tf32 or bf16, PAR in tf32)\n",
                            argv[i]);
                     return 1;
                 }
