@@ -100,7 +100,8 @@ typedef struct {
     const float *b1;             /* fc1's bias */
     const float *rb;             /* the residual's bias (Wo's, fc2's) or NULL */
     const float *lnw, *lnb;      /* the LayerNorm after the sublayer */
-    const float *rk, *rwb, *rrb; /* relative attention: r_net rows by distance, u, v */
+    const __half *rk16;          /* relative attention: r_net's rows by distance in fp16 (attn_mma.cu's table), */
+    const float *rwb, *vr;       /* u, and v . r_net's rows by distance and head, scaled (attn_mma.cu's) */
     const mk_item *items;        /* the attention's items of one stream */
     int nitems, pad;
 } mk_sub;                        /* (a multiple of 16 bytes: copied as int4s) */
@@ -194,6 +195,21 @@ static __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned l
     return v;
 }
 
+static __device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* atomicAdd with acquire and release semantics at the GPU's scope */
+static __device__ __forceinline__ int atom_add_acq_rel(int *p, int v)
+{
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 /* Thread 0's time at point K of phase PH, when tracing */
 static __device__ __forceinline__ void mk_point(const mk_args &a, int k, int ph)
 {
@@ -224,11 +240,10 @@ static __device__ __noinline__ int grid_sync(const mk_args &a, int ph)
             a.trace[row + blockIdx.x] = globaltimer();
             a.trace[mk_trace_at(a.nbar, gridDim.x, 3, ph, blockIdx.x)] = clock64();
         }
-        __threadfence();
         red_release_add(a.bar, 1ull);
         const unsigned long long target = a.bar_base + (unsigned long long)(ph + 1) * gridDim.x;
         while (ld_relaxed(a.bar) < target) {}
-        __threadfence();
+        ld_acquire(a.bar);
         if (a.trace) {
             const unsigned long long t = globaltimer();
             if (blockIdx.x == 0) a.trace[row + gridDim.x] = t;
@@ -514,30 +529,29 @@ static __device__ __forceinline__ void mk_input(const mk_args &a, bool first, co
 /* ------------------------------------------------------------ attention */
 
 /* Shared memory of the attention: q (or q + u, q + v), the warps' states */
-struct mk_att_sm {
-    float q[2][MK_MAX_DH];
+struct __align__(16) mk_att_sm {
     float m[MK_WARPS], z[MK_WARPS], w[MK_WARPS];
     float o[MK_WARPS][MK_MAX_DH];
     float ev[MK_WARPS];
     float rm[MK_MAX_SPLITS], rz[MK_MAX_SPLITS], rw[MK_MAX_SPLITS];   /* the splits' records met */
+    float ev2[MK_MAX_SPLITS];
     int last;
 };
 
-/* An item of stream B (its record IP) and its key number T (0 ..
- * MK_SPLIT - 1 of the split): what the item writes, and where that key's
- * rows lie. Adaptive-span (as aspan_decode.cu): distances d = 1..kw of
- * the head's key rows, their position rows (key_pe of distance d), the
- * mask m(d) up to the reach r; the new key into the slot of distance kw,
- * the new value into that of distance r. Relative attention (as
- * rel_attn.cu): keys j = jlo..mlen (the memory, then the step's own), r_net
- * row mlen - j; the step's key and value to slot p % ML, which memory row 0
- * holds when the memory is full (then split 0 writes it after its reads),
- * else no key of the step (then the split of the step's own key). */
+/* An attention item: what it writes, and where its keys lie (att_head) */
 struct mk_head {
     int h, sp, nsplit;
     bool zero;                   /* adaptive-span, a zero mask: the output is zeros */
     bf16 *kd, *vd;               /* the ring rows the step's key and value replace (NULL: another split's) */
     const bf16 *nk, *nv;         /* the step's own key and value (in qkv) */
+    /* where the split's keys lie (att_key): the head's key and value rows in the ring, and */
+    bf16 *kr, *vr;
+    int kslot, vslot, kw, r, dlo, dhi;   /* adaptive-span: the slots of distance 0, the key rows, the reach, the split's
+                                          * distances */
+    int mslot, jlo, L, mlen;     /* relative attention: memory row 0's slot, the first key that counts, the keys, the
+                                  * memory's rows */
+    const __half *ph;            /* relative attention: the head's r_net row of distance 0 (fp16), */
+    const float *vrh;            /* and v . that row (scaled), rows K apart */
 };
 /* An item's inputs: its record, then its stream's position, ring and
  * (relative attention) memory length; in shared memory (geo_issue copies
@@ -553,12 +567,14 @@ struct mk_geo {
 struct mk_key {
     bool ok, vok;                /* a key; its value weighs */
     const bf16 *k, *v, *pb;      /* its key and value rows; adaptive-span: its position row (bf16) */
-    const float *pf;             /* relative attention: its r_net row (float) */
-    int md;                      /* adaptive-span: its distance, for the mask */
+    const __half *ph;            /* relative attention: its r_net row (fp16) */
+    int md;                      /* its distance: adaptive-span's mask, relative attention's v . r */
 };
 
-static __device__ __forceinline__ void att_geom(const mk_args &a, const mk_sub *u, const mk_geo &g, int b, int t, mk_head &H,
-                                                mk_key &K, int DH, bool rel)
+/* What an item of stream B (its inputs G) writes and where its keys lie:
+ * computed once an item (the ring slots' remainders), not once a key */
+static __device__ __forceinline__ void att_head(const mk_args &a, const mk_sub *u, const mk_geo &g, int b, mk_head &H, int DH,
+                                                bool rel)
 {
     const int A = a.A;
     const int4 i0 = g.i0;
@@ -570,44 +586,72 @@ static __device__ __forceinline__ void att_geom(const mk_args &a, const mk_sub *
     const bf16 *qv = a.qkv + (size_t)b * 3 * A + (size_t)H.h * DH;
     H.nk = qv + A;
     H.nv = qv + 2 * A;
-    K.pb = NULL;
-    K.pf = NULL;
-    K.md = 0;
     if (!rel) {
         const int kw = i0.y, r = i0.z;
+        H.kw = kw;
+        H.r = r;
         H.nsplit = kw > 0 ? (kw + MK_SPLIT - 1) / MK_SPLIT : 1;
         H.zero = r == 0;
-        const int dlo = 1 + H.sp * MK_SPLIT, dhi = min(kw, dlo + MK_SPLIT - 1);
-        const int kslot = kw > 0 ? ring_slot(p, kw) : 0, vslot = r > 0 ? ring_slot(p, r) : 0;
-        bf16 *const kr = ring + i1.x, *const vr = kr + (size_t)kw * DH;
-        H.kd = dlo <= kw && kw <= dhi ? kr + (size_t)kslot * DH : NULL;
-        H.vd = r > 0 && dlo <= r && r <= dhi ? vr + (size_t)vslot * DH : NULL;
-        const int d = dlo + t;
-        K.ok = !H.zero && d <= dhi;
-        K.vok = K.ok && d <= r;
-        const int ks = kslot - d < 0 ? kslot - d + kw : kslot - d, vs = vslot - d < 0 ? vslot - d + r : vslot - d;
-        K.k = kr + (size_t)ks * DH;
-        K.v = vr + (size_t)vs * DH;
+        H.dlo = 1 + H.sp * MK_SPLIT;
+        H.dhi = min(kw, H.dlo + MK_SPLIT - 1);
+        H.kslot = kw > 0 ? ring_slot(p, kw) : 0;
+        H.vslot = r > 0 ? ring_slot(p, r) : 0;
+        H.kr = ring + i1.x;
+        H.vr = H.kr + (size_t)kw * DH;
+        H.kd = H.dlo <= kw && kw <= H.dhi ? H.kr + (size_t)H.kslot * DH : NULL;
+        H.vd = r > 0 && H.dlo <= r && r <= H.dhi ? H.vr + (size_t)H.vslot * DH : NULL;
+    } else {
+        const int ML = a.ML, mlen = g.mlen;
+        const int mask_len = mlen + 1 - ML, shift = mask_len > 0 ? 1 - mask_len : 1;
+        H.mlen = mlen;
+        H.L = mlen + 1;
+        H.jlo = a.same_len && 1 - shift > 0 ? 1 - shift : 0;
+        H.mslot = ML > 0 ? ring_slot(p - mlen, ML) : 0;
+        H.kr = ring + i1.x;
+        H.vr = H.kr + (size_t)ML * A;
+        H.nsplit = (ML + MK_SPLIT) / MK_SPLIT;   /* ((ML + 1) keys at most) */
+        H.zero = false;
+        const int ws = ML > 0 ? ring_slot(p, ML) : 0;
+        const bool wr = ML > 0 && H.sp == (mlen == ML ? 0 : mlen / MK_SPLIT);
+        H.kd = wr ? H.kr + (size_t)ws * A : NULL;
+        H.vd = wr ? H.vr + (size_t)ws * A : NULL;
+        H.ph = u->rk16 + (size_t)H.h * DH;
+        H.vrh = u->vr + H.h;
+    }
+}
+
+/* The item's key number T (0 .. MK_SPLIT - 1 of the split): where its
+ * rows lie. Adaptive-span (as aspan_decode.cu): distances d = 1..kw of
+ * the head's key rows, their position rows (key_pe of distance d), the
+ * mask m(d) up to the reach r; the new key into the slot of distance kw,
+ * the new value into that of distance r. Relative attention (as
+ * rel_attn.cu): keys j = jlo..mlen (the memory, then the step's own), r_net
+ * row mlen - j; the step's key and value to slot p % ML, which memory row 0
+ * holds when the memory is full (then split 0 writes it after its reads),
+ * else no key of the step (then the split of the step's own key). */
+static __device__ __forceinline__ void att_key(const mk_args &a, const mk_head &H, int t, mk_key &K, int DH, bool rel)
+{
+    K.pb = NULL;
+    K.ph = NULL;
+    if (!rel) {
+        const int d = H.dlo + t;
+        K.ok = !H.zero && d <= H.dhi;
+        K.vok = K.ok && d <= H.r;
+        const int ks = H.kslot - d < 0 ? H.kslot - d + H.kw : H.kslot - d,
+                  vs = H.vslot - d < 0 ? H.vslot - d + H.r : H.vslot - d;
+        K.k = H.kr + (size_t)ks * DH;
+        K.v = H.vr + (size_t)vs * DH;
         K.pb = a.pe_h + (size_t)d * DH;
         K.md = d;
     } else {
-        const int ML = a.ML, mlen = g.mlen, L = mlen + 1;
-        const int mask_len = mlen + 1 - ML, shift = mask_len > 0 ? 1 - mask_len : 1;
-        const int jlo = a.same_len && 1 - shift > 0 ? 1 - shift : 0;
-        const int mslot = ML > 0 ? (int)((p - mlen) % ML) : 0;
-        bf16 *const kr = ring + i1.x, *const vr = kr + (size_t)ML * A;
-        H.nsplit = (ML + MK_SPLIT) / MK_SPLIT;   /* ((ML + 1) keys at most) */
-        H.zero = false;
-        const int ws = ML > 0 ? (int)(p % ML) : 0;
-        const bool wr = ML > 0 && H.sp == (mlen == ML ? 0 : mlen / MK_SPLIT);
-        H.kd = wr ? kr + (size_t)ws * A : NULL;
-        H.vd = wr ? vr + (size_t)ws * A : NULL;
+        const int A = a.A, ML = a.ML;
         const int j = H.sp * MK_SPLIT + t;
-        const int sl = mslot + j >= ML ? mslot + j - ML : mslot + j;
-        K.ok = K.vok = j < L && j >= jlo;
-        K.k = j < mlen ? kr + (size_t)sl * A : H.nk;
-        K.v = j < mlen ? vr + (size_t)sl * A : H.nv;
-        K.pf = u->rk + (size_t)(mlen - j) * A + (size_t)H.h * DH;
+        const int sl = H.mslot + j >= ML ? H.mslot + j - ML : H.mslot + j;
+        K.ok = K.vok = j < H.L && j >= H.jlo;
+        K.k = j < H.mlen ? H.kr + (size_t)sl * A : H.nk;
+        K.v = j < H.mlen ? H.vr + (size_t)sl * A : H.nv;
+        K.md = H.mlen - j;
+        K.ph = H.ph + (size_t)K.md * A;
     }
 }
 
@@ -626,11 +670,14 @@ static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, 
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     constexpr bool rel = REL;
+    /* a key's rows are read by LPK lanes, 8 dims (16 bytes of bf16) each: a warp's load takes KPI rows, KPI cache
+     * lines, where a lane a row took 32; a warp's 32 keys in R rounds */
+    constexpr int LPK = DH / 8, KPI = 32 / LPK, R = 32 / KPI;
+    const int c = lane % LPK, grp = lane / LPK;
     const mk_geo g = *gp;
     const longlong2 i1 = g.i1;
     mk_head H;
-    mk_key K;
-    att_geom(a, u, g, b, tid, H, K, DH, REL);
+    att_head(a, u, g, b, H, DH, REL);
     bf16 *out = a.att + (size_t)b * a.A + (size_t)H.h * DH;
     if (H.zero) {   /* a zero mask: zeros; the key is still the window's */
         if (tid < DH) {
@@ -639,82 +686,100 @@ static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, 
         }
         return;
     }
-    /* every load at once: the query (and u, v), the step's key and value where this item writes them, the
-     * key's rows, its mask */
-    float qq = 0.0f, ub = 0.0f, vb = 0.0f;
+    /* every load at once: the lane's dims of the query (and u, v), the step's key and value where this item
+     * writes them, the rows of its keys, their masks */
     bf16 nkd = __float2bfloat16(0.0f), nvd = nkd;
     if (tid < DH) {
-        qq = __bfloat162float(__ldcg(H.nk - a.A + tid));
-        if (rel) ub = __ldg(u->rwb + H.h * DH + tid), vb = __ldg(u->rrb + H.h * DH + tid);
         if (H.kd) nkd = __ldcg(H.nk + tid);
         if (H.vd) nvd = __ldcg(H.nv + tid);
     }
+    const uint4 qraw = __ldcg((const uint4 *)(H.nk - a.A) + c);
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    constexpr int NP = REL ? DH / 4 : DH / 8;   /* 16-byte loads of a position row: float (relative) or bf16 */
-    uint4 kk[DH / 8], vv[DH / 8], pp[NP];
+    uint4 kk[R], vv[R], pp[R];   /* (a lane's 8 dims of a key, value and position row: bf16, bf16, bf16 or fp16) */
+    float mw[R];                 /* adaptive-span: the mask; relative attention: v . r (scaled) */
+    unsigned okm = 0;
 #pragma unroll
-    for (int c = 0; c < DH / 8; c++) {
-        kk[c] = K.ok ? __ldcg((const uint4 *)K.k + c) : z4;
-        vv[c] = K.vok ? __ldcg((const uint4 *)K.v + c) : z4;
-    }
-#pragma unroll
-    for (int c = 0; c < NP; c++)
-        pp[c] = K.ok ? __ldg((const uint4 *)(REL ? (const void *)K.pf : (const void *)K.pb) + c) : z4;
-    const float mw = rel ? 1.0f : K.vok ? __ldg(a.derived + i1.y + K.md - 1) : 0.0f;
-    if (tid < DH) {
-        sm->q[0][tid] = qq + ub;
-        sm->q[1][tid] = qq + vb;
+    for (int r = 0; r < R; r++) {
+        mk_key K;
+        att_key(a, H, 32 * warp + KPI * r + grp, K, DH, REL);
+        okm |= K.ok ? 1u << r : 0u;
+        kk[r] = K.ok ? __ldcg((const uint4 *)K.k + c) : z4;
+        vv[r] = K.vok ? __ldcg((const uint4 *)K.v + c) : z4;
+        pp[r] = K.ok ? __ldg((const uint4 *)(REL ? (const void *)K.ph : (const void *)K.pb) + c) : z4;
+        mw[r] = rel ? (K.ok ? __ldg(H.vrh + (size_t)K.md * a.K) : 0.0f) : K.vok ? __ldg(a.derived + i1.y + K.md - 1) : 0.0f;
     }
     mk_point(a, 5, ph);
-    __syncthreads();
-    mk_point(a, 6, ph);
-    float s = -INFINITY;
-    if (K.ok) {
-        const float *q = sm->q[0];
+    float q[8], qr[8];
+    bf8(qraw, q);
+#pragma unroll
+    for (int e = 0; e < 8; e++) qr[e] = q[e];
+    if (rel)   /* q + u (u lies as the file has it: any float's alignment) */
+#pragma unroll
+        for (int e = 0; e < 8; e++) q[e] += __ldg(u->rwb + H.h * DH + 8 * c + e);
+    /* the lane's part of each score, summed over the key's LPK lanes */
+    float sc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float kf[8], t0 = 0.0f;
+        bf8(kk[r], kf);
         if (!rel) {
-            float t0 = 0.0f;
+            float pf[8];
+            bf8(pp[r], pf);
 #pragma unroll
-            for (int c = 0; c < DH / 8; c++) {
-                float kf[8], pf[8];
-                bf8(kk[c], kf), bf8(pp[c], pf);
+            for (int e = 0; e < 8; e++) t0 = fmaf(q[e], kf[e] + pf[e], t0);
+        } else {   /* (q + u) . k + q . r (fp16 r); v . r comes from the table */
+            const unsigned w[4] = {pp[r].x, pp[r].y, pp[r].z, pp[r].w};
+            float pf[8];
 #pragma unroll
-                for (int e = 0; e < 8; e++) t0 = fmaf(q[8 * c + e], kf[e] + pf[e], t0);
+            for (int x = 0; x < 4; x++) {
+                const float2 f = __half22float2(*(const __half2 *)&w[x]);
+                pf[2 * x] = f.x, pf[2 * x + 1] = f.y;
             }
-            s = t0 / sqrtf((float)DH);
-        } else {
-            const float *qr = sm->q[1];
-            float ac = 0.0f, bd = 0.0f;
+            float bd = 0.0f;
 #pragma unroll
-            for (int c = 0; c < DH / 8; c++) {
-                float kf[8];
-                bf8(kk[c], kf);
-#pragma unroll
-                for (int e = 0; e < 8; e++) ac = fmaf(q[8 * c + e], kf[e], ac);
-            }
-#pragma unroll
-            for (int c = 0; c < NP; c++) {
-                const float4 v = *(const float4 *)&pp[c];
-                bd = fmaf(qr[4 * c], v.x, bd), bd = fmaf(qr[4 * c + 1], v.y, bd);
-                bd = fmaf(qr[4 * c + 2], v.z, bd), bd = fmaf(qr[4 * c + 3], v.w, bd);
-            }
-            s = (ac + bd) * a.rel_scale;
+            for (int e = 0; e < 8; e++) t0 = fmaf(q[e], kf[e], t0), bd = fmaf(qr[e], pf[e], bd);
+            t0 += bd;
         }
+        sc[r] = t0;
     }
-    /* the warp's softmax and weighted values (no branch around the shuffles: every lane reaches each) */
+#pragma unroll
+    for (int o = 1; o < LPK; o <<= 1)
+#pragma unroll
+        for (int r = 0; r < R; r++) sc[r] += __shfl_xor_sync(0xffffffffu, sc[r], o);
+    float mx = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        sc[r] = okm >> r & 1u ? (rel ? fmaf(sc[r], a.rel_scale, mw[r]) : sc[r] / sqrtf((float)DH)) : -INFINITY;
+        mx = fmaxf(mx, sc[r]);
+    }
+    mk_point(a, 6, ph);
+    /* the warp's softmax and weighted values (M, Z = sum e, W = sum e mw, O = sum e mw v), over the key groups (no
+     * branch around the shuffles: every lane reaches each) */
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float z = 0.0f, wsum = 0.0f, acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float e = sc[r] == -INFINITY ? 0.0f : expf(sc[r] - mx), w = rel ? e : e * mw[r];
+        float vf[8];
+        bf8(vv[r], vf);
+        z += e;
+        wsum += w;
+#pragma unroll
+        for (int x = 0; x < 8; x++) acc[x] = fmaf(w, vf[x], acc[x]);
+    }
     mk_point(a, 7, ph);
-    const float mx = warp_max(s);
-    const float e = s == -INFINITY ? 0.0f : expf(s - mx), w = e * mw;
-    const float z = warp_sum(e), wsum = warp_sum(w);
-    float acc[DH];
 #pragma unroll
-    for (int c = 0; c < DH / 8; c++) {
-        float f[8];
-        bf8(vv[c], f);
+    for (int o = LPK; o < 32; o <<= 1) {
+        z += __shfl_xor_sync(0xffffffffu, z, o);
+        wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
 #pragma unroll
-        for (int x = 0; x < 8; x++) acc[8 * c + x] = w * f[x];
+        for (int x = 0; x < 8; x++) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
     }
-#pragma unroll
-    for (int x = 0; x < DH / 32; x++) sm->o[warp][lane + 32 * x] = warp_transpose_sum(*(float(*)[32])(acc + 32 * x), lane);
+    if (grp == 0) {
+        *(float4 *)&sm->o[warp][8 * c] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        *(float4 *)&sm->o[warp][8 * c + 4] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    }
     if (lane == 0) sm->m[warp] = mx, sm->z[warp] = z, sm->w[warp] = wsum;
     __syncthreads();
     mk_point(a, 8, ph);
@@ -742,33 +807,58 @@ static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, 
         float *rec = a.part + (((size_t)b * a.K + H.h) * a.nsmax + H.sp) * MK_REC;
         if (tid < DH) rec[4 + tid] = O[tid];
         if (tid == 0) rec[0] = M, rec[1] = Z, rec[2] = W;
-        __threadfence();
+        /* thread 0's add releases the block's records (the barrier orders them before it) and acquires the
+         * others' */
         __syncthreads();
-        if (tid == 0) sm->last = atomicAdd(a.cnt + b * a.K + H.h, 1) == nsplit - 1;
+        if (tid == 0) sm->last = atom_add_acq_rel(a.cnt + b * a.K + H.h, 1) == nsplit - 1;
         __syncthreads();
         if (!sm->last) return;
-        __threadfence();
-        /* every record's (m, Z, W) at once, then the outputs' loads 8 records at a time */
         const float *r0 = a.part + ((size_t)b * a.K + H.h) * a.nsmax * MK_REC;
-        if (tid < nsplit) {
-            const float4 v = __ldcg((const float4 *)(r0 + (size_t)tid * MK_REC));
-            sm->rm[tid] = v.x, sm->rz[tid] = v.y, sm->rw[tid] = v.z;
-        }
-        __syncthreads();
-        M = -INFINITY;
-        for (int x = 0; x < nsplit; x++) M = fmaxf(M, sm->rm[x]);
-        __syncthreads();
-        if (tid < nsplit) sm->rm[tid] = sm->rm[tid] == -INFINITY ? 0.0f : expf(sm->rm[tid] - M);
-        __syncthreads();
-        Z = W = 0.0f;
-        for (int x = 0; x < nsplit; x++) Z += sm->rz[x] * sm->rm[x], W += sm->rw[x] * sm->rm[x];
-        if (tid < DH) {
+        {
+            /* one round of loads for up to G x 8 splits (more take more rounds): record T's (m, Z, W) by thread T,
+             * dim tid % DH of records tid / DH + k G by every thread, summed in G groups */
+            constexpr int G = MK_THREADS / DH, PER = 8;
+            const int dd = tid % DH, grp = tid / DH;
+            float ov[PER];
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                const int x = grp + k * G;
+                ov[k] = x < nsplit ? __ldcg(r0 + (size_t)x * MK_REC + 4 + dd) : 0.0f;
+            }
+            if (tid < nsplit) {
+                const float4 v = __ldcg((const float4 *)(r0 + (size_t)tid * MK_REC));
+                sm->rm[tid] = v.x, sm->rz[tid] = v.y, sm->rw[tid] = v.z;
+            }
+            __syncthreads();
+            M = -INFINITY;
+            for (int x = 0; x < nsplit; x++) M = fmaxf(M, sm->rm[x]);
             float o = 0.0f;
-#pragma unroll 8
-            for (int x = 0; x < nsplit; x++) o += __ldcg(r0 + (size_t)x * MK_REC + 4 + tid) * sm->rm[x];
-            O[tid] = o;
+            for (int x0 = 0;; x0 += G * PER) {
+#pragma unroll
+                for (int k = 0; k < PER; k++) {
+                    const int x = x0 + grp + k * G;
+                    if (x < nsplit && sm->rm[x] != -INFINITY) o += ov[k] * expf(sm->rm[x] - M);
+                }
+                if (x0 + G * PER >= nsplit) break;
+#pragma unroll
+                for (int k = 0; k < PER; k++) {
+                    const int x = x0 + G * PER + grp + k * G;
+                    ov[k] = x < nsplit ? __ldcg(r0 + (size_t)x * MK_REC + 4 + dd) : 0.0f;
+                }
+            }
+            sm->o[grp][dd] = o;
+            if (tid < nsplit) sm->ev2[tid] = sm->rm[tid] == -INFINITY ? 0.0f : expf(sm->rm[tid] - M);
+            __syncthreads();
+            Z = W = 0.0f;
+            for (int x = 0; x < nsplit; x++) Z += sm->rz[x] * sm->ev2[x], W += sm->rw[x] * sm->ev2[x];
+            if (tid < DH) {
+                o = 0.0f;
+#pragma unroll
+                for (int v = 0; v < G; v++) o += sm->o[v][tid];
+                O[tid] = o;
+            }
+            if (tid == 0) a.cnt[b * a.K + H.h] = 0;
         }
-        if (tid == 0) a.cnt[b * a.K + H.h] = 0;
     }
     if (tid < DH) {
         const float v = rel ? O[tid] / Z : O[tid] / Z / (W / Z + 1e-8f);
@@ -815,16 +905,17 @@ static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub 
     for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
         mk_geo g;
         geo_load(a, u, it, g);
+        mk_head H;
+        att_head(a, u, g, it / u->nitems, H, DH, rel);
         for (int t = (int)threadIdx.x - t0; t >= 0 && t < MK_SPLIT; t += (int)blockDim.x - t0) {
-            mk_head H;
             mk_key K;
-            att_geom(a, u, g, it / u->nitems, t, H, K, DH, rel);
+            att_key(a, H, t, K, DH, rel);
             if (!K.ok) continue;
             if (!rel || K.k != H.nk) {   /* (not the step's own key: written in this step) */
                 prefetch_bytes1(K.k, DH * sizeof(bf16));
                 if (K.vok) prefetch_bytes1(K.v, DH * sizeof(bf16));
             }
-            if (rel) prefetch_bytes1(K.pf, DH * sizeof(float));
+            if (rel) prefetch_bytes1(K.ph, DH * sizeof(__half));
             else {
                 prefetch_bytes1(K.pb, DH * sizeof(bf16));
                 if (K.vok && (t & 31) == 0) prefetch_l2(a.derived + g.i1.y + K.md - 1);
@@ -979,6 +1070,15 @@ void gpu_mk_free(gpu_mk *k)
     free(k);
 }
 
+/* Whether every attention layer of a relative-attention model has
+ * attn_mma.cu's fp16 r table and its v . r table */
+static bool mk_rel_tables(const gpu_model *g)
+{
+    for (int l = 0; l < g->m->n_layers; l++)
+        if ((g->fam->sublayers(g->m, l) & GPU_SUB_ATTN) && (!g->L[l].rk16 || !g->L[l].vr)) return false;
+    return true;
+}
+
 /* Why the model's decode steps cannot take the kernel ("" when they can) */
 static void mk_why(const gpu_model *g, char *why, size_t cap)
 {
@@ -997,6 +1097,8 @@ static void mk_why(const gpu_model *g, char *why, size_t cap)
         snprintf(why, cap, "widths %d, %d, %d (it takes a model of a multiple of 128 up to %d, heads and inner layer "
                  "of a multiple of 8 up to %d)", D, A, I, MK_MAX_D, MK_MAX_IN);
     else if (g->fam == &gpu_family_aspan && !g->pe_h) snprintf(why, cap, "no bf16 key_pe table");
+    else if (g->fam == &gpu_family_rel && !mk_rel_tables(g))
+        snprintf(why, cap, "an r_net row past fp16's range (its attention takes attn_mma.cu's fp16 table)");
     else if (g->fam == &gpu_family_rel && m->mem_len + 1 > MK_SPLIT * MK_MAX_SPLITS)
         snprintf(why, cap, "a memory of %d rows (it takes up to %d)", m->mem_len, MK_SPLIT * MK_MAX_SPLITS - 1);
 }
@@ -1089,9 +1191,9 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
             mk_sub *u = &subs[s++];
             sub_init(u, rel ? MK_REL : MK_ASPAN, l, d->wqkv_h, d->wo_h, NULL, d->wo_b, d->ln1_w, d->ln1_b);
             if (rel) {
-                u->rk = d->rk;
+                u->rk16 = d->rk16;
                 u->rwb = d->rwb;
-                u->rrb = d->rrb;
+                u->vr = d->vr;
             }
             u->items = k->d_items + it;
             sub_items[s - 1] = 0;

@@ -359,6 +359,8 @@ static inline float gpu_rel_scale(const model_t *m)
  * a ring of R rows, as core/aspan.c. */
 static __device__ __forceinline__ int ring_slot(int64_t p, int r)
 {
+    if ((uint64_t)p >> 32 == 0) return (int)((uint32_t)p % (uint32_t)r);   /* (a 32-bit remainder: a few instructions, where
+                                                                               * 64 bits take about a hundred) */
     int64_t s = p % r;
     return (int)(s < 0 ? s + r : s);
 }
