@@ -18,12 +18,15 @@
  *
  *   attention:    QKV  the input (below) x [Wq;Wk;Wv]^T into qkv (bf16)
  *                 ATT  each (stream, head, split of up to MK_SPLIT keys)
- *                      a block, a key a thread: scores, softmax and values,
+ *                      a block, 32 keys a warp, a key's rows read by DH / 8
+ *                      lanes (16 bytes each): scores, softmax and values,
  *                      the block's warps met in shared memory, splits met
  *                      by the last block to finish (a counter per stream
- *                      and head, reset by that block); the new key and
- *                      value into the rings by the block that read the rows
- *                      they replace, after its reads; att (bf16)
+ *                      and head, an acquiring and releasing add, reset by
+ *                      that block; every record loaded in one round); the
+ *                      new key and value into the rings by the block that
+ *                      read the rows they replace, after its reads; att
+ *                      (bf16)
  *                 WO   att Wo^T into r (bf16)
  *   feed-forward: FC1  the input x fc1^T, its bias and ReLU, into ff (bf16)
  *                 FC2  ff fc2^T into r (bf16)
@@ -39,13 +42,16 @@
  * bf16 step (qkv, att, r, ff in bf16; the residual stream, LayerNorm and
  * the softmaxes in float); adaptive-span's position rows are bf16
  * (attn_mma.cu's key_pe table by distance), where the graphs' decode
- * kernel reads key_pe in float.
+ * kernel reads key_pe in float; relative attention's position term is
+ * (q + u).k + q.r + v.r with r in fp16 and v.r in float (attn_mma.cu's
+ * tables, as the tensor-core scoring has it), where the graphs' decode
+ * kernel reads r in float.
  *
  * Latency, not bandwidth, bounds a step of a few streams, so nothing a
  * phase needs waits for a load that could have been issued earlier:
  *  - The linear layers (mk_lin, in the order the step runs them): a warp a
  *    weight row (two rows' loads at once; bf16, 16-byte loads), the B
- *    inputs from shared memory, float sums. Each block's rows of the first
+ *    inputs from shared memory (two streams at a time), float sums. Each block's rows of the first
  *    pass (two a warp) are copied into shared memory (cp.async, each thread
  *    the 16-byte pieces it will read itself) two linear layers ahead, into
  *    one of two buffers; rows past the first pass are asked into L2.
@@ -53,10 +59,18 @@
  *    memory when the step starts: no pointer is fetched from global memory
  *    on the way to the data.
  *  - An attention item's constants (head, split, key rows, reach, ring and
- *    mask offsets) are one 32-byte record; its thread's key, position and
- *    value rows are loaded whole with the query, all in flight at once
- *    (rows written in this kernel through L2: ld.global.cg). What the
- *    attention reads from earlier steps is asked into L2 a sublayer ahead.
+ *    mask offsets) are one 32-byte record; its warps' key, position and
+ *    value rows are loaded with the query, all in flight at once (rows
+ *    written in this kernel through L2: ld.global.cg), a warp's load taking
+ *    32 / (DH / 8) rows: where a lane read a row whole, a warp's load took
+ *    32 cache lines, and the SM's L1 passed them one a cycle (about 3 us
+ *    for an item of 256 keys). What the attention reads from earlier steps
+ *    is asked into L2 a sublayer ahead.
+ *  - The barriers: a releasing add and one acquiring load (grid_sync); no
+ *    sequentially consistent fence (__threadfence) in a step.
+ *  - No register spills (-Xptxas -v): the functions are not inlined, and a
+ *    callee near 255 registers makes the kernel's body spill around its
+ *    calls (PAR's float r rows did: hence the fp16 table).
  *  - gpu_decode_trace times each block's phases (its start, the end of its
  *    input, the end of its work, its arrival) for the report.
  */
