@@ -489,13 +489,15 @@ static void check_decode_kernel(const char *name, mem_mode mode, const char *lab
         model_free(m);
         return;
     }
-    gpu_mem *a[8] = {0}, *b[8] = {0}, *c[8] = {0};
+    gpu_mem *a[8] = {0}, *a2[8] = {0}, *b[8] = {0}, *c[8] = {0};
     for (int s = 0; s < NS; s++) {
         a[s] = gpu_mem_new(g, err);
+        a2[s] = gpu_mem_new(g, err);
         b[s] = gpu_mem_new(g, err);
         c[s] = gpu_mem_new(g32, err);
     }
-    float *la = malloc(sizeof(float) * NS * V), *lb = malloc(sizeof(float) * NS * V), *lc = malloc(sizeof(float) * NS * V);
+    float *la = malloc(sizeof(float) * NS * V), *lb = malloc(sizeof(float) * NS * V), *lc = malloc(sizeof(float) * NS * V),
+          *la2 = malloc(sizeof(float) * NS * V);
     int32_t tok[700 + 8 * 60];
     rm_rng rng = {77};
     for (int i = 0; i < (int)(sizeof tok / sizeof *tok); i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
@@ -505,17 +507,22 @@ static void check_decode_kernel(const char *name, mem_mode mode, const char *lab
         for (int at = 0; at < pre[s]; at += m->block_len) {
             const int k = pre[s] - at < m->block_len ? pre[s] - at : m->block_len;
             CHECK(gpu_forward(g, &a[s], 1, tok + at, k, NULL, err) == 0, "%s", err);
+            CHECK(gpu_forward(g, &a2[s], 1, tok + at, k, NULL, err) == 0, "%s", err);
             CHECK(gpu_forward(g, &b[s], 1, tok + at, k, NULL, err) == 0, "%s", err);
             CHECK(gpu_forward(g32, &c[s], 1, tok + at, k, NULL, err) == 0, "%s", err);
         }
     double d_ab = 0, d_ac = 0, d_bc = 0;
-    int picks_differ = 0;
+    int picks_differ = 0, runs_differ = 0;
     long before = 0, after = 0;
     gpu_decode_kernel_status(g, &before, NULL);
     for (int k = 0; k < STEPS; k++) {
         const int32_t *t = tok + 700 + NS * k;
         gpu_decode_kernel(g, GPU_DECODE_KERNEL);
         CHECK(gpu_forward(g, a, NS, t, 1, la, err) == 0, "%s", err);
+        /* the same step on copies of the same memories: the same bits (the barriers and the splits' meeting leave
+         * no order to chance) */
+        CHECK(gpu_forward(g, a2, NS, t, 1, la2, err) == 0, "%s", err);
+        if (memcmp(la, la2, sizeof(float) * NS * V) != 0) runs_differ++;
         gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
         CHECK(gpu_forward(g, b, NS, t, 1, lb, err) == 0, "%s", err);
         CHECK(gpu_forward(g32, c, NS, t, 1, lc, err) == 0, "%s", err);
@@ -543,18 +550,21 @@ static void check_decode_kernel(const char *name, mem_mode mode, const char *lab
     }
     gpu_decode_kernel_status(g, &after, NULL);
     printf("%s: %d streams, %d bf16 decode steps as one kernel (%ld ran): max logprob diff from fp32 %.3g (the graphs' "
-           "%.3g), from the graphs %.3g; %d clear greedy picks differ\n",
-           label, NS, STEPS, after - before, d_ac, d_bc, d_ab, picks_differ);
-    CHECK(after - before == STEPS, "%s: %ld of %d steps ran as the decode kernel", label, after - before, STEPS);
+           "%.3g), from the graphs %.3g; %d clear greedy picks differ; %d steps differ from the same step run again\n",
+           label, NS, STEPS, after - before, d_ac, d_bc, d_ab, picks_differ, runs_differ);
+    CHECK(after - before == 2 * STEPS, "%s: %ld of %d steps ran as the decode kernel", label, after - before, 2 * STEPS);
+    CHECK(runs_differ == 0, "%s: %d steps gave other bits when run again", label, runs_differ);
     CHECK(d_ac <= 1.5 * d_bc || d_ac <= 0.02, "%s: the decode kernel is %.3g from fp32, the graphs %.3g", label, d_ac,
           d_bc);
     CHECK(d_ab < 0.2, "%s: the decode kernel differs from the graphs by %.3g", label, d_ab);
     CHECK(picks_differ == 0, "%s: %d greedy picks differ", label, picks_differ);
     for (int s = 0; s < NS; s++) {
         gpu_mem_free(a[s]);
+        gpu_mem_free(a2[s]);
         gpu_mem_free(b[s]);
         gpu_mem_free(c[s]);
     }
+    free(la2);
     free(la);
     free(lb);
     free(lc);
