@@ -181,8 +181,9 @@ struct gpu_mk {
  * input, 2 the end of its work, 3 its arrival at the barrier, 4 (the
  * LayerNorm's phases) the end of mk_input's wait for its weights, 5-9
  * points within the LayerNorm (5 its loads in, 6 its sums, 7 its stores)
- * and within an attention item (5 its loads issued, 6 q in shared memory,
- * 7 the scores, 8 the warps' softmax and values, 9 the warps met) */
+ * and within an attention item (5 its loads issued, 6 the scores, 7 the
+ * lane's softmax and values, 8 the warps' sums in shared memory, 9 the
+ * warps met) */
 #define MK_POINTS 10
 static __host__ __device__ __forceinline__ size_t mk_trace_at(int nb, int G, int k, int p, int b)
 {
@@ -584,7 +585,7 @@ static __device__ __forceinline__ void mk_input(const mk_args &a, bool first, co
 
 /* ------------------------------------------------------------ attention */
 
-/* Shared memory of the attention: q (or q + u, q + v), the warps' states */
+/* Shared memory of the attention: the warps' states, the splits' records */
 struct __align__(16) mk_att_sm {
     float m[MK_WARPS], z[MK_WARPS], w[MK_WARPS];
     float o[MK_WARPS][MK_MAX_DH];
@@ -711,15 +712,17 @@ static __device__ __forceinline__ void att_key(const mk_args &a, const mk_head &
     }
 }
 
-/* One (stream, head, split) item of sublayer U, stream B, its record IP:
- * a key a thread (its key, position and value rows loaded whole with the
- * query, every load in flight at once), the score (adaptive-span: q.(k +
- * pe) / sqrt(DH); relative: ((q + u).k + (q + v).r) scale), the warp's
- * softmax (M, Z = sum e, W = sum e mw, O = sum e mw v: each lane weights
- * its value row in registers, then warp_transpose_sum sums them over the
- * lanes, lane L keeping dims L + 32 x); the block's warps met in shared
- * memory; then the step's key and value into the rings after the block's
- * reads; then the splits met (the last to finish), the head's output. */
+/* One (stream, head, split) item of sublayer U, stream B, its inputs GP:
+ * 32 keys a warp, a key's rows read by DH / 8 lanes, 8 dims each (its key,
+ * position and value rows loaded with the lane's dims of the query, every
+ * load in flight at once), the score (adaptive-span: q.(k + pe) /
+ * sqrt(DH); relative: ((q + u).k + q.r) scale + v.r, r in fp16, v.r from
+ * its table), the lanes' parts summed by shuffles; the warp's softmax (M,
+ * Z = sum e, W = sum e mw, O = sum e mw v: each lane weights its 8 dims of
+ * each value row, then shuffles sum them over the key groups); the block's
+ * warps met in shared memory; then the step's key and value into the rings
+ * after the block's reads; then the splits met (the last to finish), the
+ * head's output. */
 template <int DH, bool REL>
 static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, const mk_geo *gp, int b, mk_att_sm *sm,
                                              float *O, int ph)
@@ -742,8 +745,8 @@ static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, 
         }
         return;
     }
-    /* every load at once: the lane's dims of the query (and u, v), the step's key and value where this item
-     * writes them, the rows of its keys, their masks */
+    /* every load at once: the lane's dims of the query, the step's key and value where this item writes them,
+     * the rows of its keys, their masks (relative attention: v . r) */
     bf16 nkd = __float2bfloat16(0.0f), nvd = nkd;
     if (tid < DH) {
         if (H.kd) nkd = __ldcg(H.nk + tid);
