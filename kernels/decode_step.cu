@@ -357,6 +357,59 @@ static __device__ __forceinline__ void gemv_out(int epi, float v, int b, int o, 
     else yf[(size_t)b * out + o] = v;
 }
 
+/* gemv's sums for rows O and O2 (TWO) of its warp, its weights W, for the
+ * B streams (PAIR: two at a time; without, B is 1 and the code is one
+ * stream's alone: the pairs' took a quarter of a microsecond more a phase
+ * of fc2 on one stream) */
+template <bool PAIR>
+static __device__ __forceinline__ void gemv_rows(int epi, const uint4 (&w)[2][MK_NCH], const float *xs, int ld, int B, int lane,
+                                                 int nv, int o, int o2, bool two, int out, bf16 *y, float *yf, float bo,
+                                                 float bo2)
+{
+#pragma unroll 1
+    for (int b = 0; b < B; b += PAIR ? 2 : 1) {
+        const bool sb = PAIR && b + 1 < B;
+        float s0 = 0.0f, s1 = 0.0f, t0 = 0.0f, t1 = 0.0f;   /* rows o, o2 of stream b; of stream b + 1 */
+#pragma unroll
+        for (int c = 0; c < MK_NCH; c++) {
+            if (lane + 32 * c >= nv) break;
+            const float *xb = xs + b * ld + 256 * c + 8 * lane;
+            const float4 x0 = *(const float4 *)xb, x1 = *(const float4 *)(xb + 4);
+            /* (the order of the unpacking as measured fastest: both rows' first for pairs, one at a time alone) */
+            float wf[8], wg[8];
+            bf8(w[0][c], wf);
+            if (PAIR && two) bf8(w[1][c], wg);
+            s0 = fmaf(wf[0], x0.x, s0), s0 = fmaf(wf[1], x0.y, s0), s0 = fmaf(wf[2], x0.z, s0), s0 = fmaf(wf[3], x0.w, s0);
+            s0 = fmaf(wf[4], x1.x, s0), s0 = fmaf(wf[5], x1.y, s0), s0 = fmaf(wf[6], x1.z, s0), s0 = fmaf(wf[7], x1.w, s0);
+            if (two) {
+                if (!PAIR) bf8(w[1][c], wg);
+                s1 = fmaf(wg[0], x0.x, s1), s1 = fmaf(wg[1], x0.y, s1), s1 = fmaf(wg[2], x0.z, s1), s1 = fmaf(wg[3], x0.w, s1);
+                s1 = fmaf(wg[4], x1.x, s1), s1 = fmaf(wg[5], x1.y, s1), s1 = fmaf(wg[6], x1.z, s1), s1 = fmaf(wg[7], x1.w, s1);
+            }
+            if (sb) {
+                const float4 y0 = *(const float4 *)(xb + ld), y1 = *(const float4 *)(xb + ld + 4);
+                t0 = fmaf(wf[0], y0.x, t0), t0 = fmaf(wf[1], y0.y, t0), t0 = fmaf(wf[2], y0.z, t0), t0 = fmaf(wf[3], y0.w, t0);
+                t0 = fmaf(wf[4], y1.x, t0), t0 = fmaf(wf[5], y1.y, t0), t0 = fmaf(wf[6], y1.z, t0), t0 = fmaf(wf[7], y1.w, t0);
+                if (two) {
+                    t1 = fmaf(wg[0], y0.x, t1), t1 = fmaf(wg[1], y0.y, t1), t1 = fmaf(wg[2], y0.z, t1), t1 = fmaf(wg[3], y0.w, t1);
+                    t1 = fmaf(wg[4], y1.x, t1), t1 = fmaf(wg[5], y1.y, t1), t1 = fmaf(wg[6], y1.z, t1), t1 = fmaf(wg[7], y1.w, t1);
+                }
+            }
+        }
+        s0 = warp_sum(s0);
+        s1 = warp_sum(s1);
+        if (sb) t0 = warp_sum(t0), t1 = warp_sum(t1);
+        if (lane == 0) {
+            gemv_out(epi, s0, b, o, out, y, yf, bo);
+            if (two) gemv_out(epi, s1, b, o2, out, y, yf, bo2);
+            if (sb) {
+                gemv_out(epi, t0, b + 1, o, out, y, yf, bo);
+                if (two) gemv_out(epi, t1, b + 1, o2, out, y, yf, bo2);
+            }
+        }
+    }
+}
+
 /* y[b][o] = W[o] . xs[b] for the linear layer at LP and the B inputs in
  * shared memory (LD floats apart), rows o a warp each, two rows' loads in
  * flight at once, those of the first pass from BUF (wbuf_issue's, the group
@@ -386,73 +439,9 @@ static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float 
                     w[1][c] = first ? buf[buf_at(1, c, threadIdx.x)]
                                     : __ldg((const uint4 *)(W + (size_t)o2 * in + 8 * lane + 256 * c));
             }
-        if (B == 1) {   /* one stream (as it was before the pairs: the pairs' code took a quarter of a microsecond more a
-                         * phase of fc2 on one stream) */
-            float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-            for (int c = 0; c < MK_NCH; c++) {
-                if (lane + 32 * c >= nv) break;
-                const float4 x0 = *(const float4 *)(xs + 256 * c + 8 * lane);
-                const float4 x1 = *(const float4 *)(xs + 256 * c + 8 * lane + 4);
-                float wf[8];
-                bf8(w[0][c], wf);
-                s0 = fmaf(wf[0], x0.x, s0), s0 = fmaf(wf[1], x0.y, s0), s0 = fmaf(wf[2], x0.z, s0), s0 = fmaf(wf[3], x0.w, s0);
-                s0 = fmaf(wf[4], x1.x, s0), s0 = fmaf(wf[5], x1.y, s0), s0 = fmaf(wf[6], x1.z, s0), s0 = fmaf(wf[7], x1.w, s0);
-                if (two) {
-                    bf8(w[1][c], wf);
-                    s1 = fmaf(wf[0], x0.x, s1), s1 = fmaf(wf[1], x0.y, s1), s1 = fmaf(wf[2], x0.z, s1), s1 = fmaf(wf[3], x0.w, s1);
-                    s1 = fmaf(wf[4], x1.x, s1), s1 = fmaf(wf[5], x1.y, s1), s1 = fmaf(wf[6], x1.z, s1), s1 = fmaf(wf[7], x1.w, s1);
-                }
-            }
-            s0 = warp_sum(s0);
-            s1 = warp_sum(s1);
-            if (lane == 0) {
-                gemv_out(epi, s0, 0, o, out, y, yf, bo);
-                if (two) gemv_out(epi, s1, 0, o2, out, y, yf, bo2);
-            }
-            continue;
-        }
-        /* two streams at a time (the weights stay packed, unpacked once for both; four sums in flight) */
-#pragma unroll 1
-        for (int b = 0; b < B; b += 2) {
-            const bool sb = b + 1 < B;
-            float s0 = 0.0f, s1 = 0.0f, t0 = 0.0f, t1 = 0.0f;   /* rows o, o2 of stream b; of stream b + 1 */
-#pragma unroll
-            for (int c = 0; c < MK_NCH; c++) {
-                if (lane + 32 * c >= nv) break;
-                const float *xb = xs + b * ld + 256 * c + 8 * lane;
-                const float4 x0 = *(const float4 *)xb, x1 = *(const float4 *)(xb + 4);
-                float wf[8], wg[8];
-                bf8(w[0][c], wf);
-                if (two) bf8(w[1][c], wg);
-                s0 = fmaf(wf[0], x0.x, s0), s0 = fmaf(wf[1], x0.y, s0), s0 = fmaf(wf[2], x0.z, s0), s0 = fmaf(wf[3], x0.w, s0);
-                s0 = fmaf(wf[4], x1.x, s0), s0 = fmaf(wf[5], x1.y, s0), s0 = fmaf(wf[6], x1.z, s0), s0 = fmaf(wf[7], x1.w, s0);
-                if (two) {
-                    s1 = fmaf(wg[0], x0.x, s1), s1 = fmaf(wg[1], x0.y, s1), s1 = fmaf(wg[2], x0.z, s1), s1 = fmaf(wg[3], x0.w, s1);
-                    s1 = fmaf(wg[4], x1.x, s1), s1 = fmaf(wg[5], x1.y, s1), s1 = fmaf(wg[6], x1.z, s1), s1 = fmaf(wg[7], x1.w, s1);
-                }
-                if (sb) {
-                    const float4 y0 = *(const float4 *)(xb + ld), y1 = *(const float4 *)(xb + ld + 4);
-                    t0 = fmaf(wf[0], y0.x, t0), t0 = fmaf(wf[1], y0.y, t0), t0 = fmaf(wf[2], y0.z, t0), t0 = fmaf(wf[3], y0.w, t0);
-                    t0 = fmaf(wf[4], y1.x, t0), t0 = fmaf(wf[5], y1.y, t0), t0 = fmaf(wf[6], y1.z, t0), t0 = fmaf(wf[7], y1.w, t0);
-                    if (two) {
-                        t1 = fmaf(wg[0], y0.x, t1), t1 = fmaf(wg[1], y0.y, t1), t1 = fmaf(wg[2], y0.z, t1), t1 = fmaf(wg[3], y0.w, t1);
-                        t1 = fmaf(wg[4], y1.x, t1), t1 = fmaf(wg[5], y1.y, t1), t1 = fmaf(wg[6], y1.z, t1), t1 = fmaf(wg[7], y1.w, t1);
-                    }
-                }
-            }
-            s0 = warp_sum(s0);
-            s1 = warp_sum(s1);
-            if (sb) t0 = warp_sum(t0), t1 = warp_sum(t1);
-            if (lane == 0) {
-                gemv_out(epi, s0, b, o, out, y, yf, bo);
-                if (two) gemv_out(epi, s1, b, o2, out, y, yf, bo2);
-                if (sb) {
-                    gemv_out(epi, t0, b + 1, o, out, y, yf, bo);
-                    if (two) gemv_out(epi, t1, b + 1, o2, out, y, yf, bo2);
-                }
-            }
-        }
+        /* one stream, or two at a time (the weights unpacked once for both, four sums in flight) */
+        if (B == 1) gemv_rows<false>(epi, w, xs, ld, 1, lane, nv, o, o2, two, out, y, yf, bo, bo2);
+        else gemv_rows<true>(epi, w, xs, ld, B, lane, nv, o, o2, two, out, y, yf, bo, bo2);
     }
 }
 
