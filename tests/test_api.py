@@ -2927,7 +2927,13 @@ def test_restart():
 
     th = threading.Thread(target=inflight)
     th.start()
-    time.sleep(0.5)
+    # SIGTERM once the server holds the generation (queued or running), not after a fixed wait: under ASan on a
+    # loaded machine half a second was once too short, and the request came after the drain began (a 503)
+    end = time.time() + 30
+    while time.time() < end and th.is_alive() and msum(metrics(S)[0], "spanserve_queue_depth") < 1:
+        time.sleep(0.05)
+    check("the generation is in flight before SIGTERM", th.is_alive() and msum(metrics(S)[0], "spanserve_queue_depth") >= 1,
+          "it never showed in spanserve_queue_depth")
     S.proc.send_signal(signal.SIGTERM)
     time.sleep(0.1)
     r = S.call("GET", "/readyz", timeout=5)
