@@ -66,8 +66,10 @@
  *    32 cache lines, and the SM's L1 passed them one a cycle (about 3 us
  *    for an item of 256 keys). What the attention reads from earlier steps
  *    is asked into L2 a sublayer ahead.
- *  - The barriers: a releasing add and one acquiring load (grid_sync); no
- *    sequentially consistent fence (__threadfence) in a step.
+ *  - The barriers: a releasing add and one acquiring load (grid_arrive,
+ *    grid_wait); no sequentially consistent fence (__threadfence) in a
+ *    step. The copies of later layers' weights are issued between a
+ *    block's arrival and its wait, in the barrier's shadow.
  *  - No register spills (-Xptxas -v): the functions are not inlined, and a
  *    callee near 255 registers makes the kernel's body spill around its
  *    calls (PAR's float r rows did: hence the fp16 table).
@@ -239,35 +241,55 @@ static __device__ __forceinline__ void mk_point(const mk_args &a, int k, int ph)
  * spreads over every SM */
 static __device__ __forceinline__ int lin_warp() { return (threadIdx.x >> 5) * gridDim.x + blockIdx.x; }
 
-/* Every block of the grid waits here for all the others, at the step's
- * barrier PH (the count of those passed; the next is returned). Thread 0
- * of each block adds its arrival (after the block's writes, which the
- * fence makes visible to the grid) to a count that only grows, and polls
- * it with relaxed loads (an acquiring load would invalidate the SM's L1 at
- * every poll, the working warps' data with it) until every block's arrival
- * at this barrier is in, then fences once: nothing is reset between
- * barriers or steps, and no arrival waits for an answer. */
-static __device__ __noinline__ int grid_sync(const mk_args &a, int ph)
+/* Every block of the grid waits for all the others at the step's barrier
+ * PH (the count of those passed), in two halves: grid_arrive says the
+ * block's writes are done, grid_wait waits for every block's (the next
+ * barrier's count is returned). Between them a block issues what needs
+ * nothing of this phase (the copies of later layers' weights, of the next
+ * LayerNorm's, of the next attention's first item), so that work stands in
+ * the barrier's shadow instead of before it. Thread 0 of each block adds
+ * its arrival (after the block's writes: __syncthreads, then a releasing
+ * add) to a count that only grows, and polls it with relaxed loads (an
+ * acquiring load would invalidate the SM's L1 at every poll, the working
+ * warps' data with it) until every block's arrival at this barrier is in,
+ * then reads it once with an acquiring load: nothing is reset between
+ * barriers or steps, and no arrival waits for an answer. Between the
+ * halves a block may only read what no block writes in the step (weights,
+ * the plan, the streams' positions) and write its own shared memory: the
+ * others may be in the next phase already. */
+static __device__ __noinline__ void grid_arrive(const mk_args &a, int ph)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
-        const size_t row = (size_t)(ph + 1) * (gridDim.x + 1);
         if (a.trace) {
-            a.trace[row + blockIdx.x] = globaltimer();
+            a.trace[(size_t)(ph + 1) * (gridDim.x + 1) + blockIdx.x] = globaltimer();
             a.trace[mk_trace_at(a.nbar, gridDim.x, 3, ph, blockIdx.x)] = clock64();
         }
         red_release_add(a.bar, 1ull);
+    }
+}
+
+static __device__ __noinline__ int grid_wait(const mk_args &a, int ph)
+{
+    if (threadIdx.x == 0) {
         const unsigned long long target = a.bar_base + (unsigned long long)(ph + 1) * gridDim.x;
         while (ld_relaxed(a.bar) < target) {}
         ld_acquire(a.bar);
         if (a.trace) {
             const unsigned long long t = globaltimer();
-            if (blockIdx.x == 0) a.trace[row + gridDim.x] = t;
+            if (blockIdx.x == 0) a.trace[(size_t)(ph + 1) * (gridDim.x + 1) + gridDim.x] = t;
             a.trace[mk_trace_at(a.nbar, gridDim.x, 0, ph + 1, blockIdx.x)] = clock64();
         }
     }
     __syncthreads();
     return ph + 1;
+}
+
+/* Both halves, with nothing between them */
+static __device__ __forceinline__ int grid_sync(const mk_args &a, int ph)
+{
+    grid_arrive(a, ph);
+    return grid_wait(a, ph);
 }
 
 static __device__ __forceinline__ void prefetch_l2(const void *p)
@@ -1050,9 +1072,10 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
         if (u->kind == MK_FFN) {
             gemv(EPI_BIAS_RELU, &Ls[j], xs, D, B, a.ff, NULL, u->b1, buf0 + (j & 1) * MK_BUF_VECS);
             mk_point(a, 2, ph);
+            grid_arrive(a, ph);
             wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
             j++;
-            ph = grid_sync(a, ph);
+            ph = grid_wait(a, ph);
             load_rows(xs, a.ff, I, B);
             mk_point(a, 1, ph);
             if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
@@ -1060,10 +1083,11 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
         } else {
             gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
             mk_point(a, 2, ph);
+            grid_arrive(a, ph);
             geo_issue(a, u, &geo);
             wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
             j++;
-            ph = grid_sync(a, ph);
+            ph = grid_wait(a, ph);
             mk_point(a, 1, ph);
             att_phase(a, u, &asm_, O, &geo, ph);
             mk_point(a, 2, ph);
@@ -1074,11 +1098,11 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             gemv(EPI_BF16, &Ls[j], xs, A, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
         }
         mk_point(a, 2, ph);
+        grid_arrive(a, ph);
         ln_issue(u, lnp, D);
         wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
         j++;
-
-        ph = grid_sync(a, ph);
+        ph = grid_wait(a, ph);
         prev = u;
     }
     mk_input(a, prev == NULL, xi, xo, xs, lnp, ph);
