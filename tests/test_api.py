@@ -550,13 +550,19 @@ def metrics_counts(S):
     g = gen(S, prompt="ROMEO:", max_tokens=10, seed=3)
     sc = score(S, T2000[:100])
     S.call("GET", "/v1/no-such-route")
-    time.sleep(0.2)   # a request is counted when it completes, which may be just after its answer is read
-    m1, r = metrics(S)
+    # a request is counted (and logged) when it completes, which may be just after its answer is read: wait up to
+    # 10 s for the 404 to show (a loaded machine under ASan may take more than a moment), not a fixed pause
+    end = time.time() + 10
+    while True:
+        m1, r = metrics(S)
+        d404 = msum(m1, "spanserve_requests_total", status="404") - msum(m0, "spanserve_requests_total", status="404")
+        log_after = open(S.logs[-1], "rb").read().decode("utf-8", "replace")
+        n_log = len(re.findall(r"GET /healthz\b.*\b200\b", log_after)) - len(re.findall(r"GET /healthz\b.*\b200\b", log_before))
+        if (d404 >= 1 and n_log >= 5) or time.time() > end:
+            break
+        time.sleep(0.1)
     text = r.body.decode("utf-8", "replace")
-    d404 = msum(m1, "spanserve_requests_total", status="404") - msum(m0, "spanserve_requests_total", status="404")
     check("requests_total counts a 404", d404 == 1, f"status=404 grew by {d404}")
-    log_after = open(S.logs[-1], "rb").read().decode("utf-8", "replace")
-    n_log = len(re.findall(r"GET /healthz\b.*\b200\b", log_after)) - len(re.findall(r"GET /healthz\b.*\b200\b", log_before))
     check("one log line per request", n_log == 5, f"{n_log} new lines for 5 GET /healthz; log tail {log_after[-300:]!r}")
     for name in ("spanserve_requests_total", "spanserve_request_seconds", "spanserve_time_to_first_token_seconds",
                  "spanserve_tokens_generated_total", "spanserve_tokens_scored_total", "spanserve_queue_depth",
