@@ -135,6 +135,12 @@ static void emit_token(task_t *t, const char *piece, size_t len)
 
 /* ------------------------------------------------------------ finishing */
 
+/* Seconds between two looks at a task's socket: a look is a system call
+ * (recv with MSG_PEEK), and at every decode step it cost each stream about 1.5
+ * us of the step's time on a 2-core machine; a client that leaves is noticed
+ * at most this much later. */
+#define GONE_CHECK_S 0.01
+
 static int client_gone(const task_t *t)
 {
     char c;
@@ -389,7 +395,10 @@ static void *sched_main(void *arg)
         double now = now_s();
         for (task_t *t = srv.active, *nx; t; t = nx) {
             nx = t->next;
-            if (!t->cancelled && client_gone(t)) t->cancelled = 1;
+            if (!t->cancelled && now - t->t_gone_check >= GONE_CHECK_S) {
+                t->t_gone_check = now;
+                if (client_gone(t)) t->cancelled = 1;
+            }
             if (t->cancelled) fail(t, 499, "the client went away");
             else if (srv.cfg.request_timeout > 0 && now - t->t_enqueue > srv.cfg.request_timeout)
                 fail(t, 503, "the request ran past --request-timeout");

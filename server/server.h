@@ -162,6 +162,7 @@ typedef struct task {
     /* state */
     struct MHD_Connection *conn;
     int fd;                      /* the client's socket, to notice a disconnect */
+    double t_gone_check;         /* when the scheduler last looked at it (sched.c: GONE_CHECK_S) */
     int started, done, cancelled;
     int refs;                    /* the HTTP side and the scheduler */
     int status;                  /* on failure: an HTTP status, with err */
