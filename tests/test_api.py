@@ -2943,6 +2943,7 @@ def test_restart():
     check("the generation is in flight before SIGTERM", th.is_alive() and msum(metrics(S)[0], "spanserve_queue_depth") >= 1,
           "it never showed in spanserve_queue_depth")
     S.proc.send_signal(signal.SIGTERM)
+    t_drain = time.time()
     time.sleep(0.1)
     r = S.call("GET", "/readyz", timeout=5)
     check("readyz 503 while draining", has_error_shape(r, 503) and "retry-after" in r.headers, f"{r} {r.headers}")
@@ -2950,7 +2951,6 @@ def test_restart():
     check("healthz 200 while draining", r.status == 200, f"{r}")
     r = S.call("POST", "/v1/score", {"model": "aspan", "text": "abc"}, timeout=5)
     check("new work is 503 while draining", has_error_shape(r, 503), f"{r}")
-    t_drain = time.time()
     th.join(300)
     r = out.get("r")
     check("in-flight generation finished", r is not None and r.status == 200
