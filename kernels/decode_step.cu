@@ -382,40 +382,41 @@ static __device__ __forceinline__ void gemv_out(int epi, float v, int b, int o, 
 /* gemv's sums for rows O and O2 (TWO) of its warp, its weights W, for the
  * B streams (PAIR: two at a time; without, B is 1 and the code is one
  * stream's alone: the pairs' took a quarter of a microsecond more a phase
- * of fc2 on one stream) */
-template <bool PAIR>
+ * of fc2 on one stream). NC: the row's 16-byte pieces are exactly NC a
+ * lane (an input of 256 NC), so no piece is tested; 0: up to MK_NCH, each
+ * tested against NV. Row O2's sums are taken whether or not it exists
+ * (its weights are then whatever the buffer holds; they are never
+ * stored): a branch a piece cost more than the products. */
+template <int NC, bool PAIR>
 static __device__ __forceinline__ void gemv_rows(int epi, const uint4 (&w)[2][MK_NCH], const float *xs, int ld, int B, int lane,
                                                  int nv, int o, int o2, bool two, int out, bf16 *y, float *yf, float bo,
                                                  float bo2)
 {
+    constexpr int NCH = NC ? NC : MK_NCH;
 #pragma unroll 1
     for (int b = 0; b < B; b += PAIR ? 2 : 1) {
         const bool sb = PAIR && b + 1 < B;
         float s0 = 0.0f, s1 = 0.0f, t0 = 0.0f, t1 = 0.0f;   /* rows o, o2 of stream b; of stream b + 1 */
 #pragma unroll
-        for (int c = 0; c < MK_NCH; c++) {
-            if (lane + 32 * c >= nv) break;
+        for (int c = 0; c < NCH; c++) {
+            if (!NC && lane + 32 * c >= nv) break;
             const float *xb = xs + b * ld + 256 * c + 8 * lane;
             const float4 x0 = *(const float4 *)xb, x1 = *(const float4 *)(xb + 4);
             /* (the order of the unpacking as measured fastest: both rows' first for pairs, one at a time alone) */
             float wf[8], wg[8];
             bf8(w[0][c], wf);
-            if (PAIR && two) bf8(w[1][c], wg);
+            if (PAIR) bf8(w[1][c], wg);
             s0 = fmaf(wf[0], x0.x, s0), s0 = fmaf(wf[1], x0.y, s0), s0 = fmaf(wf[2], x0.z, s0), s0 = fmaf(wf[3], x0.w, s0);
             s0 = fmaf(wf[4], x1.x, s0), s0 = fmaf(wf[5], x1.y, s0), s0 = fmaf(wf[6], x1.z, s0), s0 = fmaf(wf[7], x1.w, s0);
-            if (two) {
-                if (!PAIR) bf8(w[1][c], wg);
-                s1 = fmaf(wg[0], x0.x, s1), s1 = fmaf(wg[1], x0.y, s1), s1 = fmaf(wg[2], x0.z, s1), s1 = fmaf(wg[3], x0.w, s1);
-                s1 = fmaf(wg[4], x1.x, s1), s1 = fmaf(wg[5], x1.y, s1), s1 = fmaf(wg[6], x1.z, s1), s1 = fmaf(wg[7], x1.w, s1);
-            }
+            if (!PAIR) bf8(w[1][c], wg);
+            s1 = fmaf(wg[0], x0.x, s1), s1 = fmaf(wg[1], x0.y, s1), s1 = fmaf(wg[2], x0.z, s1), s1 = fmaf(wg[3], x0.w, s1);
+            s1 = fmaf(wg[4], x1.x, s1), s1 = fmaf(wg[5], x1.y, s1), s1 = fmaf(wg[6], x1.z, s1), s1 = fmaf(wg[7], x1.w, s1);
             if (sb) {
                 const float4 y0 = *(const float4 *)(xb + ld), y1 = *(const float4 *)(xb + ld + 4);
                 t0 = fmaf(wf[0], y0.x, t0), t0 = fmaf(wf[1], y0.y, t0), t0 = fmaf(wf[2], y0.z, t0), t0 = fmaf(wf[3], y0.w, t0);
                 t0 = fmaf(wf[4], y1.x, t0), t0 = fmaf(wf[5], y1.y, t0), t0 = fmaf(wf[6], y1.z, t0), t0 = fmaf(wf[7], y1.w, t0);
-                if (two) {
-                    t1 = fmaf(wg[0], y0.x, t1), t1 = fmaf(wg[1], y0.y, t1), t1 = fmaf(wg[2], y0.z, t1), t1 = fmaf(wg[3], y0.w, t1);
-                    t1 = fmaf(wg[4], y1.x, t1), t1 = fmaf(wg[5], y1.y, t1), t1 = fmaf(wg[6], y1.z, t1), t1 = fmaf(wg[7], y1.w, t1);
-                }
+                t1 = fmaf(wg[0], y0.x, t1), t1 = fmaf(wg[1], y0.y, t1), t1 = fmaf(wg[2], y0.z, t1), t1 = fmaf(wg[3], y0.w, t1);
+                t1 = fmaf(wg[4], y1.x, t1), t1 = fmaf(wg[5], y1.y, t1), t1 = fmaf(wg[6], y1.z, t1), t1 = fmaf(wg[7], y1.w, t1);
             }
         }
         s0 = warp_sum(s0);
@@ -436,11 +437,16 @@ static __device__ __forceinline__ void gemv_rows(int epi, const uint4 (&w)[2][MK
  * shared memory (LD floats apart), rows o a warp each, two rows' loads in
  * flight at once, those of the first pass from BUF (wbuf_issue's, the group
  * before the newest); EPI: bf16(y) into Y (B x OUT), bf16(max(y + bias,
- * 0)), or y in float into YF. (Loops that need not be unrolled are not: the
- * kernel's code must stay small enough for the instruction caches.) */
-static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float *xs, int ld, int B, bf16 *y, float *yf,
-                                         const float *bias, const uint4 *buf)
+ * 0)), or y in float into YF. NC as gemv_rows's: an input of 256 NC takes
+ * straight code (no test a piece; the first pass's rows from BUF whether
+ * or not the second row exists), any other the tested loop. (Loops that
+ * need not be unrolled are not: the kernel's code must stay small enough
+ * for the instruction caches.) */
+template <int NC>
+static __device__ __forceinline__ void gemv_t(int epi, const mk_lin *lp, const float *xs, int ld, int B, bf16 *y, float *yf,
+                                           const float *bias, const uint4 *buf)
 {
+    constexpr int NCH = NC ? NC : MK_NCH;
     const mk_lin L = *lp;
     const bf16 *W = L.W;
     const int out = L.out, in = L.in;
@@ -449,21 +455,43 @@ static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float 
     cp_wait_but_last();
     for (int o = gw; o < out; o += 2 * nw) {
         const int o2 = o + nw;
-        const bool two = o2 < out, first = o == gw;
+        const bool two = o2 < out;
         const float bo = epi == EPI_BIAS_RELU && lane == 0 ? __ldg(bias + o) : 0.0f,
                     bo2 = epi == EPI_BIAS_RELU && lane == 0 && two ? __ldg(bias + o2) : 0.0f;
         uint4 w[2][MK_NCH];
+        if (o == gw) {
 #pragma unroll
-        for (int c = 0; c < MK_NCH; c++)
-            if (lane + 32 * c < nv) {
-                w[0][c] = first ? buf[buf_at(0, c, threadIdx.x)] : __ldg((const uint4 *)(W + (size_t)o * in + 8 * lane + 256 * c));
-                if (two)
-                    w[1][c] = first ? buf[buf_at(1, c, threadIdx.x)]
-                                    : __ldg((const uint4 *)(W + (size_t)o2 * in + 8 * lane + 256 * c));
-            }
+            for (int c = 0; c < NCH; c++)
+                if (NC || lane + 32 * c < nv) {
+                    w[0][c] = buf[buf_at(0, c, threadIdx.x)];
+                    w[1][c] = buf[buf_at(1, c, threadIdx.x)];
+                }
+        } else {
+#pragma unroll
+            for (int c = 0; c < NCH; c++)
+                if (NC || lane + 32 * c < nv) {
+                    w[0][c] = __ldg((const uint4 *)(W + (size_t)o * in + 8 * lane + 256 * c));
+                    w[1][c] = two ? __ldg((const uint4 *)(W + (size_t)o2 * in + 8 * lane + 256 * c)) : make_uint4(0, 0, 0, 0);
+                }
+        }
         /* one stream, or two at a time (the weights unpacked once for both, four sums in flight) */
-        if (B == 1) gemv_rows<false>(epi, w, xs, ld, 1, lane, nv, o, o2, two, out, y, yf, bo, bo2);
-        else gemv_rows<true>(epi, w, xs, ld, B, lane, nv, o, o2, two, out, y, yf, bo, bo2);
+        if (B == 1) gemv_rows<NC, false>(epi, w, xs, ld, 1, lane, nv, o, o2, two, out, y, yf, bo, bo2);
+        else gemv_rows<NC, true>(epi, w, xs, ld, B, lane, nv, o, o2, two, out, y, yf, bo, bo2);
+    }
+}
+
+/* gemv_t for the linear layer's input width (one function: each of its
+ * own made the kernel's body spill around the calls; so did straight code
+ * for inputs of 2,048, even in two rounds of 4 pieces: they take the
+ * tested loop) */
+static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float *xs, int ld, int B, bf16 *y, float *yf,
+                                            const float *bias, const uint4 *buf, int in)
+{
+    switch (in % 256 ? 0 : in / 256) {
+    case 1: gemv_t<1>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
+    case 2: gemv_t<2>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
+    case 4: gemv_t<4>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
+    default: gemv_t<0>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
     }
 }
 
@@ -1070,7 +1098,7 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
         { float *t = (float *)xi; xi = xo; xo = t; }
         mk_point(a, 1, ph);
         if (u->kind == MK_FFN) {
-            gemv(EPI_BIAS_RELU, &Ls[j], xs, D, B, a.ff, NULL, u->b1, buf0 + (j & 1) * MK_BUF_VECS);
+            gemv(EPI_BIAS_RELU, &Ls[j], xs, D, B, a.ff, NULL, u->b1, buf0 + (j & 1) * MK_BUF_VECS, D);
             mk_point(a, 2, ph);
             grid_arrive(a, ph);
             wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
@@ -1079,9 +1107,9 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             load_rows(xs, a.ff, I, B);
             mk_point(a, 1, ph);
             if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
-            gemv(EPI_BF16, &Ls[j], xs, I, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+            gemv(EPI_BF16, &Ls[j], xs, I, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, I);
         } else {
-            gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+            gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, D);
             mk_point(a, 2, ph);
             grid_arrive(a, ph);
             geo_issue(a, u, &geo);
@@ -1095,7 +1123,7 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             load_rows(xs, a.att, A, B);
             mk_point(a, 1, ph);
             if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
-            gemv(EPI_BF16, &Ls[j], xs, A, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+            gemv(EPI_BF16, &Ls[j], xs, A, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, A);
         }
         mk_point(a, 2, ph);
         grid_arrive(a, ph);
@@ -1107,7 +1135,7 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
     }
     mk_input(a, prev == NULL, xi, xo, xs, lnp, ph);
     mk_point(a, 1, ph);
-    gemv(EPI_FLOAT, &Ls[j], xs, D, B, NULL, a.logits, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+    gemv(EPI_FLOAT, &Ls[j], xs, D, B, NULL, a.logits, NULL, buf0 + (j & 1) * MK_BUF_VECS, D);
     mk_point(a, 2, ph);
     ph = grid_sync(a, ph);
     mk_point(a, 1, ph);
