@@ -480,10 +480,47 @@ static __device__ __forceinline__ void gemv_t(int epi, const mk_lin *lp, const f
     }
 }
 
+/* gemv for one stream, an input of 2,048 (8 pieces a lane) and a layer
+ * that one pass covers (the rows of a warp from BUF; the caller waits for
+ * them), in straight code: each piece's two rows read from BUF as the
+ * products need them, two pieces an iteration, the sums in gemv_rows's
+ * order. (gemv_rows<8> with every piece's rows in registers, and any call
+ * of this from gemv, made the kernel's body spill around its calls: the
+ * kernel calls it itself, for fc2.) */
+static __device__ __noinline__ void gemv_first8(int epi, const mk_lin *lp, const float *xs, bf16 *y, float *yf,
+                                                   const float *bias, const uint4 *buf)
+{
+    const int out = lp->out, lane = threadIdx.x & 31, o = lin_warp(), o2 = o + gridDim.x * MK_WARPS;
+    if (o >= out) return;
+    const bool two = o2 < out;
+    const float bo = epi == EPI_BIAS_RELU && lane == 0 ? __ldg(bias + o) : 0.0f,
+                bo2 = epi == EPI_BIAS_RELU && lane == 0 && two ? __ldg(bias + o2) : 0.0f;
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 2
+    for (int c = 0; c < 8; c++) {
+        const uint4 wa = buf[buf_at(0, c, threadIdx.x)], wb = buf[buf_at(1, c, threadIdx.x)];
+        const float *xb = xs + 256 * c + 8 * lane;
+        const float4 x0 = *(const float4 *)xb, x1 = *(const float4 *)(xb + 4);
+        float wf[8], wg[8];
+        bf8(wa, wf);
+        s0 = fmaf(wf[0], x0.x, s0), s0 = fmaf(wf[1], x0.y, s0), s0 = fmaf(wf[2], x0.z, s0), s0 = fmaf(wf[3], x0.w, s0);
+        s0 = fmaf(wf[4], x1.x, s0), s0 = fmaf(wf[5], x1.y, s0), s0 = fmaf(wf[6], x1.z, s0), s0 = fmaf(wf[7], x1.w, s0);
+        bf8(wb, wg);
+        s1 = fmaf(wg[0], x0.x, s1), s1 = fmaf(wg[1], x0.y, s1), s1 = fmaf(wg[2], x0.z, s1), s1 = fmaf(wg[3], x0.w, s1);
+        s1 = fmaf(wg[4], x1.x, s1), s1 = fmaf(wg[5], x1.y, s1), s1 = fmaf(wg[6], x1.z, s1), s1 = fmaf(wg[7], x1.w, s1);
+    }
+    s0 = warp_sum(s0);
+    s1 = warp_sum(s1);
+    if (lane == 0) {
+        gemv_out(epi, s0, 0, o, out, y, yf, bo);
+        if (two) gemv_out(epi, s1, 0, o2, out, y, yf, bo2);
+    }
+}
+
 /* gemv_t for the linear layer's input width (one function: each of its
- * own made the kernel's body spill around the calls; so did straight code
- * for inputs of 2,048, even in two rounds of 4 pieces: they take the
- * tested loop) */
+ * own made the kernel's body spill around the calls); an input of 2,048
+ * takes the tested loop (and gemv_first8, called by the kernel for fc2 of
+ * one stream) */
 static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float *xs, int ld, int B, bf16 *y, float *yf,
                                             const float *bias, const uint4 *buf, int in)
 {
@@ -1107,7 +1144,11 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             load_rows(xs, a.ff, I, B);
             mk_point(a, 1, ph);
             if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
-            gemv(EPI_BF16, &Ls[j], xs, I, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, I);
+            if (B == 1 && I == 2048 && Ls[j].out <= 2 * (int)gridDim.x * MK_WARPS) {   /* (one stream, one pass) */
+                cp_wait_but_last();
+                gemv_first8(EPI_BF16, &Ls[j], xs, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+            } else
+                gemv(EPI_BF16, &Ls[j], xs, I, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, I);
         } else {
             gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, D);
             mk_point(a, 2, ph);

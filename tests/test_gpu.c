@@ -471,10 +471,10 @@ static void check_graphs(const char *name, int prec)
  * two within 0.2 of each other (each is about 0.1 from float32, and the
  * kernel's position rows are bf16: attn_mma.cu's table), and a clear
  * greedy winner the same. */
-static void check_decode_kernel(const char *name, mem_mode mode, const char *label, int NS)
+static void check_decode_kernel_at(const char *path, mem_mode mode, const char *label, int NS)
 {
     char err[ERR_LEN];
-    model_t *m = model_load_mode(fx(name, "model.safetensors"), mode, err);
+    model_t *m = model_load_mode(path, mode, err);
     CHECK(m != NULL, "%s", err);
     if (!m) return;
     const int V = m->V, STEPS = 60;
@@ -571,6 +571,38 @@ static void check_decode_kernel(const char *name, mem_mode mode, const char *lab
     gpu_model_free(g);
     gpu_model_free(g32);
     model_free(m);
+}
+
+static void check_decode_kernel(const char *name, mem_mode mode, const char *label, int NS)
+{
+    check_decode_kernel_at(fx(name, "model.safetensors"), mode, label, NS);
+}
+
+/* The decode kernel on random adaptive-span models of the widths its
+ * linear layers take in straight code (inputs of 256, 512, 1,024; fc2's
+ * 2,048 for one stream), where the fixtures' 128 take the tested loop:
+ * 1 and 8 streams (one at a time, two at a time), both memories */
+static void check_decode_kernel_widths(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    float z[2 * 8] = {0.0f, 0.1f, 0.5f, 1.0f, 0.3f, 0.02f, 0.0f, 0.05f, 0.9f, 0.2f, 0.6f, 0.0f, 0.01f, 0.4f, 0.7f, 0.15f};
+    /* V, model, heads, inner, layers, span, block, ramp */
+    const rm_aspan shapes[2] = {{50, 256, 4, 1024, 2, 600, 64, 32, z, 0}, {50, 512, 8, 2048, 2, 600, 64, 32, z, 0}};
+    for (int i = 0; i < 2; i++) {
+        CHECK(rm_write_aspan(p, &shapes[i], 31 + (uint64_t)i, err) == 0, "%s", err);
+        char label[128];
+        for (int mode = 0; mode < 2; mode++)
+            for (int ns = 1; ns <= 8; ns += 7) {
+                snprintf(label, sizeof label, "random aspan of %d and %d (%s memory)", shapes[i].H, shapes[i].I,
+                         mode ? "span" : "exact");
+                check_decode_kernel_at(p, mode ? MEM_SPAN : MEM_EXACT, label, ns);
+            }
+    }
+    unlink(p);
 }
 
 /* bf16 memories: a session's rings go up rounded to bf16 and come down
@@ -1816,6 +1848,7 @@ int main(void)
         check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 5);
         check_decode_kernel("par-small", MEM_EXACT, "par-small", 1);
         check_decode_kernel("par-small", MEM_EXACT, "par-small", 8);
+        check_decode_kernel_widths();
         return test_summary("test_gpu");
     }
     if (!gpt_only && !tf_only) {   /* the families with a memory */
@@ -1847,6 +1880,7 @@ int main(void)
         check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 5);
         check_decode_kernel("par-small", MEM_EXACT, "par-small", 1);
         check_decode_kernel("par-small", MEM_EXACT, "par-small", 8);
+        check_decode_kernel_widths();
         check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
         check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
         check_fixture_random("par-small", MEM_EXACT, "par-small");
