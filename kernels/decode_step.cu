@@ -1051,10 +1051,7 @@ static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub 
                 if (K.vok) prefetch_bytes1(K.v, DH * sizeof(bf16));
             }
             if (rel) prefetch_bytes1(K.ph, DH * sizeof(__half));
-            else {
-                prefetch_bytes1(K.pb, DH * sizeof(bf16));
-                if (K.vok && (t & 31) == 0) prefetch_l2(a.derived + g.i1.y + K.md - 1);
-            }
+            else if (K.vok && (t & 31) == 0) prefetch_l2(a.derived + g.i1.y + K.md - 1);
         }
     }
 }
@@ -1128,9 +1125,14 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
     int j = 0;   /* linear layers done */
     for (int s = 0; s < a.nsub; s++) {
         const mk_sub *u = &S[s];
-        /* the next sublayer's attention: its rows into L2 by the upper half of the block at the start of this
-         * sublayer's last phase (a linear layer of D rows leaves it idle on most shapes) */
-        const bool next_att = s + 1 < a.nsub && S[s + 1].kind != MK_FFN;
+        /* the next sublayer's attention: its rows into L2 (adaptive-span's position rows, one table for every
+         * layer, stay there), after a feed-forward with at most two items a block (few streams) by the whole
+         * block between fc1's arrival and its wait (EARLY), else by the upper half of the block at the start of
+         * fc2 or Wo (a linear layer of D rows leaves it idle on most shapes). (H200: with one stream the upper
+         * half's prefetch lengthened fc2's tail by 1.2 us a phase once fc2 took straight code; in fc1's shadow
+         * with 8 streams it lengthened fc1's barrier by more) */
+        const bool next_att = s + 1 < a.nsub && S[s + 1].kind != MK_FFN,
+                   early = next_att && a.B * S[s + 1].nitems <= 2 * (int)gridDim.x;
         mk_input(a, prev == NULL, xi, xo, xs, lnp, ph);
         { float *t = (float *)xi; xi = xo; xo = t; }
         mk_point(a, 1, ph);
@@ -1139,11 +1141,12 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             mk_point(a, 2, ph);
             grid_arrive(a, ph);
             wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
+            if (early) att_prefetch(a, u + 1, 0);
             j++;
             ph = grid_wait(a, ph);
             load_rows(xs, a.ff, I, B);
             mk_point(a, 1, ph);
-            if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
+            if (threadIdx.x >= MK_THREADS / 2 && next_att && !early) att_prefetch(a, u + 1, MK_THREADS / 2);
             if (B == 1 && I == 2048 && Ls[j].out <= 2 * (int)gridDim.x * MK_WARPS) {   /* (one stream, one pass) */
                 cp_wait_but_last();
                 gemv_first8(EPI_BF16, &Ls[j], xs, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
