@@ -51,7 +51,10 @@
  * phase needs waits for a load that could have been issued earlier:
  *  - The linear layers (mk_lin, in the order the step runs them): a warp a
  *    weight row (two rows' loads at once; bf16, 16-byte loads), the B
- *    inputs from shared memory (two streams at a time), float sums. Each block's rows of the first
+ *    inputs from shared memory (two streams at a time), float sums; inputs
+ *    of 256, 512 and 1,024 in straight code, with no test a 16-byte piece,
+ *    and fc2's 2,048 for one stream too (gemv_first8): ncu showed branch and
+ *    instruction-fetch stalls where each piece was tested. Each block's rows of the first
  *    pass (two a warp) are copied into shared memory (cp.async, each thread
  *    the 16-byte pieces it will read itself) two linear layers ahead, into
  *    one of two buffers; rows past the first pass are asked into L2.
