@@ -346,6 +346,15 @@ static __device__ __forceinline__ void bf8(const uint4 &v, float *o)
     }
 }
 
+/* S + the dot product of a lane's 8 weights WF with its 8 inputs X0, X1
+ * (in order: the sums' order is the same everywhere) */
+static __device__ __forceinline__ float dot8(const float *wf, const float4 &x0, const float4 &x1, float s)
+{
+    s = fmaf(wf[0], x0.x, s), s = fmaf(wf[1], x0.y, s), s = fmaf(wf[2], x0.z, s), s = fmaf(wf[3], x0.w, s);
+    s = fmaf(wf[4], x1.x, s), s = fmaf(wf[5], x1.y, s), s = fmaf(wf[6], x1.z, s), s = fmaf(wf[7], x1.w, s);
+    return s;
+}
+
 /* Where thread T keeps piece C (of MK_NCH) of its warp's row R (0 or 1) of
  * the first pass in a weight buffer */
 static __device__ __forceinline__ int buf_at(int r, int c, int t) { return (r * MK_NCH + c) * MK_THREADS + t; }
@@ -409,17 +418,13 @@ static __device__ __forceinline__ void gemv_rows(int epi, const uint4 (&w)[2][MK
             float wf[8], wg[8];
             bf8(w[0][c], wf);
             if (PAIR) bf8(w[1][c], wg);
-            s0 = fmaf(wf[0], x0.x, s0), s0 = fmaf(wf[1], x0.y, s0), s0 = fmaf(wf[2], x0.z, s0), s0 = fmaf(wf[3], x0.w, s0);
-            s0 = fmaf(wf[4], x1.x, s0), s0 = fmaf(wf[5], x1.y, s0), s0 = fmaf(wf[6], x1.z, s0), s0 = fmaf(wf[7], x1.w, s0);
+            s0 = dot8(wf, x0, x1, s0);
             if (!PAIR) bf8(w[1][c], wg);
-            s1 = fmaf(wg[0], x0.x, s1), s1 = fmaf(wg[1], x0.y, s1), s1 = fmaf(wg[2], x0.z, s1), s1 = fmaf(wg[3], x0.w, s1);
-            s1 = fmaf(wg[4], x1.x, s1), s1 = fmaf(wg[5], x1.y, s1), s1 = fmaf(wg[6], x1.z, s1), s1 = fmaf(wg[7], x1.w, s1);
+            s1 = dot8(wg, x0, x1, s1);
             if (sb) {
                 const float4 y0 = *(const float4 *)(xb + ld), y1 = *(const float4 *)(xb + ld + 4);
-                t0 = fmaf(wf[0], y0.x, t0), t0 = fmaf(wf[1], y0.y, t0), t0 = fmaf(wf[2], y0.z, t0), t0 = fmaf(wf[3], y0.w, t0);
-                t0 = fmaf(wf[4], y1.x, t0), t0 = fmaf(wf[5], y1.y, t0), t0 = fmaf(wf[6], y1.z, t0), t0 = fmaf(wf[7], y1.w, t0);
-                t1 = fmaf(wg[0], y0.x, t1), t1 = fmaf(wg[1], y0.y, t1), t1 = fmaf(wg[2], y0.z, t1), t1 = fmaf(wg[3], y0.w, t1);
-                t1 = fmaf(wg[4], y1.x, t1), t1 = fmaf(wg[5], y1.y, t1), t1 = fmaf(wg[6], y1.z, t1), t1 = fmaf(wg[7], y1.w, t1);
+                t0 = dot8(wf, y0, y1, t0);
+                t1 = dot8(wg, y0, y1, t1);
             }
         }
         s0 = warp_sum(s0);
@@ -506,11 +511,9 @@ static __device__ __noinline__ void gemv_first8(int epi, const mk_lin *lp, const
         const float4 x0 = *(const float4 *)xb, x1 = *(const float4 *)(xb + 4);
         float wf[8], wg[8];
         bf8(wa, wf);
-        s0 = fmaf(wf[0], x0.x, s0), s0 = fmaf(wf[1], x0.y, s0), s0 = fmaf(wf[2], x0.z, s0), s0 = fmaf(wf[3], x0.w, s0);
-        s0 = fmaf(wf[4], x1.x, s0), s0 = fmaf(wf[5], x1.y, s0), s0 = fmaf(wf[6], x1.z, s0), s0 = fmaf(wf[7], x1.w, s0);
+        s0 = dot8(wf, x0, x1, s0);
         bf8(wb, wg);
-        s1 = fmaf(wg[0], x0.x, s1), s1 = fmaf(wg[1], x0.y, s1), s1 = fmaf(wg[2], x0.z, s1), s1 = fmaf(wg[3], x0.w, s1);
-        s1 = fmaf(wg[4], x1.x, s1), s1 = fmaf(wg[5], x1.y, s1), s1 = fmaf(wg[6], x1.z, s1), s1 = fmaf(wg[7], x1.w, s1);
+        s1 = dot8(wg, x0, x1, s1);
     }
     s0 = warp_sum(s0);
     s1 = warp_sum(s1);
