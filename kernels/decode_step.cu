@@ -488,21 +488,18 @@ static __device__ __forceinline__ void gemv_t(int epi, const mk_lin *lp, const f
     }
 }
 
-/* gemv for one stream, an input of 2,048 (8 pieces a lane) and a layer
- * that one pass covers (the rows of a warp from BUF; the caller waits for
- * them), in straight code: each piece's two rows read from BUF as the
+/* gemv's EPI_BF16 (fc2's) for one stream, an input of 2,048 (8 pieces a
+ * lane) and a layer that one pass covers (the rows of a warp from BUF; the
+ * caller waits for them), in straight code: each piece's two rows read from BUF as the
  * products need them, two pieces an iteration, the sums in gemv_rows's
  * order. (gemv_rows<8> with every piece's rows in registers, and any call
  * of this from gemv, made the kernel's body spill around its calls: the
  * kernel calls it itself, for fc2.) */
-static __device__ __noinline__ void gemv_first8(int epi, const mk_lin *lp, const float *xs, bf16 *y, float *yf,
-                                                   const float *bias, const uint4 *buf)
+static __device__ __noinline__ void gemv_first8(const mk_lin *lp, const float *xs, bf16 *y, const uint4 *buf)
 {
     const int out = lp->out, lane = threadIdx.x & 31, o = lin_warp(), o2 = o + gridDim.x * MK_WARPS;
     if (o >= out) return;
     const bool two = o2 < out;
-    const float bo = epi == EPI_BIAS_RELU && lane == 0 ? __ldg(bias + o) : 0.0f,
-                bo2 = epi == EPI_BIAS_RELU && lane == 0 && two ? __ldg(bias + o2) : 0.0f;
     float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll 2
     for (int c = 0; c < 8; c++) {
@@ -518,8 +515,8 @@ static __device__ __noinline__ void gemv_first8(int epi, const mk_lin *lp, const
     s0 = warp_sum(s0);
     s1 = warp_sum(s1);
     if (lane == 0) {
-        gemv_out(epi, s0, 0, o, out, y, yf, bo);
-        if (two) gemv_out(epi, s1, 0, o2, out, y, yf, bo2);
+        y[o] = __float2bfloat16(s0);
+        if (two) y[o2] = __float2bfloat16(s1);
     }
 }
 
@@ -528,9 +525,9 @@ static __device__ __noinline__ void gemv_first8(int epi, const mk_lin *lp, const
  * takes the tested loop (and gemv_first8, called by the kernel for fc2 of
  * one stream) */
 static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float *xs, int ld, int B, bf16 *y, float *yf,
-                                            const float *bias, const uint4 *buf, int in)
+                                            const float *bias, const uint4 *buf)
 {
-    switch (in % 256 ? 0 : in / 256) {
+    switch (lp->in % 256 ? 0 : lp->in / 256) {
     case 1: gemv_t<1>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
     case 2: gemv_t<2>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
     case 4: gemv_t<4>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
@@ -1143,7 +1140,7 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
         { float *t = (float *)xi; xi = xo; xo = t; }
         mk_point(a, 1, ph);
         if (u->kind == MK_FFN) {
-            gemv(EPI_BIAS_RELU, &Ls[j], xs, D, B, a.ff, NULL, u->b1, buf0 + (j & 1) * MK_BUF_VECS, D);
+            gemv(EPI_BIAS_RELU, &Ls[j], xs, D, B, a.ff, NULL, u->b1, buf0 + (j & 1) * MK_BUF_VECS);
             mk_point(a, 2, ph);
             grid_arrive(a, ph);
             wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
@@ -1155,11 +1152,11 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             if (threadIdx.x >= MK_THREADS / 2 && next_att && !early) att_prefetch(a, u + 1, MK_THREADS / 2);
             if (B == 1 && I == 2048 && Ls[j].out <= 2 * (int)gridDim.x * MK_WARPS) {   /* (one stream, one pass) */
                 cp_wait_but_last();
-                gemv_first8(EPI_BF16, &Ls[j], xs, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+                gemv_first8(&Ls[j], xs, a.r, buf0 + (j & 1) * MK_BUF_VECS);
             } else
-                gemv(EPI_BF16, &Ls[j], xs, I, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, I);
+                gemv(EPI_BF16, &Ls[j], xs, I, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
         } else {
-            gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, D);
+            gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
             mk_point(a, 2, ph);
             grid_arrive(a, ph);
             geo_issue(a, u, &geo);
@@ -1173,7 +1170,7 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             load_rows(xs, a.att, A, B);
             mk_point(a, 1, ph);
             if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
-            gemv(EPI_BF16, &Ls[j], xs, A, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS, A);
+            gemv(EPI_BF16, &Ls[j], xs, A, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
         }
         mk_point(a, 2, ph);
         grid_arrive(a, ph);
@@ -1185,7 +1182,7 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
     }
     mk_input(a, prev == NULL, xi, xo, xs, lnp, ph);
     mk_point(a, 1, ph);
-    gemv(EPI_FLOAT, &Ls[j], xs, D, B, NULL, a.logits, NULL, buf0 + (j & 1) * MK_BUF_VECS, D);
+    gemv(EPI_FLOAT, &Ls[j], xs, D, B, NULL, a.logits, NULL, buf0 + (j & 1) * MK_BUF_VECS);
     mk_point(a, 2, ph);
     ph = grid_sync(a, ph);
     mk_point(a, 1, ph);
