@@ -30,6 +30,13 @@
  *                 WO   att Wo^T into r (bf16)
  *   feed-forward: FC1  the input x fc1^T, its bias and ReLU, into ff (bf16)
  *                 FC2  ff fc2^T into r (bf16)
+ *             or  FFN  (a step of up to gpu_decode_ffn's streams, 8 by
+ *                      default, where the shapes allow it) one phase: a
+ *                      block's 16 rows of fc1, then those 16 columns of
+ *                      fc2 times them, the blocks' partial sums added in
+ *                      fixed point (64-bit integers: the same bits in any
+ *                      order) into one of three buffers, which the next
+ *                      phase's input reads (ffn_fused)
  *   output:       OUT  the input x Wout^T into the logits (float)
  *                 LSM  a block a row: log_softmax(logits + b) in place
  *
@@ -62,7 +69,9 @@
  *    memory when the step starts: no pointer is fetched from global memory
  *    on the way to the data.
  *  - An attention item's constants (head, split, key rows, reach, ring and
- *    mask offsets) are one 32-byte record; its warps' key, position and
+ *    mask offsets) are one 32-byte record (the block's first item's of
+ *    every attention, with its stream's position and ring, copied into
+ *    shared memory when the step starts: geo_cache); its warps' key, position and
  *    value rows are loaded with the query, all in flight at once (rows
  *    written in this kernel through L2: ld.global.cg), a warp's load taking
  *    32 / (DH / 8) rows: where a lane read a row whole, a warp's load took
@@ -96,6 +105,14 @@
 #define MK_MAX_SPLITS 64         /* splits of a head's keys at most */
 #define MK_REC (MK_MAX_DH + 4)   /* a split's partial state: m, Z, W, (pad), O */
 #define MK_MAX_SUBS 128          /* sublayers a step */
+#define MK_FUSE_MAX_B MK_MAX_B   /* the most streams a step whose feed-forwards take one phase each may have (FFN) */
+#define MK_FUSE_DEFAULT_B MK_MAX_B   /* and by default (gpu_decode_ffn) */
+#define MK_RED_MAX_B 2           /* FFN: steps of up to this many streams add fc2's sums with a red a number, more with
+                                  * one bulk reduction a block (H200: at 1 and 2 streams the reds were 1-4% faster a
+                                  * step; at 4 and 8 the bulk reduction's step beat two phases by 3-10%) */
+#define MK_ACC_LEN(D) ((size_t)MK_FUSE_MAX_B * (D))   /* FFN: the numbers of one of its three buffers of sums */
+#define MK_FUSE_ROWS 16          /* FFN: fc1 rows a block (two a warp), fc2's columns of them */
+#define MK_FIX 0x1p30f           /* FFN: fc2's partial sums in fixed point, units of 2^-30 (sums up to 2^33) */
 #define MK_AUTO_ROUNDS 16        /* GPU_DECODE_AUTO: a step's widest attention takes at most this many rounds of the grid
                                   * (B x its items <= this x blocks); past it the graphs' attention may be faster. (H200,
                                   * aspan-enwik8 in exact memory, 240 items a stream, 8 streams, 14.5 rounds: the kernel
@@ -142,6 +159,8 @@ typedef struct {
     bf16 *qkv, *att, *r, *ff;
     float *logits, *part;
     int *cnt;                    /* the splits finished, per stream and head */
+    long long *acc;              /* FFN: fc2's sums in fixed point, three buffers of MK_FUSE_MAX_B x D */
+    int fuse, acc0;              /* whether this step's feed-forwards take one phase each (FFN); its first's buffer */
     unsigned long long *bar;     /* the grid barrier: arrivals since the plan (never reset) */
     unsigned long long bar_base; /* its count when the step starts: steps x barriers a step x blocks */
     unsigned long long *trace;   /* NULL, or gpu_decode_trace's times (mk_trace_at) */
@@ -172,8 +191,11 @@ struct gpu_mk {
     size_t smem;
     int grid;
     int auto_b;                  /* GPU_DECODE_AUTO's most streams a step (see MK_AUTO_ROUNDS) */
-    unsigned long long steps;    /* steps launched since the barrier's count was 0 */
+    unsigned long long arrivals; /* the barrier's count when the next step starts (steps x their barriers x blocks) */
+    int nbar, nbar_ffn, nffn;    /* a step's barriers, without FFN and with; its feed-forward sublayers */
+    bool ffn_ok;                 /* whether the model's feed-forwards can take one phase (FFN) */
     char kind[MK_MAX_BARRIERS];  /* what each barrier ends: Q(KV), A(ttention), W(o), 1 (fc1), 2 (fc2), O(ut) */
+    char kind_ffn[MK_MAX_BARRIERS];   /* with FFN: F (a feed-forward) for 1 and 2 */
     unsigned long long *d_trace; /* gpu_decode_trace's buffer (NULL until asked) */
 };
 
@@ -359,25 +381,53 @@ static __device__ __forceinline__ float dot8(const float *wf, const float4 &x0, 
  * the first pass in a weight buffer */
 static __device__ __forceinline__ int buf_at(int r, int c, int t) { return (r * MK_NCH + c) * MK_THREADS + t; }
 
-/* The first pass's rows of the linear layer at LP (this warp's two: gw and
- * gw + warps) into BUF, each thread its own pieces, as one group of copies
- * (an empty group when HAVE is 0, so every thread's groups stay in step
- * with the linear layers); the rows past the first pass into L2. */
-static __device__ __noinline__ void wbuf_issue(const mk_lin *lp, int have, uint4 *buf)
+/* What a block's copies of linear layer J take (wbuf_issue): the rows of
+ * gemv's first pass (LIN_ROWS), or in a step whose feed-forwards take one
+ * phase (FFN, ffn_fused) the block's MK_FUSE_ROWS rows of fc1 (LIN_FC1)
+ * and those columns of fc2 (LIN_FC2). SUBS: the plan's sublayers (in
+ * global or shared memory). */
+enum { LIN_ROWS, LIN_FC1, LIN_FC2 };
+static __device__ __forceinline__ int lin_role(const mk_args &a, const mk_sub *subs, int j)
+{
+    return a.fuse && j < 2 * a.nsub && subs[j >> 1].kind == MK_FFN ? LIN_FC1 + (j & 1) : LIN_ROWS;
+}
+
+/* Where thread T keeps piece C (0, 1) of row T + 256 R of fc2's columns
+ * (LIN_FC2) */
+static __device__ __forceinline__ int col_at(int r, int c, int t) { return (2 * r + c) * MK_THREADS + t; }
+
+/* The linear layer at LP into BUF as one group of copies (an empty group
+ * when HAVE is 0, so every thread's groups stay in step with the linear
+ * layers), each thread the 16-byte pieces it will read itself. ROLE
+ * LIN_ROWS: the first pass's rows (this warp's two: gw and gw + warps),
+ * the rows past it into L2; LIN_FC1: rows base + warp and base + warp + 8
+ * (base: the block's MK_FUSE_ROWS); LIN_FC2 (D rows of I): columns base ..
+ * base + 15 of rows T and T + 256 (32 bytes a row). */
+static __device__ __noinline__ void wbuf_issue(const mk_lin *lp, int have, uint4 *buf, int role)
 {
     if (have) {
         const mk_lin L = *lp;
-        const int lane = threadIdx.x & 31, gw = lin_warp(), nw = gridDim.x * MK_WARPS;
+        const int lane = threadIdx.x & 31, gw = lin_warp(), nw = gridDim.x * MK_WARPS, base = MK_FUSE_ROWS * blockIdx.x;
         const int nv = L.in / 8;
-        for (int r = 0; r < 2; r++) {
-            const int o = gw + r * nw;
-            if (o >= L.out) break;
-            for (int c = 0; c < MK_NCH && lane + 32 * c < nv; c++)
-                cp16(buf + buf_at(r, c, threadIdx.x), L.W + (size_t)o * L.in + 8 * lane + 256 * c);
+        if (role == LIN_FC2) {
+            for (int r = 0; r < 2 && base < L.in; r++) {
+                const int o = threadIdx.x + r * MK_THREADS;
+                if (o >= L.out) break;
+                cp16(buf + col_at(r, 0, threadIdx.x), L.W + (size_t)o * L.in + base);
+                cp16(buf + col_at(r, 1, threadIdx.x), L.W + (size_t)o * L.in + base + 8);
+            }
+        } else {
+            for (int r = 0; r < 2; r++) {
+                const int o = role == LIN_FC1 ? base + (threadIdx.x >> 5) + 8 * r : gw + r * nw;
+                if (o >= L.out) break;
+                for (int c = 0; c < MK_NCH && lane + 32 * c < nv; c++)
+                    cp16(buf + buf_at(r, c, threadIdx.x), L.W + (size_t)o * L.in + 8 * lane + 256 * c);
+            }
+            const int lines = L.in * (int)sizeof(bf16) / 128;
+            if (role == LIN_ROWS)
+                for (int o = gw + 2 * nw; o < L.out; o += nw)
+                    for (int c = lane; c < lines; c += 32) prefetch_l2((const char *)(L.W + (size_t)o * L.in) + 128 * c);
         }
-        const int lines = L.in * (int)sizeof(bf16) / 128;
-        for (int o = gw + 2 * nw; o < L.out; o += nw)
-            for (int c = lane; c < lines; c += 32) prefetch_l2((const char *)(L.W + (size_t)o * L.in) + 128 * c);
     }
     cp_commit();
 }
@@ -399,12 +449,12 @@ static __device__ __forceinline__ void gemv_out(int epi, float v, int b, int o, 
  * tested against NV. Row O2's sums are taken whether or not it exists
  * (its weights are then whatever the buffer holds; they are never
  * stored): a branch a piece cost more than the products. */
-template <int NC, bool PAIR>
+template <int NC, bool PAIR, int MAXC = MK_NCH>
 static __device__ __forceinline__ void gemv_rows(int epi, const uint4 (&w)[2][MK_NCH], const float *xs, int ld, int B, int lane,
                                                  int nv, int o, int o2, bool two, int out, bf16 *y, float *yf, float bo,
                                                  float bo2)
 {
-    constexpr int NCH = NC ? NC : MK_NCH;
+    constexpr int NCH = NC ? NC : MAXC;   /* (MAXC: the most pieces a lane the tested loop may take) */
 #pragma unroll 1
     for (int b = 0; b < B; b += PAIR ? 2 : 1) {
         const bool sb = PAIR && b + 1 < B;
@@ -535,6 +585,115 @@ static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float 
     }
 }
 
+/* A relaxed add of V to the 64-bit integer at P, no answer asked */
+static __device__ __forceinline__ void red_add_u64(long long *p, long long v)
+{
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+/* N bytes of 64-bit integers at S (shared memory) added into those at G,
+ * by the copy engine (cp.reduce.async.bulk: the L2 takes whole lines, where
+ * a red a number took a pass of its atomic unit each), waited for; the
+ * proxy fences order the generic proxy's writes before (the zeros, the
+ * block's partial sums) and its reads after. By one thread, after every
+ * thread's fence.proxy.async.shared::cta and a __syncthreads. */
+static __device__ __forceinline__ void bulk_add_u64(long long *g, const long long *s, unsigned n)
+{
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;" ::"l"(g),
+                 "r"((unsigned)__cvta_generic_to_shared(s)), "r"(n)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+/* FFN's fc1 for the block's MK_FUSE_ROWS rows (base + warp and base + warp
+ * + 8, from BUF: wbuf_issue's LIN_FC1), its bias and ReLU, rounded to bf16
+ * into HS (B x MK_FUSE_ROWS, shared memory): gemv's sums, in its order, in
+ * straight code. Its input, the model's width: 512 (NC 2), 256 (NC 1) or
+ * 128 (NC 1, lanes 16-31 with zero weights and inputs from Z8, 8 zeros in
+ * shared memory). (The tested loop made the kernel's body spill around the
+ * call, as a model of 384 would need it: that one takes two phases.) */
+template <int NC>
+static __device__ __forceinline__ void ffn_fc1_t(const mk_lin *l1, const float *b1, const float *xs, int B, const uint4 *buf,
+                                                 bf16 *hs, const float *z8)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, base = MK_FUSE_ROWS * blockIdx.x, in = l1->in, nv = in / 8;
+    const float bo = lane == 0 ? __ldg(b1 + base + warp) : 0.0f, bo2 = lane == 0 ? __ldg(b1 + base + warp + 8) : 0.0f;
+    const bool ok = lane < nv;
+    uint4 w[2][MK_NCH];
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        w[0][c] = ok ? buf[buf_at(0, c, threadIdx.x)] : make_uint4(0, 0, 0, 0);
+        w[1][c] = ok ? buf[buf_at(1, c, threadIdx.x)] : make_uint4(0, 0, 0, 0);
+    }
+    const float *x = ok ? xs : z8 - 8 * lane;   /* (gemv_rows reads x + b ld + 8 lane) */
+    const int ld = ok ? in : 0;
+    if (B == 1) gemv_rows<NC, false>(EPI_BIAS_RELU, w, x, ld, 1, lane, nv, warp, warp + 8, true, MK_FUSE_ROWS, hs, NULL, bo, bo2);
+    else gemv_rows<NC, true>(EPI_BIAS_RELU, w, x, ld, B, lane, nv, warp, warp + 8, true, MK_FUSE_ROWS, hs, NULL, bo, bo2);
+}
+
+/* ffn_fc1_t for the model's width (a function of its own: inlined into
+ * ffn_fused, it made that spill) */
+static __device__ __noinline__ void ffn_fc1(const mk_lin *l1, const float *b1, const float *xs, int B, const uint4 *buf,
+                                            bf16 *hs, const float *z8)
+{
+    if (l1->in == 512) ffn_fc1_t<2>(l1, b1, xs, B, buf, hs, z8);
+    else ffn_fc1_t<1>(l1, b1, xs, B, buf, hs, z8);
+}
+
+/* A feed-forward sublayer as one phase (FFN: steps of up to MK_FUSE_MAX_B
+ * streams): block k takes fc1's rows 16 k .. 16 k + 15 (ffn_fc1_t, from
+ * BUF1), then those 16 columns of fc2 (BUF2: wbuf_issue's LIN_FC2) times
+ * them, a thread each of fc2's rows T and T + 256, its D sums a stream in
+ * fixed point (units of 2^-30, rounded to nearest: integers' sums do not
+ * depend on the blocks' order, so a step gives the same bits every time)
+ * added into ACC (B x D): up to MK_RED_MAX_B streams with a red each
+ * (H200: the sums 32 or 128 bytes apart, over more of the L2's slices, made
+ * a step 3-7% slower: the next phase reads them one by one), more
+ * into shared memory over XS (fc1's input, read by then) and from there
+ * by one bulk reduction (bulk_add_u64); the next phase's input
+ * reads them (mk_input). The grid zeroes NXT (MK_FUSE_MAX_B x D), the
+ * buffer of the feed-forward after next, which no block reads or adds to
+ * in this phase. */
+static __device__ __noinline__ void ffn_fused(const mk_args &a, const mk_lin *l1, const mk_lin *l2, const float *b1,
+                                              float *xs, const uint4 *buf1, const uint4 *buf2, long long *acc,
+                                              long long *nxt, const float *z8)
+{
+    __shared__ __align__(16) bf16 hs[MK_FUSE_MAX_B * MK_FUSE_ROWS];
+    const int base = MK_FUSE_ROWS * blockIdx.x, I = l1->out, D = l2->out, B = a.B, t = threadIdx.x;
+    for (int i = blockIdx.x * MK_THREADS + t; i < MK_FUSE_MAX_B * D; i += gridDim.x * MK_THREADS) nxt[i] = 0;
+    cp_wait_but_last();   /* (fc1's rows: the step's first sublayer's input waits for none) */
+    if (base < I) ffn_fc1(l1, b1, xs, B, buf1, hs, z8);
+    asm volatile("cp.async.wait_all;" ::: "memory");   /* (fc2's columns: the newest group) */
+    __syncthreads();
+    if (base >= I) return;
+    long long *part = (long long *)xs;   /* (B x D: 32 KB at most, of XS's 64) */
+#pragma unroll 1
+    for (int r = 0; r < 2; r++) {
+        const int o = t + r * MK_THREADS;
+        if (o >= D) break;
+        float wf[MK_FUSE_ROWS];
+        bf8(buf2[col_at(r, 0, t)], wf);
+        bf8(buf2[col_at(r, 1, t)], wf + 8);
+        for (int b = 0; b < B; b++) {
+            float h[MK_FUSE_ROWS];
+            bf8(*(const uint4 *)(hs + b * MK_FUSE_ROWS), h);
+            bf8(*(const uint4 *)(hs + b * MK_FUSE_ROWS + 8), h + 8);
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MK_FUSE_ROWS; k++) s = fmaf(wf[k], h[k], s);
+            if (B <= MK_RED_MAX_B) red_add_u64(acc + b * D + o, __float2ll_rn(s * MK_FIX));
+            else part[b * D + o] = __float2ll_rn(s * MK_FIX);
+        }
+    }
+    if (B <= MK_RED_MAX_B) return;
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    if (t == 0) bulk_add_u64(acc, part, (unsigned)(B * D * sizeof(long long)));
+}
+
 /* The B rows of N of a bf16 buffer written in this kernel (L2, not L1)
  * into shared memory as floats, N apart: every load first */
 static __device__ __noinline__ void load_rows(float *xs, const bf16 *src, int n, int B)
@@ -573,15 +732,17 @@ static __device__ __noinline__ void ln_issue(const mk_sub *u, float *lnp, int D)
     cp_commit();
 }
 
-/* The input of QKV, FC1 or OUT into shared memory, rounded to bf16 (the
- * linear layers' input type), from the embedding (FIRST) or as x = LN(x +
- * r + rb) of the sublayer before, its weights in LNP (ln_issue's, the
- * group before the newest); block 0 writes x (float) into XO while every
- * block reads XI. A warp a row, lane L holding the float4s L + 32 k; the
- * row's loads (x and r) issued before any arithmetic. */
+/* The input of QKV, FC1 (FFN) or OUT into shared memory, rounded to bf16
+ * (the linear layers' input type), from the embedding (FIRST) or as x =
+ * LN(x + r + rb) of the sublayer before, its weights in LNP (ln_issue's,
+ * the group before the newest); r is bf16 in a.r, or after an FFN its
+ * fixed-point sums in RACC (rounded to bf16 as fc2's output is); block 0
+ * writes x (float) into XO while every block reads XI. A warp a row, lane
+ * L holding the float4s L + 32 k; the row's loads (x and r) issued before
+ * any arithmetic. */
 template <int NV>
 static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, const float *xi, float *xo, float *xs,
-                                               const float *lnp, int ph)
+                                               const float *lnp, const long long *racc, int ph)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = 128 * NV;
     if (!first) {
@@ -601,12 +762,30 @@ static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, con
             }
         } else {
             uint2 rr[NV];
+            if (racc) {
+                longlong2 f[NV][2];
 #pragma unroll
-            for (int k = 0; k < NV; k++) {
-                const int c = 4 * (lane + 32 * k);
-                u[k] = __ldcg((const float4 *)(xi + (size_t)b * D + c));
-                rr[k] = __ldcg((const uint2 *)(a.r + (size_t)b * D + c));
-            }
+                for (int k = 0; k < NV; k++) {
+                    const int c = 4 * (lane + 32 * k);
+                    u[k] = __ldcg((const float4 *)(xi + (size_t)b * D + c));
+                    f[k][0] = __ldcg((const longlong2 *)(racc + (size_t)b * D + c));
+                    f[k][1] = __ldcg((const longlong2 *)(racc + (size_t)b * D + c) + 1);
+                }
+#pragma unroll
+                for (int k = 0; k < NV; k++) {
+                    const __nv_bfloat162 r0 = __floats2bfloat162_rn(__ll2float_rn(f[k][0].x) * (1.0f / MK_FIX),
+                                                                    __ll2float_rn(f[k][0].y) * (1.0f / MK_FIX)),
+                                         r1 = __floats2bfloat162_rn(__ll2float_rn(f[k][1].x) * (1.0f / MK_FIX),
+                                                                    __ll2float_rn(f[k][1].y) * (1.0f / MK_FIX));
+                    rr[k] = make_uint2(*(const unsigned *)&r0, *(const unsigned *)&r1);
+                }
+            } else
+#pragma unroll
+                for (int k = 0; k < NV; k++) {
+                    const int c = 4 * (lane + 32 * k);
+                    u[k] = __ldcg((const float4 *)(xi + (size_t)b * D + c));
+                    rr[k] = __ldcg((const uint2 *)(a.r + (size_t)b * D + c));
+                }
             float s = 0.0f;
 #pragma unroll
             for (int k = 0; k < NV; k++) {
@@ -652,13 +831,13 @@ static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, con
 
 /* mk_input_t for the model's width (D = 128 NV) */
 static __device__ __forceinline__ void mk_input(const mk_args &a, bool first, const float *xi, float *xo, float *xs,
-                                                const float *lnp, int ph)
+                                                const float *lnp, const long long *racc, int ph)
 {
     switch (a.D / 128) {
-    case 1: mk_input_t<1>(a, first, xi, xo, xs, lnp, ph); break;
-    case 2: mk_input_t<2>(a, first, xi, xo, xs, lnp, ph); break;
-    case 3: mk_input_t<3>(a, first, xi, xo, xs, lnp, ph); break;
-    default: mk_input_t<MK_MAX_D / 128>(a, first, xi, xo, xs, lnp, ph); break;
+    case 1: mk_input_t<1>(a, first, xi, xo, xs, lnp, racc, ph); break;
+    case 2: mk_input_t<2>(a, first, xi, xo, xs, lnp, racc, ph); break;
+    case 3: mk_input_t<3>(a, first, xi, xo, xs, lnp, racc, ph); break;
+    default: mk_input_t<MK_MAX_D / 128>(a, first, xi, xo, xs, lnp, racc, ph); break;
     }
 }
 
@@ -690,8 +869,8 @@ struct mk_head {
     const float *vrh;            /* and v . that row (scaled), rows K apart */
 };
 /* An item's inputs: its record, then its stream's position, ring and
- * (relative attention) memory length; in shared memory (geo_issue copies
- * the block's first item's a phase ahead) */
+ * (relative attention) memory length; in shared memory (geo_cache copies
+ * the block's first item's of every attention when the step starts) */
 struct mk_geo {
     int4 i0;                     /* code, kw, r, pad */
     longlong2 i1;                /* off, mask_off */
@@ -1017,32 +1196,42 @@ static __device__ __forceinline__ void geo_load(const mk_args &a, const mk_sub *
     g.mlen = u->kind == MK_REL ? __ldg(a.len + (size_t)b * a.nl + u->layer) : 0;
 }
 
-/* The block's first item of sublayer U's attention into G, by thread 0 as
- * a group of copies (att_phase waits for it), a phase ahead */
-static __device__ __noinline__ void geo_issue(const mk_args &a, const mk_sub *u, mk_geo *g)
+/* The block's first item of each attention sublayer s into G0[s], a
+ * thread a sublayer (from the plan in global memory), as one group of
+ * copies, when the step starts: the attention's phase and the prefetch
+ * for it need not wait for a load (H200: the prefetch's own loads made a
+ * feed-forward's shadow 1.5-2 us longer than a barrier). Landed (and seen
+ * by the block) once the step's first linear layer has waited for its
+ * rows and the block has passed the first barrier. */
+static __device__ __noinline__ void geo_cache(const mk_args &a, mk_geo *G0)
 {
-    const int it = blockIdx.x;
-    if (threadIdx.x != 0 || it >= a.B * u->nitems) return;
-    const int b = it / u->nitems;
-    const mk_item *ip = u->items + it % u->nitems;
-    cp16(&g->i0, ip);
-    cp16(&g->i1, (const char *)ip + 16);
-    cp8(&g->pos, a.pos + b);
-    cp8(&g->ring, a.ring + b);
-    if (u->kind == MK_REL) cp4(&g->mlen, a.len + (size_t)b * a.nl + u->layer);
+    for (int s = threadIdx.x; s < a.nsub; s += blockDim.x) {
+        const mk_sub *u = a.subs + s;
+        const int kind = u->kind, n = u->nitems, it = blockIdx.x;
+        if (kind == MK_FFN || it >= a.B * n) continue;
+        const int b = it / n;
+        const mk_item *ip = u->items + it % n;
+        cp16(&G0[s].i0, ip);
+        cp16(&G0[s].i1, (const char *)ip + 16);
+        cp8(&G0[s].pos, a.pos + b);
+        cp8(&G0[s].ring, a.ring + b);
+        if (kind == MK_REL) cp4(&G0[s].mlen, a.len + (size_t)b * a.nl + u->layer);
+    }
     cp_commit();
 }
 
 /* What the block's items of sublayer U's attention will read from earlier
  * steps (ring rows, position rows, masks) into L2, a sublayer ahead, by
- * the threads from T0 on */
-static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub *u, int t0)
+ * the threads from T0 on; the first item's inputs from G0 (geo_cache's),
+ * or NULL: loaded */
+static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub *u, const mk_geo *g0, int t0)
 {
     const int DH = a.dh;
     const bool rel = u->kind == MK_REL;
     for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
         mk_geo g;
-        geo_load(a, u, it, g);
+        if (g0 && it == (int)blockIdx.x) g = *g0;
+        else geo_load(a, u, it, g);
         mk_head H;
         att_head(a, u, g, it / u->nitems, H, DH, rel);
         for (int t = (int)threadIdx.x - t0; t >= 0 && t < MK_SPLIT; t += (int)blockDim.x - t0) {
@@ -1060,16 +1249,17 @@ static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub 
 }
 
 /* The attention phase of sublayer U: its items over the grid, the first's
- * inputs copied into G a phase ahead (geo_issue), the others' loaded into G
- * by thread 0 */
-static __device__ void att_phase(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O, mk_geo *g, int ph)
+ * inputs in G0 (geo_cache's), the others' loaded into G by thread 0 */
+static __device__ void att_phase(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O, const mk_geo *g0, mk_geo *gl,
+                                 int ph)
 {
     for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
-        if (threadIdx.x == 0) {
-            if (it == (int)blockIdx.x) cp_wait_but_last();
-            else geo_load(a, u, it, *g);
+        const mk_geo *g = g0;
+        if (it != (int)blockIdx.x) {
+            if (threadIdx.x == 0) geo_load(a, u, it, *gl);
+            __syncthreads();
+            g = gl;
         }
-        __syncthreads();
         const int b = it / u->nitems;
         if (u->kind == MK_REL) {
             if (a.dh == 64) att_item<64, true>(a, u, g, b, sm, O, ph);
@@ -1100,11 +1290,13 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
     mk_sub *S = (mk_sub *)(smraw + MK_FIXED_SMEM / sizeof(uint4));
     mk_lin *Ls = (mk_lin *)(S + a.nsub);
     float *lnp = (float *)(Ls + a.nlin);   /* the next LayerNorm's weights (ln_issue) */
+    mk_geo *G0 = (mk_geo *)(lnp + 3 * MK_MAX_D);   /* each attention's first item of the block (geo_cache) */
     __shared__ mk_att_sm asm_;
     __shared__ float O[MK_MAX_DH];
     __shared__ double dred[32];
     __shared__ float fred[32];
     __shared__ mk_geo geo;
+    __shared__ __align__(16) float z8[8];   /* zeros (ffn_fc1_t) */
     const int B = a.B, D = a.D, A = a.A, I = a.I;
     const float *xi = a.X0;
     float *xo = a.X1;
@@ -1115,17 +1307,21 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
         if (blockIdx.x == 0) a.trace[gridDim.x] = t;
         a.trace[mk_trace_at(a.nbar, gridDim.x, 0, 0, blockIdx.x)] = clock64();
     }
+    if (threadIdx.x < 8) z8[threadIdx.x] = 0.0f;
     /* the first two linear layers' rows, then the plan into shared memory */
-    wbuf_issue(a.lin, a.nlin > 0, buf0);
-    wbuf_issue(a.lin + 1, a.nlin > 1, buf0 + MK_BUF_VECS);
+    wbuf_issue(a.lin, a.nlin > 0, buf0, lin_role(a, a.subs, 0));
+    geo_cache(a, G0);   /* (the first linear layer waits for it with its rows) */
+    wbuf_issue(a.lin + 1, a.nlin > 1, buf0 + MK_BUF_VECS, lin_role(a, a.subs, 1));
     {
         const int ns = a.nsub * (int)(sizeof(mk_sub) / sizeof(uint4)), nl = a.nlin * (int)(sizeof(mk_lin) / sizeof(uint4));
         for (int i = threadIdx.x; i < ns; i += blockDim.x) ((uint4 *)S)[i] = __ldg((const uint4 *)a.subs + i);
         for (int i = threadIdx.x; i < nl; i += blockDim.x) ((uint4 *)Ls)[i] = __ldg((const uint4 *)a.lin + i);
     }
     __syncthreads();
-    if (a.nsub > 0 && S[0].kind != MK_FFN) att_prefetch(a, &S[0], 0);
-    int j = 0;   /* linear layers done */
+    if (a.nsub > 0 && S[0].kind != MK_FFN) att_prefetch(a, &S[0], NULL, 0);
+    int j = 0;                        /* linear layers done */
+    int f = a.acc0;                   /* FFN: the next feed-forward's buffer */
+    const long long *racc = NULL;     /* FFN: the sublayer before's sums, when it was one */
     for (int s = 0; s < a.nsub; s++) {
         const mk_sub *u = &S[s];
         /* the next sublayer's attention: its rows into L2 (adaptive-span's position rows, one table for every
@@ -1133,23 +1329,41 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
          * block between fc1's arrival and its wait (EARLY), else by the upper half of the block at the start of
          * fc2 or Wo (a linear layer of D rows leaves it idle on most shapes). (H200: with one stream the upper
          * half's prefetch lengthened fc2's tail by 1.2 us a phase once fc2 took straight code; in fc1's shadow
-         * with 8 streams it lengthened fc1's barrier by more) */
+         * with 8 streams it lengthened fc1's barrier by more.) With FFN: in its shadow, by the whole block */
         const bool next_att = s + 1 < a.nsub && S[s + 1].kind != MK_FFN,
                    early = next_att && a.B * S[s + 1].nitems <= 2 * (int)gridDim.x;
-        mk_input(a, prev == NULL, xi, xo, xs, lnp, ph);
+        mk_input(a, prev == NULL, xi, xo, xs, lnp, racc, ph);
         { float *t = (float *)xi; xi = xo; xo = t; }
         mk_point(a, 1, ph);
+        racc = NULL;
+        if (u->kind == MK_FFN && a.fuse) {   /* FFN: one phase (ffn_fused), both buffers' copies in its shadow */
+            long long *acc = a.acc + (size_t)f * MK_ACC_LEN(D);
+            ffn_fused(a, &Ls[j], &Ls[j + 1], u->b1, xs, buf0 + (j & 1) * MK_BUF_VECS, buf0 + ((j + 1) & 1) * MK_BUF_VECS,
+                      acc, a.acc + (size_t)(f == 2 ? 0 : f + 1) * MK_ACC_LEN(D), z8);
+            mk_point(a, 2, ph);
+            grid_arrive(a, ph);
+            ln_issue(u, lnp, D);
+            wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
+            wbuf_issue(&Ls[j + 3], j + 3 < a.nlin, buf0 + ((j + 1) & 1) * MK_BUF_VECS, lin_role(a, S, j + 3));
+            if (next_att) att_prefetch(a, u + 1, G0 + s + 1, 0);
+            j += 2;
+            ph = grid_wait(a, ph);
+            racc = acc;
+            f = f == 2 ? 0 : f + 1;
+            prev = u;
+            continue;
+        }
         if (u->kind == MK_FFN) {
             gemv(EPI_BIAS_RELU, &Ls[j], xs, D, B, a.ff, NULL, u->b1, buf0 + (j & 1) * MK_BUF_VECS);
             mk_point(a, 2, ph);
             grid_arrive(a, ph);
-            wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
-            if (early) att_prefetch(a, u + 1, 0);
+            wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
+            if (early) att_prefetch(a, u + 1, G0 + s + 1, 0);
             j++;
             ph = grid_wait(a, ph);
             load_rows(xs, a.ff, I, B);
             mk_point(a, 1, ph);
-            if (threadIdx.x >= MK_THREADS / 2 && next_att && !early) att_prefetch(a, u + 1, MK_THREADS / 2);
+            if (threadIdx.x >= MK_THREADS / 2 && next_att && !early) att_prefetch(a, u + 1, G0 + s + 1, MK_THREADS / 2);
             if (B == 1 && I == 2048 && Ls[j].out <= 2 * (int)gridDim.x * MK_WARPS) {   /* (one stream, one pass) */
                 cp_wait_but_last();
                 gemv_first8(&Ls[j], xs, a.r, buf0 + (j & 1) * MK_BUF_VECS);
@@ -1159,28 +1373,27 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
             mk_point(a, 2, ph);
             grid_arrive(a, ph);
-            geo_issue(a, u, &geo);
-            wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
+            wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
             j++;
             ph = grid_wait(a, ph);
             mk_point(a, 1, ph);
-            att_phase(a, u, &asm_, O, &geo, ph);
+            att_phase(a, u, &asm_, O, G0 + s, &geo, ph);
             mk_point(a, 2, ph);
             ph = grid_sync(a, ph);
             load_rows(xs, a.att, A, B);
             mk_point(a, 1, ph);
-            if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, MK_THREADS / 2);
+            if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, G0 + s + 1, MK_THREADS / 2);
             gemv(EPI_BF16, &Ls[j], xs, A, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
         }
         mk_point(a, 2, ph);
         grid_arrive(a, ph);
         ln_issue(u, lnp, D);
-        wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS);
+        wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
         j++;
         ph = grid_wait(a, ph);
         prev = u;
     }
-    mk_input(a, prev == NULL, xi, xo, xs, lnp, ph);
+    mk_input(a, prev == NULL, xi, xo, xs, lnp, racc, ph);
     mk_point(a, 1, ph);
     gemv(EPI_FLOAT, &Ls[j], xs, D, B, NULL, a.logits, NULL, buf0 + (j & 1) * MK_BUF_VECS);
     mk_point(a, 2, ph);
@@ -1320,19 +1533,21 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
     if (rc == 0 && !rel &&
         cudaMemcpy(moff, g->mask_off, (size_t)nl * K * sizeof *moff, cudaMemcpyDeviceToHost) != cudaSuccess)
         rc = err_set(err, "reading the span tables back failed");
-    size_t nrec = (size_t)MK_MAX_B * K * nsmax * MK_REC, ncnt = (size_t)MK_MAX_B * K;
+    size_t nrec = (size_t)MK_MAX_B * K * nsmax * MK_REC, ncnt = (size_t)MK_MAX_B * K,
+           nacc = 3 * MK_ACC_LEN(D) * sizeof(long long) / sizeof(float);   /* (after the barrier: 4 floats) */
     if (rc == 0 && (cudaMalloc(&k->d_subs, (size_t)(nsub ? nsub : 1) * sizeof *subs) != cudaSuccess ||
                     cudaMalloc(&k->d_items, (size_t)(nit ? nit : 1) * sizeof *items) != cudaSuccess ||
                     cudaMalloc(&k->d_lin, (size_t)nlin * sizeof *lin) != cudaSuccess ||
-                    cudaMalloc(&k->d_part, (nrec + ncnt + 4) * sizeof(float)) != cudaSuccess ||
-                    cudaMemset(k->d_part, 0, (nrec + ncnt + 4) * sizeof(float)) != cudaSuccess))
+                    cudaMalloc(&k->d_part, (nrec + ncnt + 4 + nacc) * sizeof(float)) != cudaSuccess ||
+                    cudaMemset(k->d_part, 0, (nrec + ncnt + 4 + nacc) * sizeof(float)) != cudaSuccess))
         rc = err_set(err, "out of device memory for the decode kernel's plan");
-    int s = 0, it = 0, nbar = 0;
+    int s = 0, it = 0, nbar = 0, nbf = 0, nffn = 0;
     for (int l = 0; rc == 0 && l < nl; l++) {
         const int sub = g->fam->sublayers(m, l);
         const gpu_layer *d = &g->L[l];
         if (sub & GPU_SUB_ATTN) {
             k->kind[nbar++] = 'Q', k->kind[nbar++] = 'A', k->kind[nbar++] = 'W';
+            k->kind_ffn[nbf++] = 'Q', k->kind_ffn[nbf++] = 'A', k->kind_ffn[nbf++] = 'W';
             lin_init(&lin[2 * s], d->wqkv_h, 3 * A, D);
             lin_init(&lin[2 * s + 1], d->wo_h, D, A);
             mk_sub *u = &subs[s++];
@@ -1364,6 +1579,8 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         }
         if (sub & GPU_SUB_FFN) {
             k->kind[nbar++] = '1', k->kind[nbar++] = '2';
+            k->kind_ffn[nbf++] = 'F';
+            nffn++;
             lin_init(&lin[2 * s], d->fc1_h, I, D);
             lin_init(&lin[2 * s + 1], d->fc2_h, D, I);
             mk_sub *u = &subs[s++];
@@ -1373,6 +1590,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
     }
     if (rc == 0) {
         k->kind[nbar++] = 'O';
+        k->kind_ffn[nbf++] = 'O';
         lin_init(&lin[2 * nsub], g->out_h, m->V, D);
     }
     if (rc == 0 && (cudaMemcpy(k->d_subs, subs, (size_t)nsub * sizeof *subs, cudaMemcpyHostToDevice) != cudaSuccess ||
@@ -1390,7 +1608,9 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->lin = k->d_lin;
         a->nsub = nsub;
         a->nlin = nlin;
-        a->nbar = nbar;
+        a->nbar = k->nbar = nbar;
+        k->nbar_ffn = nbf;
+        k->nffn = nffn;
         a->D = D;
         a->A = A;
         a->I = I;
@@ -1418,11 +1638,13 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->part = k->d_part;
         a->cnt = (int *)(k->d_part + nrec);
         a->bar = (unsigned long long *)(k->d_part + nrec + ncnt);   /* (nrec and ncnt are even: 8-byte aligned) */
+        a->acc = (long long *)(k->d_part + nrec + ncnt + 4);   /* (16-byte aligned: mk_input reads longlong2s) */
         a->tok = stage_tok(g, g->d_stage);
         a->pos = stage_pos(g, g->d_stage);
         a->ring = (bf16 *const *)stage_ring(g, g->d_stage);
         a->len = stage_len(g, g->d_stage);
-        k->smem = MK_FIXED_SMEM + (size_t)nsub * sizeof(mk_sub) + (size_t)nlin * sizeof(mk_lin) + 3 * MK_MAX_D * sizeof(float);
+        k->smem = MK_FIXED_SMEM + (size_t)nsub * sizeof(mk_sub) + (size_t)nlin * sizeof(mk_lin) + 3 * MK_MAX_D * sizeof(float) +
+                  (size_t)nsub * sizeof(mk_geo);
         int per_sm = 0;
         if (cudaFuncSetAttribute(mk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k->smem) != cudaSuccess ||
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mk_kernel, MK_THREADS, k->smem) != cudaSuccess) {
@@ -1431,6 +1653,9 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         } else if (per_sm < 1)
             snprintf(why, cap, "no block of the kernel fits an SM");
         k->grid = g->n_sm;
+        /* FFN: a block's 16 rows of fc1 (the inner layer a multiple of 16, at most 16 a block; a model of 128, 256
+         * or 512: ffn_fc1_t) and fc2's 16 columns of them, two rows a thread */
+        k->ffn_ok = I % MK_FUSE_ROWS == 0 && I / MK_FUSE_ROWS <= k->grid && (D == 128 || D == 256 || D == 512);
         int maxit = 1;
         for (int i = 0; i < nsub; i++)
             if (sub_items[i] > maxit) maxit = sub_items[i];
@@ -1449,18 +1674,26 @@ int gpu_mk_step(gpu_model *g, int B, char *err)
 {
     gpu_mk *k = g->mk;
     k->a.B = B;
-    k->a.bar_base = k->steps * (unsigned long long)k->a.nbar * (unsigned long long)k->grid;
+    k->a.fuse = k->ffn_ok && B <= g->mk_fuse;
+    k->a.nbar = k->a.fuse ? k->nbar_ffn : k->nbar;
+    k->a.bar_base = k->arrivals;
     void *args[] = {&k->a};
     cudaError_t e = cudaLaunchCooperativeKernel((const void *)mk_kernel, dim3((unsigned)k->grid), dim3(MK_THREADS), args,
                                                 k->smem, g->stream);
     if (e != cudaSuccess) {
         /* the barrier's count starts again from 0 (a launch that failed passed none of it, or the context is lost) */
         cudaGetLastError();
-        k->steps = 0;
+        k->arrivals = 0;
+        k->a.acc0 = 0;
         cudaMemsetAsync(k->a.bar, 0, sizeof *k->a.bar, g->stream);
+        cudaMemsetAsync(k->a.acc, 0, 3 * MK_ACC_LEN(k->a.D) * sizeof *k->a.acc, g->stream);
         return err_set(err, "launching the decode kernel: %s", cudaGetErrorString(e));
     }
-    k->steps++;
+    k->arrivals += (unsigned long long)k->a.nbar * (unsigned long long)k->grid;
+    if (k->a.fuse) {
+        k->a.acc0 = (k->a.acc0 + k->nffn) % 3;
+        g->mk_ffn_steps++;
+    }
     return 0;
 }
 
@@ -1469,7 +1702,7 @@ int gpu_decode_trace(gpu_model *g, int on, char *err)
     gpu_mk *k = g->mk;
     if (!k) return err_set(err, "no decode kernel: %s", g->mk_why);
     if (on && !k->d_trace) {
-        const size_t n = mk_trace_at(k->a.nbar, k->grid, MK_POINTS, 0, 0);
+        const size_t n = mk_trace_at(k->nbar, k->grid, MK_POINTS, 0, 0);   /* (a step without FFN has the most) */
         CU_TRY(cudaMalloc(&k->d_trace, n * sizeof *k->d_trace), err, "cudaMalloc (decode trace)");
         CU_TRY(cudaMemset(k->d_trace, 0, n * sizeof *k->d_trace), err, "cudaMemset (decode trace)");
     }
@@ -1492,7 +1725,8 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
 {
     gpu_mk *k = g->mk;
     if (!k || !k->d_trace) return err_set(err, "no decode trace was taken");
-    const int nb = k->a.nbar;
+    const int nb = k->a.nbar;   /* (the last step's) */
+    const char *kind = k->a.fuse ? k->kind_ffn : k->kind;
     const size_t G = (size_t)k->grid, n = mk_trace_at(nb, k->grid, MK_POINTS, 0, 0);
     unsigned long long *t = (unsigned long long *)malloc(n * sizeof *t);
     if (!t) return err_set(err, "out of memory");
@@ -1510,17 +1744,17 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
         khz <= 0)
         khz = 1000000;
     const double cyc_us = 1e3 / khz;
-    const char *kinds = "QAW12O", *names[] = {"qkv", "attention", "wo", "fc1", "fc2", "output"};
-    double ph[6] = {0}, skew[6] = {0}, inp[6] = {0}, lnw[6] = {0}, work[6] = {0}, tail[6] = {0}, wait[6] = {0};
-    double sub[6][6] = {{0}}, cyc0 = 0, ns0 = 0;
-    int cnt[6] = {0};
+    const char *kinds = "QAW12OF", *names[] = {"qkv", "attention", "wo", "fc1", "fc2", "output", "ffn"};
+    double ph[7] = {0}, skew[7] = {0}, inp[7] = {0}, lnw[7] = {0}, work[7] = {0}, tail[7] = {0}, wait[7] = {0};
+    double sub[7][6] = {{0}}, cyc0 = 0, ns0 = 0;
+    int cnt[7] = {0};
     for (int p = 0; p < nb; p++) {
         const unsigned long long *row = t + (size_t)(p + 1) * (G + 1), start = t[(size_t)p * (G + 1) + G];
         const unsigned long long *c0 = t + mk_trace_at(nb, k->grid, 0, p, 0), *c1 = t + mk_trace_at(nb, k->grid, 1, p, 0),
                                  *c2 = t + mk_trace_at(nb, k->grid, 2, p, 0), *c3 = t + mk_trace_at(nb, k->grid, 3, p, 0),
                                  *c4 = t + mk_trace_at(nb, k->grid, 4, p, 0);
         const double last = trace_max(row, NULL, G);
-        const int i = (int)(strchr(kinds, k->kind[p]) - kinds);
+        const int i = (int)(strchr(kinds, kind[p]) - kinds);
         ph[i] += (last - (double)start) / 1e3;
         /* (the start: from %globaltimer rows, the arrival less the block's own cycles since its start) */
         double sk = 0;
@@ -1530,14 +1764,14 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
         }
         skew[i] += sk / 1e3;
         inp[i] += trace_max(c1, c0, G) * cyc_us;
-        if (strchr("Q1O", k->kind[p])) lnw[i] += trace_max(c4, c0, G) * cyc_us;
+        if (strchr("Q1OF", kind[p])) lnw[i] += trace_max(c4, c0, G) * cyc_us;
         work[i] += trace_max(c2, c1, G) * cyc_us;
         tail[i] += trace_max(c3, c2, G) * cyc_us;
         wait[i] += ((double)row[G] - last) / 1e3;
         cnt[i]++;
         /* the points inside: from the wait's end (the LayerNorm) or the start to 5, 5 to 6, ... 8 to 9 */
         for (int q = 5; q <= 9; q++) {
-            const unsigned long long *cp = t + mk_trace_at(nb, k->grid, q == 5 && strchr("Q1O", k->kind[p]) ? 4 : q == 5 ? 0 : q - 1, p, 0),
+            const unsigned long long *cp = t + mk_trace_at(nb, k->grid, q == 5 && strchr("Q1OF", kind[p]) ? 4 : q == 5 ? 0 : q - 1, p, 0),
                                      *cq = t + mk_trace_at(nb, k->grid, q, p, 0);
             double mx = 0;
             for (size_t x = 0; x < G; x++)
@@ -1551,7 +1785,7 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
     const double total = (double)(t[(size_t)nb * (G + 1) + G] - t[G]) / 1e3;
     int w = snprintf(out, cap, "%.1f us to the last barrier:", total);
     w += snprintf(out + w, cap - (size_t)w, " (the SM's clock %.2f GHz)", ns0 > 0 ? cyc0 / ns0 : 0.0);
-    for (int i = 0; i < 6 && w >= 0 && (size_t)w < cap; i++)
+    for (int i = 0; i < 7 && w >= 0 && (size_t)w < cap; i++)
         if (cnt[i]) {
             w += snprintf(out + w, cap - (size_t)w,
                           " %s %d x (%.1f us: start %.1f, input %.1f (wait %.1f), work %.1f, tail %.1f; barrier %.1f us",
@@ -1563,7 +1797,7 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
         }
     /* each attention's phase, in order */
     for (int p = 0; p < nb && w >= 0 && (size_t)w < cap; p++)
-        if (k->kind[p] == 'A') {
+        if (kind[p] == 'A') {
             const unsigned long long *row = t + (size_t)(p + 1) * (G + 1), start = t[(size_t)p * (G + 1) + G];
             w += snprintf(out + w, cap - (size_t)w, " %.1f", (trace_max(row, NULL, G) - (double)start) / 1e3);
         }
@@ -1578,3 +1812,21 @@ int gpu_mk_limit(const gpu_model *g)
 }
 
 int gpu_mk_takes(const gpu_model *g, int B, int M) { return M == 1 && B >= 1 && B <= gpu_mk_limit(g); }
+
+void gpu_decode_ffn(gpu_model *g, int max_b) { g->mk_fuse = max_b < 0 ? 0 : max_b > MK_FUSE_MAX_B ? MK_FUSE_MAX_B : max_b; }
+
+int gpu_decode_ffn_default(void) { return MK_FUSE_DEFAULT_B; }
+
+int gpu_decode_ffn_max(const gpu_model *g) { return g->mk_fuse; }
+
+int gpu_decode_ffn_status(const gpu_model *g, long *steps, const char **why)
+{
+    if (steps) *steps = g->mk_ffn_steps;
+    if (why)
+        *why = !g->mk ? g->mk_why
+               : g->mk->ffn_ok
+                   ? ""
+                   : "an inner layer of other than a multiple of 16 up to 16 x the SMs, or a model of other than 128, "
+                     "256 or 512";
+    return g->mk && g->mk->ffn_ok;
+}

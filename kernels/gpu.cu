@@ -547,6 +547,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     const char *mk = getenv("SPANSERVE_GPU_DECODE_KERNEL");
     g->mk_on = mk && strcmp(mk, "1") == 0 ? GPU_DECODE_KERNEL : mk && strcmp(mk, "0") == 0 ? GPU_DECODE_GRAPHS
                                                                                           : GPU_DECODE_AUTO;
+    const char *ffn = getenv("SPANSERVE_GPU_DECODE_FFN");
+    gpu_decode_ffn(g, ffn && ffn[0] >= '0' && ffn[0] <= '8' && !ffn[1] ? ffn[0] - '0' : gpu_decode_ffn_default());
     if (rc == 0) rc = gpu_mk_plan(g, g->mk_why, sizeof g->mk_why, err);
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess) rc = err_set(err, "loading on the device failed");
     if (rc) {

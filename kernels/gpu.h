@@ -119,6 +119,18 @@ enum { GPU_DECODE_GRAPHS = 0, GPU_DECODE_AUTO = 1, GPU_DECODE_KERNEL = 2 };
 void gpu_decode_kernel(gpu_model *g, int mode);
 int gpu_decode_kernel_status(const gpu_model *g, long *steps, const char **why);
 int gpu_decode_kernel_limit(const gpu_model *g);
+/* The decode kernel's steps of up to MAX_B streams (0 to 8; the default,
+ * gpu_decode_ffn_default, 8) take each feed-forward sublayer as one phase,
+ * fc2's sums over the grid added in fixed point (decode_step.cu: FFN),
+ * where the model's shapes allow it (an inner layer of a multiple of 16
+ * up to 16 x the SMs, a model of 128, 256 or 512); other steps take fc1
+ * and fc2 as two phases. SPANSERVE_GPU_DECODE_FFN at load: a digit 0-8.
+ * gpu_decode_ffn_status: whether the shapes allow it (else *WHY says why),
+ * *STEPS the steps that took it. */
+void gpu_decode_ffn(gpu_model *g, int max_b);
+int gpu_decode_ffn_default(void);
+int gpu_decode_ffn_max(const gpu_model *g);   /* MAX_B now */
+int gpu_decode_ffn_status(const gpu_model *g, long *steps, const char **why);
 /* With ON, the decode kernel's steps record when each block reaches each
  * of its grid barriers (-1 without a decode kernel); after a step,
  * gpu_decode_trace_report writes that step's time by phase (the slowest

@@ -132,9 +132,17 @@ int device_attach(model_t *m, int bf16, char *err)
     const int lim = gpu_decode_kernel_limit(d->g);
     if (!gpu_decode_kernel_status(d->g, NULL, &why))
         log_line("%s: decode steps run as CUDA graphs, not as one kernel: %s", m->path, why);
-    else if (lim > 0)
-        log_line("%s: decode steps of up to %d session%s run as one kernel, more as CUDA graphs", m->path, lim,
-                 lim == 1 ? "" : "s");
+    else if (lim > 0) {
+        const char *fwhy = "";
+        const int ffn = gpu_decode_ffn_status(d->g, NULL, &fwhy), fmax = gpu_decode_ffn_max(d->g);
+        char fs[256];
+        if (!ffn) snprintf(fs, sizeof fs, "each feed-forward in two phases: %s", fwhy);
+        else if (fmax > 0)
+            snprintf(fs, sizeof fs, "each feed-forward one phase in steps of up to %d (SPANSERVE_GPU_DECODE_FFN)", fmax);
+        else snprintf(fs, sizeof fs, "each feed-forward in two phases: SPANSERVE_GPU_DECODE_FFN=0");
+        log_line("%s: decode steps of up to %d session%s run as one kernel (%s), more as CUDA graphs", m->path, lim,
+                 lim == 1 ? "" : "s", fs);
+    }
     else
         log_line("%s: decode steps run as CUDA graphs: SPANSERVE_GPU_DECODE_KERNEL=0, or the model's widest attention "
                  "is more than the default takes as one kernel even for one session", m->path);

@@ -462,6 +462,8 @@ static void check_graphs(const char *name, int prec)
     model_free(m);
 }
 
+#define MK_TEST_MAX_B 8   /* the decode kernel's most streams a step */
+
 /* bf16 decode steps as one persistent kernel (decode_step.cu) against the
  * graphs' launches, each against float32 (the CPU's to float rounding): NS
  * streams at different positions (past the windows and memories), 60
@@ -470,8 +472,10 @@ static void check_graphs(const char *name, int prec)
  * float32 must be the graphs' own (at most 1.5 times theirs, or 0.02), the
  * two within 0.2 of each other (each is about 0.1 from float32, and the
  * kernel's position rows are bf16: attn_mma.cu's table), and a clear
- * greedy winner the same. */
-static void check_decode_kernel_at(const char *path, mem_mode mode, const char *label, int NS)
+ * greedy winner the same. FFN: the steps' feed-forwards as one phase each
+ * (gpu_decode_ffn: fc2's sums in fixed point) where the shapes allow it
+ * and NS is at most FFN, else two phases. */
+static void check_decode_kernel_at(const char *path, mem_mode mode, const char *label, int NS, int ffn)
 {
     char err[ERR_LEN];
     model_t *m = model_load_mode(path, mode, err);
@@ -489,6 +493,10 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
         model_free(m);
         return;
     }
+    gpu_decode_ffn(g, ffn);
+    const char *fwhy = "";
+    const int fused = NS <= ffn && gpu_decode_ffn_status(g, NULL, &fwhy);
+    if (NS <= ffn && !fused) printf("%s: the feed-forwards take two phases: %s\n", label, fwhy);
     gpu_mem *a[8] = {0}, *a2[8] = {0}, *b[8] = {0}, *c[8] = {0};
     for (int s = 0; s < NS; s++) {
         a[s] = gpu_mem_new(g, err);
@@ -513,8 +521,9 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
         }
     double d_ab = 0, d_ac = 0, d_bc = 0;
     int picks_differ = 0, runs_differ = 0;
-    long before = 0, after = 0;
+    long before = 0, after = 0, fbefore = 0, fafter = 0;
     gpu_decode_kernel_status(g, &before, NULL);
+    gpu_decode_ffn_status(g, &fbefore, NULL);
     for (int k = 0; k < STEPS; k++) {
         const int32_t *t = tok + 700 + NS * k;
         gpu_decode_kernel(g, GPU_DECODE_KERNEL);
@@ -549,10 +558,14 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
         }
     }
     gpu_decode_kernel_status(g, &after, NULL);
-    printf("%s: %d streams, %d bf16 decode steps as one kernel (%ld ran): max logprob diff from fp32 %.3g (the graphs' "
-           "%.3g), from the graphs %.3g; %d clear greedy picks differ; %d steps differ from the same step run again\n",
-           label, NS, STEPS, after - before, d_ac, d_bc, d_ab, picks_differ, runs_differ);
+    gpu_decode_ffn_status(g, &fafter, NULL);
+    printf("%s: %d streams, %d bf16 decode steps as one kernel (%ld ran, %ld with a feed-forward a phase): max logprob "
+           "diff from fp32 %.3g (the graphs' %.3g), from the graphs %.3g; %d clear greedy picks differ; %d steps differ "
+           "from the same step run again\n",
+           label, NS, STEPS, after - before, fafter - fbefore, d_ac, d_bc, d_ab, picks_differ, runs_differ);
     CHECK(after - before == 2 * STEPS, "%s: %ld of %d steps ran as the decode kernel", label, after - before, 2 * STEPS);
+    CHECK(fafter - fbefore == (fused ? 2 * STEPS : 0), "%s: %ld of %d steps took a feed-forward a phase (expected %d)",
+          label, fafter - fbefore, 2 * STEPS, fused ? 2 * STEPS : 0);
     CHECK(runs_differ == 0, "%s: %d steps gave other bits when run again", label, runs_differ);
     CHECK(d_ac <= 1.5 * d_bc || d_ac <= 0.02, "%s: the decode kernel is %.3g from fp32, the graphs %.3g", label, d_ac,
           d_bc);
@@ -573,15 +586,102 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
     model_free(m);
 }
 
+/* check_decode_kernel_at on fixture NAME (the feed-forwards as the
+ * default has them), and with them in the other number of phases */
 static void check_decode_kernel(const char *name, mem_mode mode, const char *label, int NS)
 {
-    check_decode_kernel_at(fx(name, "model.safetensors"), mode, label, NS);
+    const int dflt = gpu_decode_ffn_default();
+    check_decode_kernel_at(fx(name, "model.safetensors"), mode, label, NS, dflt);
+    char l2[160];
+    snprintf(l2, sizeof l2, "%s, %s", label, NS <= dflt ? "fc1 and fc2 in two phases" : "a feed-forward a phase");
+    check_decode_kernel_at(fx(name, "model.safetensors"), mode, l2, NS, NS <= dflt ? 0 : MK_TEST_MAX_B);
+}
+
+/* Decode-kernel steps of 1, 2 and 4 streams in turn (a feed-forward a
+ * phase for 1 and 2, two phases for 4: the fixed-point buffers rotate
+ * across steps of both kinds and must come back zeroed), each against the
+ * graphs' same step on copies of the memories: within 0.2, a clear greedy
+ * winner the same, and the same bits as the same sequence run again.
+ * par-small's blocks put three feed-forwards in a row. */
+static void check_decode_kernel_mixed(const char *name)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load(fx(name, "model.safetensors"), err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    const int V = m->V, NS = 4, STEPS = 30;
+    gpu_model *g = gpu_model_new(m, NS, m->block_len, GPU_BF16, err);
+    CHECK(g != NULL, "%s", err);
+    const char *why = "";
+    if (!g || !gpu_decode_ffn_status(g, NULL, &why)) {
+        CHECK(!g, "%s: no feed-forward a phase: %s", name, why);
+        gpu_model_free(g);
+        model_free(m);
+        return;
+    }
+    gpu_decode_ffn(g, 2);
+    gpu_mem *a[4], *a2[4], *b[4];
+    for (int s = 0; s < NS; s++) a[s] = gpu_mem_new(g, err), a2[s] = gpu_mem_new(g, err), b[s] = gpu_mem_new(g, err);
+    float *la = malloc(sizeof(float) * NS * V * STEPS), *la2 = malloc(sizeof(float) * NS * V * STEPS),
+          *lb = malloc(sizeof(float) * NS * V);
+    int32_t tok[4 * 30];
+    rm_rng rng = {91};
+    for (int i = 0; i < 4 * 30; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+    double worst = 0;
+    int picks_differ = 0;
+    long f0 = 0, f1 = 0;
+    gpu_decode_ffn_status(g, &f0, NULL);
+    for (int run = 0; run < 2; run++) {
+        gpu_mem **mm = run ? a2 : a;
+        float *out = run ? la2 : la;
+        for (int k = 0; k < STEPS; k++) {
+            const int B = k % 3 == 0 ? 1 : k % 3 == 1 ? 2 : 4;
+            gpu_decode_kernel(g, GPU_DECODE_KERNEL);
+            CHECK(gpu_forward(g, mm, B, tok + 4 * k, 1, out + (size_t)k * NS * V, err) == 0, "%s", err);
+            if (run) continue;
+            gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
+            CHECK(gpu_forward(g, b, B, tok + 4 * k, 1, lb, err) == 0, "%s", err);
+            const double d = max_diff(out + (size_t)k * NS * V, lb, (size_t)B * V);
+            worst = d > worst || isnan(d) ? d : worst;
+            for (int s = 0; s < B; s++) {
+                const float *x = out + ((size_t)k * NS + s) * V, *y = lb + (size_t)s * V;
+                int ba = 0, bb = 0;
+                for (int v = 1; v < V; v++) {
+                    if (x[v] > x[ba]) ba = v;
+                    if (y[v] > y[bb]) bb = v;
+                }
+                if (ba != bb && fabs(x[ba] - x[bb]) > 0.05) picks_differ++;
+            }
+        }
+    }
+    gpu_decode_ffn_status(g, &f1, NULL);
+    int runs_differ = 0;
+    for (int k = 0; k < STEPS; k++) {
+        const int B = k % 3 == 0 ? 1 : k % 3 == 1 ? 2 : 4;
+        if (memcmp(la + (size_t)k * NS * V, la2 + (size_t)k * NS * V, sizeof(float) * B * V) != 0) runs_differ++;
+    }
+    printf("%s: %d decode-kernel steps of 1, 2 and 4 streams in turn (%ld with a feed-forward a phase): max logprob diff "
+           "from the graphs %.3g, %d clear greedy picks differ, %d steps differ when run again\n",
+           name, 2 * STEPS, f1 - f0, worst, picks_differ, runs_differ);
+    CHECK(f1 - f0 == 2 * (2 * STEPS / 3), "%s: %ld steps took a feed-forward a phase", name, f1 - f0);
+    CHECK(worst < 0.2, "%s: the decode kernel differs from the graphs by %.3g", name, worst);
+    CHECK(picks_differ == 0, "%s: %d greedy picks differ", name, picks_differ);
+    CHECK(runs_differ == 0, "%s: %d steps gave other bits when run again", name, runs_differ);
+    for (int s = 0; s < NS; s++) gpu_mem_free(a[s]), gpu_mem_free(a2[s]), gpu_mem_free(b[s]);
+    free(la);
+    free(la2);
+    free(lb);
+    gpu_model_free(g);
+    model_free(m);
 }
 
 /* The decode kernel on random adaptive-span models of the widths its
  * linear layers take in straight code (inputs of 256, 512, 1,024; fc2's
  * 2,048 for one stream), where the fixtures' 128 take the tested loop:
- * 1 and 8 streams (one at a time, two at a time), both memories */
+ * 1, 2 and 8 streams (one at a time, two at a time; the feed-forwards as
+ * the default has them, and with 1 and 8 in the other number of phases:
+ * one stream and two add fc2's sums with reds, more with a bulk
+ * reduction), both memories */
 static void check_decode_kernel_widths(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX";
@@ -596,10 +696,17 @@ static void check_decode_kernel_widths(void)
         CHECK(rm_write_aspan(p, &shapes[i], 31 + (uint64_t)i, err) == 0, "%s", err);
         char label[128];
         for (int mode = 0; mode < 2; mode++)
-            for (int ns = 1; ns <= 8; ns += 7) {
+            for (int x = 0; x < 3; x++) {
+                const int ns = x == 0 ? 1 : x == 1 ? 2 : 8;
                 snprintf(label, sizeof label, "random aspan of %d and %d (%s memory)", shapes[i].H, shapes[i].I,
                          mode ? "span" : "exact");
-                check_decode_kernel_at(p, mode ? MEM_SPAN : MEM_EXACT, label, ns);
+                check_decode_kernel_at(p, mode ? MEM_SPAN : MEM_EXACT, label, ns, gpu_decode_ffn_default());
+                if (ns != 2) {   /* and with the feed-forwards in the other number of phases */
+                    const int one = ns <= gpu_decode_ffn_default();
+                    snprintf(label, sizeof label, "random aspan of %d and %d (%s memory), %s", shapes[i].H, shapes[i].I,
+                             mode ? "span" : "exact", one ? "fc1 and fc2 in two phases" : "a feed-forward a phase");
+                    check_decode_kernel_at(p, mode ? MEM_SPAN : MEM_EXACT, label, ns, one ? 0 : MK_TEST_MAX_B);
+                }
             }
     }
     unlink(p);
@@ -1848,6 +1955,10 @@ int main(void)
         check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 5);
         check_decode_kernel("par-small", MEM_EXACT, "par-small", 1);
         check_decode_kernel("par-small", MEM_EXACT, "par-small", 8);
+        check_decode_kernel("par-small", MEM_EXACT, "par-small", 2);
+        check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 2);
+        check_decode_kernel_mixed("par-small");
+        check_decode_kernel_mixed("aspan-small");
         check_decode_kernel_widths();
         return test_summary("test_gpu");
     }
@@ -1880,6 +1991,10 @@ int main(void)
         check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 5);
         check_decode_kernel("par-small", MEM_EXACT, "par-small", 1);
         check_decode_kernel("par-small", MEM_EXACT, "par-small", 8);
+        check_decode_kernel("par-small", MEM_EXACT, "par-small", 2);
+        check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 2);
+        check_decode_kernel_mixed("par-small");
+        check_decode_kernel_mixed("aspan-small");
         check_decode_kernel_widths();
         check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
         check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
