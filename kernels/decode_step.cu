@@ -193,7 +193,8 @@ struct gpu_mk {
     int auto_b;                  /* GPU_DECODE_AUTO's most streams a step (see MK_AUTO_ROUNDS) */
     unsigned long long arrivals; /* the barrier's count when the next step starts (steps x their barriers x blocks) */
     int nbar, nbar_ffn, nffn;    /* a step's barriers, without FFN and with; its feed-forward sublayers */
-    bool ffn_ok;                 /* whether the model's feed-forwards can take one phase (FFN) */
+    bool ffn_ok;                 /* whether the model's feed-forwards can take one phase (FFN), */
+    char ffn_why[128];           /* and why not */
     char kind[MK_MAX_BARRIERS];  /* what each barrier ends: Q(KV), A(ttention), W(o), 1 (fc1), 2 (fc2), O(ut) */
     char kind_ffn[MK_MAX_BARRIERS];   /* with FFN: F (a feed-forward) for 1 and 2 */
     unsigned long long *d_trace; /* gpu_decode_trace's buffer (NULL until asked) */
@@ -1656,6 +1657,12 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         /* FFN: a block's 16 rows of fc1 (the inner layer a multiple of 16, at most 16 a block; a model of 128, 256
          * or 512: ffn_fc1_t) and fc2's 16 columns of them, two rows a thread */
         k->ffn_ok = I % MK_FUSE_ROWS == 0 && I / MK_FUSE_ROWS <= k->grid && (D == 128 || D == 256 || D == 512);
+        if (D != 128 && D != 256 && D != 512)
+            snprintf(k->ffn_why, sizeof k->ffn_why, "a model of %d (one phase takes 128, 256 or 512)", D);
+        else if (!k->ffn_ok)
+            snprintf(k->ffn_why, sizeof k->ffn_why,
+                     "an inner layer of %d (one phase takes a multiple of %d up to %d, %d a block on %d SMs)", I,
+                     MK_FUSE_ROWS, MK_FUSE_ROWS * k->grid, MK_FUSE_ROWS, k->grid);
         int maxit = 1;
         for (int i = 0; i < nsub; i++)
             if (sub_items[i] > maxit) maxit = sub_items[i];
@@ -1822,11 +1829,6 @@ int gpu_decode_ffn_max(const gpu_model *g) { return g->mk_fuse; }
 int gpu_decode_ffn_status(const gpu_model *g, long *steps, const char **why)
 {
     if (steps) *steps = g->mk_ffn_steps;
-    if (why)
-        *why = !g->mk ? g->mk_why
-               : g->mk->ffn_ok
-                   ? ""
-                   : "an inner layer of other than a multiple of 16 up to 16 x the SMs, or a model of other than 128, "
-                     "256 or 512";
+    if (why) *why = !g->mk ? g->mk_why : g->mk->ffn_why;
     return g->mk && g->mk->ffn_ok;
 }

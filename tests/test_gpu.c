@@ -464,6 +464,24 @@ static void check_graphs(const char *name, int prec)
 
 #define MK_TEST_MAX_B 8   /* the decode kernel's most streams a step */
 
+/* The streams of B whose greedy pick differs between logprob rows X and Y
+ * (V a row) where X's pick is a clear winner: a near tie (within 0.05)
+ * may fall either way */
+static int clear_picks_differ(const float *x, const float *y, int B, int V)
+{
+    int n = 0;
+    for (int s = 0; s < B; s++) {
+        const float *a = x + (size_t)s * V, *b = y + (size_t)s * V;
+        int ba = 0, bb = 0;
+        for (int v = 1; v < V; v++) {
+            if (a[v] > a[ba]) ba = v;
+            if (b[v] > b[bb]) bb = v;
+        }
+        if (ba != bb && fabs(a[ba] - a[bb]) > 0.05) n++;
+    }
+    return n;
+}
+
 /* bf16 decode steps as one persistent kernel (decode_step.cu) against the
  * graphs' launches, each against float32 (the CPU's to float rounding): NS
  * streams at different positions (past the windows and memories), 60
@@ -547,15 +565,7 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
         d_ab = x > d_ab || isnan(x) ? x : d_ab;
         d_ac = y > d_ac || isnan(y) ? y : d_ac;
         d_bc = z > d_bc || isnan(z) ? z : d_bc;
-        for (int s = 0; s < NS; s++) {
-            int ba = 0, bb = 0;
-            for (int v = 1; v < V; v++) {
-                if (la[(size_t)s * V + v] > la[(size_t)s * V + ba]) ba = v;
-                if (lb[(size_t)s * V + v] > lb[(size_t)s * V + bb]) bb = v;
-            }
-            /* a near tie may fall either way: only a clear winner must agree */
-            if (ba != bb && fabs(la[(size_t)s * V + ba] - la[(size_t)s * V + bb]) > 0.05) picks_differ++;
-        }
+        picks_differ += clear_picks_differ(la, lb, NS, V);
     }
     gpu_decode_kernel_status(g, &after, NULL);
     gpu_decode_ffn_status(g, &fafter, NULL);
@@ -643,15 +653,7 @@ static void check_decode_kernel_mixed(const char *name)
             CHECK(gpu_forward(g, b, B, tok + 4 * k, 1, lb, err) == 0, "%s", err);
             const double d = max_diff(out + (size_t)k * NS * V, lb, (size_t)B * V);
             worst = d > worst || isnan(d) ? d : worst;
-            for (int s = 0; s < B; s++) {
-                const float *x = out + ((size_t)k * NS + s) * V, *y = lb + (size_t)s * V;
-                int ba = 0, bb = 0;
-                for (int v = 1; v < V; v++) {
-                    if (x[v] > x[ba]) ba = v;
-                    if (y[v] > y[bb]) bb = v;
-                }
-                if (ba != bb && fabs(x[ba] - x[bb]) > 0.05) picks_differ++;
-            }
+            picks_differ += clear_picks_differ(out + (size_t)k * NS * V, lb, B, V);
         }
     }
     gpu_decode_ffn_status(g, &f1, NULL);
