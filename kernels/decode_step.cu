@@ -27,7 +27,12 @@
  *                      new key and value into the rings by the block that
  *                      read the rows they replace, after its reads; att
  *                      (bf16)
- *                 WO   att Wo^T into r (bf16)
+ *                 WO   att Wo^T into r (bf16); or (WO1: a step of 1 or 2
+ *                      streams, gpu_decode_wo) in ATT's phase: each block
+ *                      a piece of Wo (a head's columns, 32 or 64 rows),
+ *                      waiting on its head's flag (set by the item that
+ *                      finishes the head), its sums added in fixed point
+ *                      as FFN's (wo_piece)
  *   feed-forward: FC1  the input x fc1^T, its bias and ReLU, into ff (bf16)
  *                 FC2  ff fc2^T into r (bf16)
  *             or  FFN  (a step of up to gpu_decode_ffn's streams, 8 by
@@ -110,6 +115,9 @@
 #define MK_RED_MAX_B 2           /* FFN: steps of up to this many streams add fc2's sums with a red a number, more with
                                   * one bulk reduction a block (H200: at 1 and 2 streams the reds were 1-4% faster a
                                   * step; at 4 and 8 the bulk reduction's step beat two phases by 3-10%) */
+#define MK_WO_MAX_B 2            /* WO1: steps of up to this many streams take their attentions' Wo into the attention's
+                                  * phase (H200: 1 session +2 to +5%, 2 sessions +1 to +2%; 4 sessions -2 to +2%, 8
+                                  * sessions -5% on aspan-enwik8: a block's items then take rounds before its piece) */
 #define MK_ACC_LEN(D) ((size_t)MK_FUSE_MAX_B * (D))   /* FFN: the numbers of one of its three buffers of sums */
 #define MK_FUSE_ROWS 16          /* FFN: fc1 rows a block (two a warp), fc2's columns of them */
 #define MK_FIX 0x1p30f           /* FFN: fc2's partial sums in fixed point, units of 2^-30 (sums up to 2^33) */
@@ -159,8 +167,10 @@ typedef struct {
     bf16 *qkv, *att, *r, *ff;
     float *logits, *part;
     int *cnt;                    /* the splits finished, per stream and head */
-    long long *acc;              /* FFN: fc2's sums in fixed point, three buffers of MK_FUSE_MAX_B x D */
-    int fuse, acc0;              /* whether this step's feed-forwards take one phase each (FFN); its first's buffer */
+    long long *acc;              /* FFN, WO1: the sums in fixed point, three buffers of MK_FUSE_MAX_B x D */
+    unsigned long long *flag;    /* WO1: each stream's and head's output written, by the attention phase's epoch */
+    int fuse, wo1, acc0;         /* whether this step's feed-forwards take one phase each (FFN), its attentions'
+                                  * Wo none of its own (WO1); the first sums' buffer */
     unsigned long long *bar;     /* the grid barrier: arrivals since the plan (never reset) */
     unsigned long long bar_base; /* its count when the step starts: steps x barriers a step x blocks */
     unsigned long long *trace;   /* NULL, or gpu_decode_trace's times (mk_trace_at) */
@@ -192,11 +202,13 @@ struct gpu_mk {
     int grid;
     int auto_b;                  /* GPU_DECODE_AUTO's most streams a step (see MK_AUTO_ROUNDS) */
     unsigned long long arrivals; /* the barrier's count when the next step starts (steps x their barriers x blocks) */
-    int nbar, nbar_ffn, nffn;    /* a step's barriers, without FFN and with; its feed-forward sublayers */
+    int nbar, nffn;              /* a step's barriers without FFN and WO1 (the most); its feed-forward sublayers */
     bool ffn_ok;                 /* whether the model's feed-forwards can take one phase (FFN), */
     char ffn_why[128];           /* and why not */
+    bool wo_ok;                  /* whether its attentions' Wo can go into their phase (WO1), */
+    char wo_why[128];            /* and why not */
+    int natt;                    /* its attention sublayers */
     char kind[MK_MAX_BARRIERS];  /* what each barrier ends: Q(KV), A(ttention), W(o), 1 (fc1), 2 (fc2), O(ut) */
-    char kind_ffn[MK_MAX_BARRIERS];   /* with FFN: F (a feed-forward) for 1 and 2 */
     unsigned long long *d_trace; /* gpu_decode_trace's buffer (NULL until asked) */
 };
 
@@ -244,6 +256,11 @@ static __device__ __forceinline__ unsigned long long ld_acquire(const unsigned l
     unsigned long long v;
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
+}
+
+static __device__ __forceinline__ void st_release(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 /* atomicAdd with acquire and release semantics at the GPU's scope */
@@ -385,13 +402,25 @@ static __device__ __forceinline__ int buf_at(int r, int c, int t) { return (r * 
 /* What a block's copies of linear layer J take (wbuf_issue): the rows of
  * gemv's first pass (LIN_ROWS), or in a step whose feed-forwards take one
  * phase (FFN, ffn_fused) the block's MK_FUSE_ROWS rows of fc1 (LIN_FC1)
- * and those columns of fc2 (LIN_FC2). SUBS: the plan's sublayers (in
- * global or shared memory). */
-enum { LIN_ROWS, LIN_FC1, LIN_FC2 };
+ * and those columns of fc2 (LIN_FC2), or in a step whose attentions take
+ * their Wo into their phase (WO1, wo_piece) the block's piece of Wo
+ * (LIN_WO, heads of 32 dims; LIN_WO + 1, of 64). SUBS: the plan's
+ * sublayers (in global or shared memory). */
+enum { LIN_ROWS, LIN_FC1, LIN_FC2, LIN_WO };
 static __device__ __forceinline__ int lin_role(const mk_args &a, const mk_sub *subs, int j)
 {
-    return a.fuse && j < 2 * a.nsub && subs[j >> 1].kind == MK_FFN ? LIN_FC1 + (j & 1) : LIN_ROWS;
+    if (j >= 2 * a.nsub) return LIN_ROWS;
+    if (subs[j >> 1].kind == MK_FFN) return a.fuse ? LIN_FC1 + (j & 1) : LIN_ROWS;
+    return a.wo1 && (j & 1) ? LIN_WO + (a.dh == 64) : LIN_ROWS;
 }
+
+/* WO1: Wo (D x A) in pieces of a head's DH columns and RP rows (a thread a
+ * 16-byte part of a row: RP = 256 / (DH / 8)), piece p = blockIdx.x of
+ * the K x D / RP: head p / (D / RP), rows (p % (D / RP)) RP on */
+template <int DH>
+struct wo_geom {
+    static constexpr int LPR = DH / 8, RP = MK_THREADS / LPR;
+};
 
 /* Where thread T keeps piece C (0, 1) of row T + 256 R of fc2's columns
  * (LIN_FC2) */
@@ -410,7 +439,13 @@ static __device__ __noinline__ void wbuf_issue(const mk_lin *lp, int have, uint4
         const mk_lin L = *lp;
         const int lane = threadIdx.x & 31, gw = lin_warp(), nw = gridDim.x * MK_WARPS, base = MK_FUSE_ROWS * blockIdx.x;
         const int nv = L.in / 8;
-        if (role == LIN_FC2) {
+        if (role >= LIN_WO) {   /* the block's piece of Wo: a 16-byte part of a row a thread */
+            const int DH = role == LIN_WO ? 32 : 64, LPR = DH / 8, RP = MK_THREADS / LPR, per = L.out / RP;
+            const int p = blockIdx.x;
+            if (p < L.in / DH * per)
+                cp16(buf + threadIdx.x, L.W + (size_t)((p % per) * RP + threadIdx.x / LPR) * L.in + (p / per) * DH +
+                                            8 * (threadIdx.x % LPR));
+        } else if (role == LIN_FC2) {
             for (int r = 0; r < 2 && base < L.in; r++) {
                 const int o = threadIdx.x + r * MK_THREADS;
                 if (o >= L.out) break;
@@ -644,6 +679,14 @@ static __device__ __noinline__ void ffn_fc1(const mk_lin *l1, const float *b1, c
     else ffn_fc1_t<1>(l1, b1, xs, B, buf, hs, z8);
 }
 
+/* The sums' buffer NXT (MK_FUSE_MAX_B x D) zeroed by the grid (FFN, WO1:
+ * the buffer of the sublayer after next, which no block reads or adds to
+ * in this phase) */
+static __device__ __forceinline__ void acc_zero(long long *nxt, int D)
+{
+    for (int i = blockIdx.x * MK_THREADS + threadIdx.x; i < MK_FUSE_MAX_B * D; i += gridDim.x * MK_THREADS) nxt[i] = 0;
+}
+
 /* A feed-forward sublayer as one phase (FFN: steps of up to MK_FUSE_MAX_B
  * streams): block k takes fc1's rows 16 k .. 16 k + 15 (ffn_fc1_t, from
  * BUF1), then those 16 columns of fc2 (BUF2: wbuf_issue's LIN_FC2) times
@@ -664,7 +707,7 @@ static __device__ __noinline__ void ffn_fused(const mk_args &a, const mk_lin *l1
 {
     __shared__ __align__(16) bf16 hs[MK_FUSE_MAX_B * MK_FUSE_ROWS];
     const int base = MK_FUSE_ROWS * blockIdx.x, I = l1->out, D = l2->out, B = a.B, t = threadIdx.x;
-    for (int i = blockIdx.x * MK_THREADS + t; i < MK_FUSE_MAX_B * D; i += gridDim.x * MK_THREADS) nxt[i] = 0;
+    acc_zero(nxt, D);
     cp_wait_but_last();   /* (fc1's rows: the step's first sublayer's input waits for none) */
     if (base < I) ffn_fc1(l1, b1, xs, B, buf1, hs, z8);
     asm volatile("cp.async.wait_all;" ::: "memory");   /* (fc2's columns: the newest group) */
@@ -693,6 +736,41 @@ static __device__ __noinline__ void ffn_fused(const mk_args &a, const mk_lin *l1
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     if (t == 0) bulk_add_u64(acc, part, (unsigned)(B * D * sizeof(long long)));
+}
+
+/* WO1: Wo for the block's piece (wo_geom: head h, RP rows; its weights
+ * in BUF, a thread's 16 bytes: wbuf_issue's LIN_WO) of every stream b:
+ * waits until the attention phase's item that finishes head h of stream
+ * b has flagged its output (FLAG b K + h = EPOCH: a releasing store after
+ * it, polled by thread 0 with relaxed loads, then one acquiring load),
+ * then each row's part sums (LPR lanes, shuffles) are added into ACC (b D
+ * + row) in fixed point, as ffn_fused's. Waiting cannot deadlock: every
+ * block does its attention items, which never wait, before its piece. */
+template <int DH>
+static __device__ __noinline__ void wo_piece(const mk_args &a, const uint4 *buf, long long *acc, unsigned long long epoch)
+{
+    constexpr int LPR = wo_geom<DH>::LPR, RP = wo_geom<DH>::RP;
+    const int D = a.D, per = D / RP, p = blockIdx.x, t = threadIdx.x;
+    if (p >= a.K * per) return;
+    const int h = p / per, row = (p % per) * RP + t / LPR, c = t % LPR;
+    float w[8];
+    bf8(buf[t], w);
+    for (int b = 0; b < a.B; b++) {
+        if (t == 0) {
+            const unsigned long long *fp = a.flag + b * a.K + h;
+            while (ld_relaxed(fp) != epoch) {}
+            ld_acquire(fp);
+        }
+        __syncthreads();
+        float x[8];
+        bf8(__ldcg((const uint4 *)(a.att + (size_t)b * a.A + h * DH) + c), x);
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) sum = fmaf(w[e], x[e], sum);
+#pragma unroll
+        for (int o = 1; o < LPR; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (c == 0) red_add_u64(acc + b * D + row, __float2ll_rn(sum * MK_FIX));
+    }
 }
 
 /* The B rows of N of a bf16 buffer written in this kernel (L2, not L1)
@@ -971,6 +1049,15 @@ static __device__ __forceinline__ void att_key(const mk_args &a, const mk_head &
     }
 }
 
+/* WO1: head H of stream B's output is written (by this block's threads
+ * under DH): after the block's barrier, thread 0's releasing store of the
+ * phase's epoch into its flag (wo_piece waits for it) */
+static __device__ __forceinline__ void att_done(const mk_args &a, int b, int h, int ph)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) st_release(a.flag + b * a.K + h, a.bar_base + (unsigned long long)ph + 1);
+}
+
 /* One (stream, head, split) item of sublayer U, stream B, its inputs GP:
  * 32 keys a warp, a key's rows read by DH / 8 lanes, 8 dims each (its key,
  * position and value rows loaded with the lane's dims of the query, every
@@ -1002,6 +1089,7 @@ static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, 
             if (H.sp == 0) out[tid] = __float2bfloat16(0.0f);
             if (H.kd) H.kd[tid] = __ldcg(H.nk + tid);
         }
+        if (a.wo1 && H.sp == 0) att_done(a, b, H.h, ph);
         return;
     }
     /* every load at once: the lane's dims of the query, the step's key and value where this item writes them,
@@ -1182,6 +1270,7 @@ static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, 
         const float v = rel ? O[tid] / Z : O[tid] / Z / (W / Z + 1e-8f);
         out[tid] = __float2bfloat16(v);
     }
+    if (a.wo1) att_done(a, b, H.h, ph);
 }
 
 /* Item IT of sublayer U's attention (stream it / nitems) into G, loaded
@@ -1379,6 +1468,24 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             ph = grid_wait(a, ph);
             mk_point(a, 1, ph);
             att_phase(a, u, &asm_, O, G0 + s, &geo, ph);
+            if (a.wo1) {   /* WO1: the block's piece of Wo (wo_piece) in the attention's phase */
+                long long *acc = a.acc + (size_t)f * MK_ACC_LEN(D);
+                cp_wait_but_last();   /* (its weights: the group before the newest) */
+                if (a.dh == 64) wo_piece<64>(a, buf0 + (j & 1) * MK_BUF_VECS, acc, a.bar_base + (unsigned long long)ph + 1);
+                else wo_piece<32>(a, buf0 + (j & 1) * MK_BUF_VECS, acc, a.bar_base + (unsigned long long)ph + 1);
+                acc_zero(a.acc + (size_t)(f == 2 ? 0 : f + 1) * MK_ACC_LEN(D), D);
+                mk_point(a, 2, ph);
+                grid_arrive(a, ph);
+                ln_issue(u, lnp, D);
+                wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
+                if (next_att) att_prefetch(a, u + 1, G0 + s + 1, 0);
+                j++;
+                ph = grid_wait(a, ph);
+                racc = acc;
+                f = f == 2 ? 0 : f + 1;
+                prev = u;
+                continue;
+            }
             mk_point(a, 2, ph);
             ph = grid_sync(a, ph);
             load_rows(xs, a.att, A, B);
@@ -1535,20 +1642,21 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         cudaMemcpy(moff, g->mask_off, (size_t)nl * K * sizeof *moff, cudaMemcpyDeviceToHost) != cudaSuccess)
         rc = err_set(err, "reading the span tables back failed");
     size_t nrec = (size_t)MK_MAX_B * K * nsmax * MK_REC, ncnt = (size_t)MK_MAX_B * K,
-           nacc = 3 * MK_ACC_LEN(D) * sizeof(long long) / sizeof(float);   /* (after the barrier: 4 floats) */
+           nacc = 3 * MK_ACC_LEN(D) * sizeof(long long) / sizeof(float),   /* (after the barrier: 4 floats) */
+           nflag = (size_t)MK_MAX_B * K * sizeof(unsigned long long) / sizeof(float);
     if (rc == 0 && (cudaMalloc(&k->d_subs, (size_t)(nsub ? nsub : 1) * sizeof *subs) != cudaSuccess ||
                     cudaMalloc(&k->d_items, (size_t)(nit ? nit : 1) * sizeof *items) != cudaSuccess ||
                     cudaMalloc(&k->d_lin, (size_t)nlin * sizeof *lin) != cudaSuccess ||
-                    cudaMalloc(&k->d_part, (nrec + ncnt + 4 + nacc) * sizeof(float)) != cudaSuccess ||
-                    cudaMemset(k->d_part, 0, (nrec + ncnt + 4 + nacc) * sizeof(float)) != cudaSuccess))
+                    cudaMalloc(&k->d_part, (nrec + ncnt + 4 + nacc + nflag) * sizeof(float)) != cudaSuccess ||
+                    cudaMemset(k->d_part, 0, (nrec + ncnt + 4 + nacc + nflag) * sizeof(float)) != cudaSuccess))
         rc = err_set(err, "out of device memory for the decode kernel's plan");
-    int s = 0, it = 0, nbar = 0, nbf = 0, nffn = 0;
+    int s = 0, it = 0, nbar = 0, nffn = 0;
     for (int l = 0; rc == 0 && l < nl; l++) {
         const int sub = g->fam->sublayers(m, l);
         const gpu_layer *d = &g->L[l];
         if (sub & GPU_SUB_ATTN) {
             k->kind[nbar++] = 'Q', k->kind[nbar++] = 'A', k->kind[nbar++] = 'W';
-            k->kind_ffn[nbf++] = 'Q', k->kind_ffn[nbf++] = 'A', k->kind_ffn[nbf++] = 'W';
+            k->natt++;
             lin_init(&lin[2 * s], d->wqkv_h, 3 * A, D);
             lin_init(&lin[2 * s + 1], d->wo_h, D, A);
             mk_sub *u = &subs[s++];
@@ -1580,7 +1688,6 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         }
         if (sub & GPU_SUB_FFN) {
             k->kind[nbar++] = '1', k->kind[nbar++] = '2';
-            k->kind_ffn[nbf++] = 'F';
             nffn++;
             lin_init(&lin[2 * s], d->fc1_h, I, D);
             lin_init(&lin[2 * s + 1], d->fc2_h, D, I);
@@ -1591,7 +1698,6 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
     }
     if (rc == 0) {
         k->kind[nbar++] = 'O';
-        k->kind_ffn[nbf++] = 'O';
         lin_init(&lin[2 * nsub], g->out_h, m->V, D);
     }
     if (rc == 0 && (cudaMemcpy(k->d_subs, subs, (size_t)nsub * sizeof *subs, cudaMemcpyHostToDevice) != cudaSuccess ||
@@ -1610,7 +1716,6 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->nsub = nsub;
         a->nlin = nlin;
         a->nbar = k->nbar = nbar;
-        k->nbar_ffn = nbf;
         k->nffn = nffn;
         a->D = D;
         a->A = A;
@@ -1640,6 +1745,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->cnt = (int *)(k->d_part + nrec);
         a->bar = (unsigned long long *)(k->d_part + nrec + ncnt);   /* (nrec and ncnt are even: 8-byte aligned) */
         a->acc = (long long *)(k->d_part + nrec + ncnt + 4);   /* (16-byte aligned: mk_input reads longlong2s) */
+        a->flag = (unsigned long long *)(k->d_part + nrec + ncnt + 4 + nacc);
         a->tok = stage_tok(g, g->d_stage);
         a->pos = stage_pos(g, g->d_stage);
         a->ring = (bf16 *const *)stage_ring(g, g->d_stage);
@@ -1663,6 +1769,12 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
             snprintf(k->ffn_why, sizeof k->ffn_why,
                      "an inner layer of %d (one phase takes a multiple of %d up to %d, %d a block on %d SMs)", I,
                      MK_FUSE_ROWS, MK_FUSE_ROWS * k->grid, MK_FUSE_ROWS, k->grid);
+        /* WO1: the pieces of Wo (wo_geom) one a block */
+        const int rp = MK_THREADS / (DH / 8);
+        k->wo_ok = D % rp == 0 && K * (D / rp) <= k->grid;
+        if (!k->wo_ok)
+            snprintf(k->wo_why, sizeof k->wo_why, "%d pieces of Wo (%d heads x a model of %d / %d rows) for %d SMs", K * (D / rp),
+                     K, D, rp, k->grid);
         int maxit = 1;
         for (int i = 0; i < nsub; i++)
             if (sub_items[i] > maxit) maxit = sub_items[i];
@@ -1677,12 +1789,27 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
     return 0;
 }
 
+/* The kinds of a step's barriers into OUT (their count returned): the
+ * plan's, with FUSE each feed-forward's fc1 and fc2 one F, with WO1 no Wo */
+static int mk_kinds(const gpu_mk *k, bool fuse, bool wo1, char *out)
+{
+    int n = 0;
+    for (int p = 0; p < k->nbar; p++) {
+        const char c = k->kind[p];
+        if ((c == 'W' && wo1) || (c == '2' && fuse)) continue;
+        out[n++] = c == '1' && fuse ? 'F' : c;
+    }
+    return n;
+}
+
 int gpu_mk_step(gpu_model *g, int B, char *err)
 {
     gpu_mk *k = g->mk;
     k->a.B = B;
     k->a.fuse = k->ffn_ok && B <= g->mk_fuse;
-    k->a.nbar = k->a.fuse ? k->nbar_ffn : k->nbar;
+    k->a.wo1 = k->wo_ok && B <= MK_WO_MAX_B && g->mk_wo;
+    char kinds[MK_MAX_BARRIERS];
+    k->a.nbar = mk_kinds(k, k->a.fuse, k->a.wo1, kinds);
     k->a.bar_base = k->arrivals;
     void *args[] = {&k->a};
     cudaError_t e = cudaLaunchCooperativeKernel((const void *)mk_kernel, dim3((unsigned)k->grid), dim3(MK_THREADS), args,
@@ -1694,13 +1821,13 @@ int gpu_mk_step(gpu_model *g, int B, char *err)
         k->a.acc0 = 0;
         cudaMemsetAsync(k->a.bar, 0, sizeof *k->a.bar, g->stream);
         cudaMemsetAsync(k->a.acc, 0, 3 * MK_ACC_LEN(k->a.D) * sizeof *k->a.acc, g->stream);
+        cudaMemsetAsync(k->a.flag, 0, (size_t)MK_MAX_B * k->a.K * sizeof *k->a.flag, g->stream);
         return err_set(err, "launching the decode kernel: %s", cudaGetErrorString(e));
     }
     k->arrivals += (unsigned long long)k->a.nbar * (unsigned long long)k->grid;
-    if (k->a.fuse) {
-        k->a.acc0 = (k->a.acc0 + k->nffn) % 3;
-        g->mk_ffn_steps++;
-    }
+    k->a.acc0 = (k->a.acc0 + (k->a.fuse ? k->nffn : 0) + (k->a.wo1 ? k->natt : 0)) % 3;
+    if (k->a.fuse) g->mk_ffn_steps++;
+    if (k->a.wo1) g->mk_wo_steps++;
     return 0;
 }
 
@@ -1733,7 +1860,8 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
     gpu_mk *k = g->mk;
     if (!k || !k->d_trace) return err_set(err, "no decode trace was taken");
     const int nb = k->a.nbar;   /* (the last step's) */
-    const char *kind = k->a.fuse ? k->kind_ffn : k->kind;
+    char kind[MK_MAX_BARRIERS];
+    mk_kinds(k, k->a.fuse, k->a.wo1, kind);   /* (the last step's) */
     const size_t G = (size_t)k->grid, n = mk_trace_at(nb, k->grid, MK_POINTS, 0, 0);
     unsigned long long *t = (unsigned long long *)malloc(n * sizeof *t);
     if (!t) return err_set(err, "out of memory");
@@ -1825,6 +1953,17 @@ void gpu_decode_ffn(gpu_model *g, int max_b) { g->mk_fuse = max_b < 0 ? 0 : max_
 int gpu_decode_ffn_default(void) { return MK_FUSE_DEFAULT_B; }
 
 int gpu_decode_ffn_max(const gpu_model *g) { return g->mk_fuse; }
+
+void gpu_decode_wo(gpu_model *g, int on) { g->mk_wo = on != 0; }
+
+int gpu_decode_wo_on(const gpu_model *g) { return g->mk_wo; }
+
+int gpu_decode_wo_status(const gpu_model *g, long *steps, const char **why)
+{
+    if (steps) *steps = g->mk_wo_steps;
+    if (why) *why = !g->mk ? g->mk_why : g->mk->wo_why;
+    return g->mk && g->mk->wo_ok;
+}
 
 int gpu_decode_ffn_status(const gpu_model *g, long *steps, const char **why)
 {

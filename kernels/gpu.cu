@@ -549,6 +549,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                                                                                           : GPU_DECODE_AUTO;
     const char *ffn = getenv("SPANSERVE_GPU_DECODE_FFN");
     gpu_decode_ffn(g, ffn && ffn[0] >= '0' && ffn[0] <= '8' && !ffn[1] ? ffn[0] - '0' : gpu_decode_ffn_default());
+    const char *wo = getenv("SPANSERVE_GPU_DECODE_WO");
+    g->mk_wo = !(wo && strcmp(wo, "0") == 0);
     if (rc == 0) rc = gpu_mk_plan(g, g->mk_why, sizeof g->mk_why, err);
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess) rc = err_set(err, "loading on the device failed");
     if (rc) {

@@ -131,6 +131,17 @@ void gpu_decode_ffn(gpu_model *g, int max_b);
 int gpu_decode_ffn_default(void);
 int gpu_decode_ffn_max(const gpu_model *g);   /* MAX_B now */
 int gpu_decode_ffn_status(const gpu_model *g, long *steps, const char **why);
+/* The decode kernel's steps of 1 or 2 streams take each attention's Wo
+ * into the attention's phase (ON 1, the default; 0: a phase of its own):
+ * each block takes a piece of Wo (a head's columns, 32 or 64 rows), waits
+ * for that head's output (a flag its item sets) and adds its sums in fixed
+ * point, as the one-phase feed-forward does (decode_step.cu: WO1), where
+ * the pieces are no more than the SMs. SPANSERVE_GPU_DECODE_WO=0 at load
+ * turns it off. gpu_decode_wo_status: whether the shapes allow it, *STEPS
+ * the steps that took it. */
+void gpu_decode_wo(gpu_model *g, int on);
+int gpu_decode_wo_on(const gpu_model *g);
+int gpu_decode_wo_status(const gpu_model *g, long *steps, const char **why);
 /* With ON, the decode kernel's steps record when each block reaches each
  * of its grid barriers (-1 without a decode kernel); after a step,
  * gpu_decode_trace_report writes that step's time by phase (the slowest

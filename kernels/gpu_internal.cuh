@@ -303,6 +303,8 @@ struct gpu_model {
     long mk_steps;
     int mk_fuse;                  /* the most streams a step whose feed-forwards take one phase (gpu.h) */
     long mk_ffn_steps;            /* steps that did */
+    int mk_wo;                    /* whether such steps take their attentions' Wo into the attention's phase */
+    long mk_wo_steps;             /* steps that did */
     char mk_why[160];
     /* aspan decode: the partial results of a query's key splits
      * (ASPAN_SPLIT_BLOCKS records of d_head + 4 floats), NULL for par */

@@ -135,11 +135,18 @@ int device_attach(model_t *m, int bf16, char *err)
     else if (lim > 0) {
         const char *fwhy = "";
         const int ffn = gpu_decode_ffn_status(d->g, NULL, &fwhy), fmax = gpu_decode_ffn_max(d->g);
-        char fs[256];
-        if (!ffn) snprintf(fs, sizeof fs, "each feed-forward in two phases: %s", fwhy);
+        char fs[512];
+        const char *wwhy = "";
+        const int wo = gpu_decode_wo_status(d->g, NULL, &wwhy);
+        int w = 0;
+        if (!ffn) w = snprintf(fs, sizeof fs, "each feed-forward in two phases: %s", fwhy);
         else if (fmax > 0)
-            snprintf(fs, sizeof fs, "each feed-forward one phase in steps of up to %d (SPANSERVE_GPU_DECODE_FFN)", fmax);
-        else snprintf(fs, sizeof fs, "each feed-forward in two phases: SPANSERVE_GPU_DECODE_FFN=0");
+            w = snprintf(fs, sizeof fs, "each feed-forward one phase in steps of up to %d (SPANSERVE_GPU_DECODE_FFN)", fmax);
+        else w = snprintf(fs, sizeof fs, "each feed-forward in two phases: SPANSERVE_GPU_DECODE_FFN=0");
+        const char *wpart = !wo                        ? "Wo a phase of its own: "
+                            : !gpu_decode_wo_on(d->g) ? "Wo a phase of its own: SPANSERVE_GPU_DECODE_WO=0"
+                                                      : "Wo in the attention's phase in steps of up to 2 (SPANSERVE_GPU_DECODE_WO)";
+        if (w > 0 && (size_t)w < sizeof fs) snprintf(fs + w, sizeof fs - (size_t)w, "; %s%s", wpart, !wo ? wwhy : "");
         log_line("%s: decode steps of up to %d session%s run as one kernel (%s), more as CUDA graphs", m->path, lim,
                  lim == 1 ? "" : "s", fs);
     }

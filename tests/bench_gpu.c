@@ -568,13 +568,16 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
         printf("%-13s %-5s %s decode, one kernel a step: 1 session %.0f tok/s (%.1f us a step; floor %.1f us at %.2f TB/s: "
                "%.0f%% of it), sampled on the device %.0f tok/s; 8 sessions %.0f tok/s (%.1f us a step; floor %.1f us: "
                "%.0f%%); 4 sessions %.0f tok/s; 2 sessions %.0f tok/s; graphs instead: 1 session %.0f tok/s, 4 sessions "
-               "%.0f tok/s, 8 sessions %.0f tok/s; the default (auto) takes the kernel for steps of up to %d sessions; %s%s\n",
+               "%.0f tok/s, 8 sessions %.0f tok/s; the default (auto) takes the kernel for steps of up to %d sessions; %s%s; "
+               "%s\n",
                name, mode, gpu_precision_name(prec), row->dec1_mk, 1e3 * ms_mk, 1e3 * row->floor1, tbs,
                row->floor1 > 0 ? 100 * row->floor1 / ms_mk : 0, row->dec1_pick, row->dec8, 8e6 / row->dec8,
                1e3 * row->floor8, row->floor8 > 0 ? 100 * row->floor8 * row->dec8 / 8e3 : 0, row->dec4, dec2,
                row->dec1_graph, row->dec4_graph, row->dec8_graph, row->mk_auto,
                ffn ? "a feed-forward a phase (SPANSERVE_GPU_DECODE_FFN: steps of up to " : "each feed-forward in two phases: ",
-               ffn ? ffn_max : ffn_why);
+               ffn ? ffn_max : ffn_why,
+               gpu_decode_wo_status(g, NULL, NULL) && gpu_decode_wo_on(g) ? "Wo in the attention's phase for steps of up to 2"
+                                                                          : "Wo a phase of its own");
     else
         printf("%-13s %-5s %s decode: no decode kernel (%s)\n", name, mode, gpu_precision_name(prec), mk_why);
     for (int B = 1; mk && B <= 8; B += 7) {   /* where a step's time goes: one traced step of 1 and of 8 sessions */

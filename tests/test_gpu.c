@@ -492,8 +492,9 @@ static int clear_picks_differ(const float *x, const float *y, int B, int V)
  * kernel's position rows are bf16: attn_mma.cu's table), and a clear
  * greedy winner the same. FFN: the steps' feed-forwards as one phase each
  * (gpu_decode_ffn: fc2's sums in fixed point) where the shapes allow it
- * and NS is at most FFN, else two phases. */
-static void check_decode_kernel_at(const char *path, mem_mode mode, const char *label, int NS, int ffn)
+ * and NS is at most FFN, else two phases; WO: Wo in the attention's phase
+ * (gpu_decode_wo) where they allow it and NS is at most 2. */
+static void check_decode_kernel_at(const char *path, mem_mode mode, const char *label, int NS, int ffn, int wo)
 {
     char err[ERR_LEN];
     model_t *m = model_load_mode(path, mode, err);
@@ -512,9 +513,11 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
         return;
     }
     gpu_decode_ffn(g, ffn);
-    const char *fwhy = "";
-    const int fused = NS <= ffn && gpu_decode_ffn_status(g, NULL, &fwhy);
+    gpu_decode_wo(g, wo);
+    const char *fwhy = "", *wwhy = "";
+    const int fused = NS <= ffn && gpu_decode_ffn_status(g, NULL, &fwhy), wo1 = wo && NS <= 2 && gpu_decode_wo_status(g, NULL, &wwhy);
     if (NS <= ffn && !fused) printf("%s: the feed-forwards take two phases: %s\n", label, fwhy);
+    if (wo && NS <= 2 && !wo1) printf("%s: Wo takes a phase of its own: %s\n", label, wwhy);
     gpu_mem *a[8] = {0}, *a2[8] = {0}, *b[8] = {0}, *c[8] = {0};
     for (int s = 0; s < NS; s++) {
         a[s] = gpu_mem_new(g, err);
@@ -539,9 +542,10 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
         }
     double d_ab = 0, d_ac = 0, d_bc = 0;
     int picks_differ = 0, runs_differ = 0;
-    long before = 0, after = 0, fbefore = 0, fafter = 0;
+    long before = 0, after = 0, fbefore = 0, fafter = 0, wbefore = 0, wafter = 0;
     gpu_decode_kernel_status(g, &before, NULL);
     gpu_decode_ffn_status(g, &fbefore, NULL);
+    gpu_decode_wo_status(g, &wbefore, NULL);
     for (int k = 0; k < STEPS; k++) {
         const int32_t *t = tok + 700 + NS * k;
         gpu_decode_kernel(g, GPU_DECODE_KERNEL);
@@ -569,13 +573,17 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
     }
     gpu_decode_kernel_status(g, &after, NULL);
     gpu_decode_ffn_status(g, &fafter, NULL);
-    printf("%s: %d streams, %d bf16 decode steps as one kernel (%ld ran, %ld with a feed-forward a phase): max logprob "
-           "diff from fp32 %.3g (the graphs' %.3g), from the graphs %.3g; %d clear greedy picks differ; %d steps differ "
-           "from the same step run again\n",
-           label, NS, STEPS, after - before, fafter - fbefore, d_ac, d_bc, d_ab, picks_differ, runs_differ);
+    gpu_decode_wo_status(g, &wafter, NULL);
+    printf("%s: %d streams, %d bf16 decode steps as one kernel (%ld ran, %ld with a feed-forward a phase, %ld with Wo in "
+           "the attention's): max logprob diff from fp32 %.3g (the graphs' %.3g), from the graphs %.3g; %d clear greedy "
+           "picks differ; %d steps differ from the same step run again\n",
+           label, NS, STEPS, after - before, fafter - fbefore, wafter - wbefore, d_ac, d_bc, d_ab, picks_differ,
+           runs_differ);
     CHECK(after - before == 2 * STEPS, "%s: %ld of %d steps ran as the decode kernel", label, after - before, 2 * STEPS);
     CHECK(fafter - fbefore == (fused ? 2 * STEPS : 0), "%s: %ld of %d steps took a feed-forward a phase (expected %d)",
           label, fafter - fbefore, 2 * STEPS, fused ? 2 * STEPS : 0);
+    CHECK(wafter - wbefore == (wo1 ? 2 * STEPS : 0), "%s: %ld of %d steps took Wo into the attention's phase (expected %d)",
+          label, wafter - wbefore, 2 * STEPS, wo1 ? 2 * STEPS : 0);
     CHECK(runs_differ == 0, "%s: %d steps gave other bits when run again", label, runs_differ);
     CHECK(d_ac <= 1.5 * d_bc || d_ac <= 0.02, "%s: the decode kernel is %.3g from fp32, the graphs %.3g", label, d_ac,
           d_bc);
@@ -596,20 +604,27 @@ static void check_decode_kernel_at(const char *path, mem_mode mode, const char *
     model_free(m);
 }
 
-/* check_decode_kernel_at on fixture NAME (the feed-forwards as the
- * default has them), and with them in the other number of phases */
+/* check_decode_kernel_at on fixture NAME as the defaults have it, with
+ * every sublayer's phases of its own, and (1 or 2 streams) with Wo in the
+ * attention's phase but fc1 and fc2 in two */
 static void check_decode_kernel(const char *name, mem_mode mode, const char *label, int NS)
 {
+    const char *path = fx(name, "model.safetensors");
     const int dflt = gpu_decode_ffn_default();
-    check_decode_kernel_at(fx(name, "model.safetensors"), mode, label, NS, dflt);
     char l2[160];
-    snprintf(l2, sizeof l2, "%s, %s", label, NS <= dflt ? "fc1 and fc2 in two phases" : "a feed-forward a phase");
-    check_decode_kernel_at(fx(name, "model.safetensors"), mode, l2, NS, NS <= dflt ? 0 : MK_TEST_MAX_B);
+    check_decode_kernel_at(path, mode, label, NS, dflt, 1);
+    snprintf(l2, sizeof l2, "%s, %s", label, NS <= dflt ? "every phase its own" : "a feed-forward a phase");
+    check_decode_kernel_at(path, mode, l2, NS, NS <= dflt ? 0 : MK_TEST_MAX_B, 0);
+    if (NS <= 2) {
+        snprintf(l2, sizeof l2, "%s, Wo in the attention's phase, fc1 and fc2 in two", label);
+        check_decode_kernel_at(path, mode, l2, NS, 0, 1);
+    }
 }
 
 /* Decode-kernel steps of 1, 2 and 4 streams in turn (a feed-forward a
- * phase for 1 and 2, two phases for 4: the fixed-point buffers rotate
- * across steps of both kinds and must come back zeroed), each against the
+ * phase and Wo in the attention's for 1 and 2, their own phases for 4:
+ * the fixed-point buffers rotate across steps of both kinds and must come
+ * back zeroed, the heads' flags take each step's epochs), each against the
  * graphs' same step on copies of the memories: within 0.2, a clear greedy
  * winner the same, and the same bits as the same sequence run again.
  * par-small's blocks put three feed-forwards in a row. */
@@ -639,8 +654,9 @@ static void check_decode_kernel_mixed(const char *name)
     for (int i = 0; i < 4 * 30; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
     double worst = 0;
     int picks_differ = 0;
-    long f0 = 0, f1 = 0;
+    long f0 = 0, f1 = 0, w0 = 0, w1 = 0;
     gpu_decode_ffn_status(g, &f0, NULL);
+    gpu_decode_wo_status(g, &w0, NULL);
     for (int run = 0; run < 2; run++) {
         gpu_mem **mm = run ? a2 : a;
         float *out = run ? la2 : la;
@@ -657,15 +673,19 @@ static void check_decode_kernel_mixed(const char *name)
         }
     }
     gpu_decode_ffn_status(g, &f1, NULL);
+    gpu_decode_wo_status(g, &w1, NULL);
     int runs_differ = 0;
     for (int k = 0; k < STEPS; k++) {
         const int B = k % 3 == 0 ? 1 : k % 3 == 1 ? 2 : 4;
         if (memcmp(la + (size_t)k * NS * V, la2 + (size_t)k * NS * V, sizeof(float) * B * V) != 0) runs_differ++;
     }
     printf("%s: %d decode-kernel steps of 1, 2 and 4 streams in turn (%ld with a feed-forward a phase): max logprob diff "
-           "from the graphs %.3g, %d clear greedy picks differ, %d steps differ when run again\n",
-           name, 2 * STEPS, f1 - f0, worst, picks_differ, runs_differ);
+           "from the graphs %.3g, %d clear greedy picks differ, %d steps differ when run again (%ld with Wo in the "
+           "attention's phase)\n",
+           name, 2 * STEPS, f1 - f0, worst, picks_differ, runs_differ, w1 - w0);
     CHECK(f1 - f0 == 2 * (2 * STEPS / 3), "%s: %ld steps took a feed-forward a phase", name, f1 - f0);
+    CHECK(w1 - w0 == (gpu_decode_wo_status(g, NULL, NULL) ? 2 * (2 * STEPS / 3) : 0), "%s: %ld steps took Wo into the "
+          "attention's phase", name, w1 - w0);
     CHECK(worst < 0.2, "%s: the decode kernel differs from the graphs by %.3g", name, worst);
     CHECK(picks_differ == 0, "%s: %d greedy picks differ", name, picks_differ);
     CHECK(runs_differ == 0, "%s: %d steps gave other bits when run again", name, runs_differ);
@@ -702,12 +722,12 @@ static void check_decode_kernel_widths(void)
                 const int ns = x == 0 ? 1 : x == 1 ? 2 : 8;
                 snprintf(label, sizeof label, "random aspan of %d and %d (%s memory)", shapes[i].H, shapes[i].I,
                          mode ? "span" : "exact");
-                check_decode_kernel_at(p, mode ? MEM_SPAN : MEM_EXACT, label, ns, gpu_decode_ffn_default());
-                if (ns != 2) {   /* and with the feed-forwards in the other number of phases */
+                check_decode_kernel_at(p, mode ? MEM_SPAN : MEM_EXACT, label, ns, gpu_decode_ffn_default(), 1);
+                if (ns != 2) {   /* and with every sublayer's phases of its own (8: a feed-forward a phase) */
                     const int one = ns <= gpu_decode_ffn_default();
                     snprintf(label, sizeof label, "random aspan of %d and %d (%s memory), %s", shapes[i].H, shapes[i].I,
-                             mode ? "span" : "exact", one ? "fc1 and fc2 in two phases" : "a feed-forward a phase");
-                    check_decode_kernel_at(p, mode ? MEM_SPAN : MEM_EXACT, label, ns, one ? 0 : MK_TEST_MAX_B);
+                             mode ? "span" : "exact", one ? "every phase its own" : "a feed-forward a phase");
+                    check_decode_kernel_at(p, mode ? MEM_SPAN : MEM_EXACT, label, ns, one ? 0 : MK_TEST_MAX_B, 0);
                 }
             }
     }
