@@ -288,8 +288,8 @@ static __device__ __forceinline__ int lin_warp() { return (threadIdx.x >> 5) * g
  * PH (the count of those passed), in two halves: grid_arrive says the
  * block's writes are done, grid_wait waits for every block's (the next
  * barrier's count is returned). Between them a block issues what needs
- * nothing of this phase (the copies of later layers' weights, of the next
- * LayerNorm's, of the next attention's first item), so that work stands in
+ * nothing of this phase (the copies of later layers' weights and of the
+ * next LayerNorm's, the next attention's L2 prefetch), so that work stands in
  * the barrier's shadow instead of before it. Thread 0 of each block adds
  * its arrival (after the block's writes: __syncthreads, then a releasing
  * add) to a count that only grows, and polls it with relaxed loads (an
@@ -1419,7 +1419,7 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
          * block between fc1's arrival and its wait (EARLY), else by the upper half of the block at the start of
          * fc2 or Wo (a linear layer of D rows leaves it idle on most shapes). (H200: with one stream the upper
          * half's prefetch lengthened fc2's tail by 1.2 us a phase once fc2 took straight code; in fc1's shadow
-         * with 8 streams it lengthened fc1's barrier by more.) With FFN: in its shadow, by the whole block */
+         * with 8 streams it lengthened fc1's barrier by more.) With FFN or WO1: in that phase's shadow, by the whole block */
         const bool next_att = s + 1 < a.nsub && S[s + 1].kind != MK_FFN,
                    early = next_att && a.B * S[s + 1].nitems <= 2 * (int)gridDim.x;
         mk_input(a, prev == NULL, xi, xo, xs, lnp, racc, ph);
