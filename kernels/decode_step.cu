@@ -209,6 +209,7 @@ struct gpu_mk {
     char wo_why[128];            /* and why not */
     int natt;                    /* its attention sublayers */
     char kind[MK_MAX_BARRIERS];  /* what each barrier ends: Q(KV), A(ttention), W(o), 1 (fc1), 2 (fc2), O(ut) */
+    int nbar_mode[4];            /* a step's barriers by mode (mk_mode: FFN, WO1), counted at the plan */
     unsigned long long *d_trace; /* gpu_decode_trace's buffer (NULL until asked) */
 };
 
@@ -1601,6 +1602,26 @@ static void lin_init(mk_lin *L, const bf16 *W, int out, int in)
     L->in = in;
 }
 
+/* A step's mode: whether its feed-forwards take one phase (FFN), its
+ * attentions' Wo none of its own (WO1) */
+enum { MK_MODE_FFN = 1, MK_MODE_WO1 = 2 };
+static int mk_mode(const mk_args *a) { return (a->fuse ? MK_MODE_FFN : 0) | (a->wo1 ? MK_MODE_WO1 : 0); }
+
+/* The kinds of a step's barriers in MODE into OUT (NULL: none), their
+ * count returned: the plan's, with FFN each feed-forward's fc1 and fc2 one
+ * F, with WO1 no Wo */
+static int mk_kinds(const gpu_mk *k, int mode, char *out)
+{
+    int n = 0;
+    for (int p = 0; p < k->nbar; p++) {
+        const char c = k->kind[p];
+        if ((c == 'W' && (mode & MK_MODE_WO1)) || (c == '2' && (mode & MK_MODE_FFN))) continue;
+        if (out) out[n] = c == '1' && (mode & MK_MODE_FFN) ? 'F' : c;
+        n++;
+    }
+    return n;
+}
+
 int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
 {
     const model_t *m = g->m;
@@ -1775,6 +1796,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         if (!k->wo_ok)
             snprintf(k->wo_why, sizeof k->wo_why, "%d pieces of Wo (%d heads x a model of %d / %d rows) for %d SMs", K * (D / rp),
                      K, D, rp, k->grid);
+        for (int mode = 0; mode < 4; mode++) k->nbar_mode[mode] = mk_kinds(k, mode, NULL);
         int maxit = 1;
         for (int i = 0; i < nsub; i++)
             if (sub_items[i] > maxit) maxit = sub_items[i];
@@ -1789,28 +1811,16 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
     return 0;
 }
 
-/* The kinds of a step's barriers into OUT (their count returned): the
- * plan's, with FUSE each feed-forward's fc1 and fc2 one F, with WO1 no Wo */
-static int mk_kinds(const gpu_mk *k, bool fuse, bool wo1, char *out)
-{
-    int n = 0;
-    for (int p = 0; p < k->nbar; p++) {
-        const char c = k->kind[p];
-        if ((c == 'W' && wo1) || (c == '2' && fuse)) continue;
-        out[n++] = c == '1' && fuse ? 'F' : c;
-    }
-    return n;
-}
-
 int gpu_mk_step(gpu_model *g, int B, char *err)
 {
     gpu_mk *k = g->mk;
     k->a.B = B;
     k->a.fuse = k->ffn_ok && B <= g->mk_fuse;
     k->a.wo1 = k->wo_ok && B <= MK_WO_MAX_B && g->mk_wo;
-    char kinds[MK_MAX_BARRIERS];
-    k->a.nbar = mk_kinds(k, k->a.fuse, k->a.wo1, kinds);
+    k->a.nbar = k->nbar_mode[mk_mode(&k->a)];
     k->a.bar_base = k->arrivals;
+    if (k->a.trace)   /* (a block records only the points it passes: none left from an earlier step) */
+        cudaMemsetAsync(k->d_trace, 0, mk_trace_at(k->nbar, k->grid, MK_POINTS, 0, 0) * sizeof *k->d_trace, g->stream);
     void *args[] = {&k->a};
     cudaError_t e = cudaLaunchCooperativeKernel((const void *)mk_kernel, dim3((unsigned)k->grid), dim3(MK_THREADS), args,
                                                 k->smem, g->stream);
@@ -1861,7 +1871,7 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
     if (!k || !k->d_trace) return err_set(err, "no decode trace was taken");
     const int nb = k->a.nbar;   /* (the last step's) */
     char kind[MK_MAX_BARRIERS];
-    mk_kinds(k, k->a.fuse, k->a.wo1, kind);   /* (the last step's) */
+    mk_kinds(k, mk_mode(&k->a), kind);   /* (the last step's) */
     const size_t G = (size_t)k->grid, n = mk_trace_at(nb, k->grid, MK_POINTS, 0, 0);
     unsigned long long *t = (unsigned long long *)malloc(n * sizeof *t);
     if (!t) return err_set(err, "out of memory");
@@ -1930,12 +1940,17 @@ int gpu_decode_trace_report(gpu_model *g, char *out, size_t cap, char *err)
                               sub[i][3], sub[i][4]);
             if (w >= 0 && (size_t)w < cap) w += snprintf(out + w, cap - (size_t)w, ");");
         }
-    /* each attention's phase, in order */
-    for (int p = 0; p < nb && w >= 0 && (size_t)w < cap; p++)
-        if (kind[p] == 'A') {
-            const unsigned long long *row = t + (size_t)(p + 1) * (G + 1), start = t[(size_t)p * (G + 1) + G];
-            w += snprintf(out + w, cap - (size_t)w, " %.1f", (trace_max(row, NULL, G) - (double)start) / 1e3);
-        }
+    /* every phase in order: its kind, its time (us), and for an attention the slowest block's time to its
+     * items' loads (point 5) and to its work's end */
+    if (w >= 0 && (size_t)w < cap) w += snprintf(out + w, cap - (size_t)w, " phases:");
+    for (int p = 0; p < nb && w >= 0 && (size_t)w < cap; p++) {
+        const unsigned long long *row = t + (size_t)(p + 1) * (G + 1), start = t[(size_t)p * (G + 1) + G];
+        w += snprintf(out + w, cap - (size_t)w, " %c%.1f", kind[p], (trace_max(row, NULL, G) - (double)start) / 1e3);
+        if (kind[p] == 'A' && w >= 0 && (size_t)w < cap)
+            w += snprintf(out + w, cap - (size_t)w, "(%.1f/%.1f)",
+                          trace_max(t + mk_trace_at(nb, k->grid, 5, p, 0), t + mk_trace_at(nb, k->grid, 0, p, 0), G) * cyc_us,
+                          trace_max(t + mk_trace_at(nb, k->grid, 2, p, 0), t + mk_trace_at(nb, k->grid, 0, p, 0), G) * cyc_us);
+    }
     free(t);
     return 0;
 }

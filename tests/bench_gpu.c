@@ -581,7 +581,7 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     else
         printf("%-13s %-5s %s decode: no decode kernel (%s)\n", name, mode, gpu_precision_name(prec), mk_why);
     for (int B = 1; mk && B <= 8; B += 7) {   /* where a step's time goes: one traced step of 1 and of 8 sessions */
-        char rep[2048];
+        char rep[4096];
         if (gpu_decode_trace(g, 1, err) || step(g, mems, B, (const int32_t[8]){1, 2, 3, 4, 5, 6, 7, 8}, 1, NULL, NULL,
                                                  &rng, err) ||
             gpu_decode_trace_report(g, rep, sizeof rep, err) || gpu_decode_trace(g, 0, err))
