@@ -697,6 +697,92 @@ static void check_decode_kernel_mixed(const char *name)
     model_free(m);
 }
 
+/* gpu_decode_trace on aspan-small (NS streams): a traced step gives the
+ * bits of the same step untraced (on copies of the same memories), and
+ * its report lists every phase in order, as many as the step's barriers,
+ * of the kinds the step's mode makes (QKV, the attention, Wo unless it
+ * goes into the attention's phase, the feed-forward in one phase or two,
+ * the output), each a positive time; with the trace turned off again the
+ * two copies still step alike. */
+static void check_decode_trace(mem_mode mode, int NS)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load_mode(fx("aspan-small", "model.safetensors"), mode, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    const int V = m->V;
+    gpu_model *g = gpu_model_new(m, NS, m->block_len, GPU_BF16, err);
+    CHECK(g != NULL, "%s", err);
+    const char *why = "";
+    if (!g || !gpu_decode_kernel_status(g, NULL, &why)) {
+        CHECK(!g, "aspan-small: no decode kernel: %s", why);
+        gpu_model_free(g);
+        model_free(m);
+        return;
+    }
+    gpu_decode_kernel(g, GPU_DECODE_KERNEL);
+    gpu_mem *a[8] = {0}, *b[8] = {0};
+    int32_t tok[8 * 40];
+    rm_rng rng = {13};
+    for (int i = 0; i < 8 * 40; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+    for (int s = 0; s < NS; s++) {
+        a[s] = gpu_mem_new(g, err);
+        b[s] = gpu_mem_new(g, err);
+        CHECK(a[s] && b[s], "%s", err);
+    }
+    float *la = malloc(sizeof(float) * NS * V), *lb = malloc(sizeof(float) * NS * V);
+    for (int k = 0; k < 30; k++) {   /* (past the short windows) */
+        CHECK(gpu_forward(g, a, NS, tok + NS * k, 1, la, err) == 0, "%s", err);
+        CHECK(gpu_forward(g, b, NS, tok + NS * k, 1, lb, err) == 0, "%s", err);
+    }
+    CHECK(gpu_forward(g, a, NS, tok + NS * 30, 1, la, err) == 0, "%s", err);
+    CHECK(gpu_decode_trace(g, 1, err) == 0, "%s", err);
+    CHECK(gpu_forward(g, b, NS, tok + NS * 30, 1, lb, err) == 0, "%s", err);
+    CHECK(memcmp(la, lb, sizeof(float) * NS * V) == 0, "aspan-small, %d streams: a traced step gave other bits", NS);
+    static char rep[16384];
+    CHECK(gpu_decode_trace_report(g, rep, sizeof rep, err) == 0, "%s", err);
+    /* the phases the step's mode makes */
+    const char *fwhy, *wwhy;
+    const int fused = NS <= gpu_decode_ffn_max(g) && gpu_decode_ffn_status(g, NULL, &fwhy),
+              wo1 = NS <= 2 && gpu_decode_wo_on(g) && gpu_decode_wo_status(g, NULL, &wwhy);
+    char want[1024];
+    int n = 0;
+    for (int l = 0; l < m->n_layers && n < (int)sizeof want - 8; l++) {
+        want[n++] = 'Q', want[n++] = 'A';
+        if (!wo1) want[n++] = 'W';
+        if (fused) want[n++] = 'F';
+        else want[n++] = '1', want[n++] = '2';
+    }
+    want[n++] = 'O';
+    want[n] = 0;
+    char got[1024];
+    int ng = 0, bad = 0;
+    const char *p = strstr(rep, " phases:");
+    CHECK(p != NULL, "aspan-small: the trace lists no phases: %s", rep);
+    for (p = p ? p + 8 : ""; *p == ' ' && ng < (int)sizeof got - 1;) {
+        char *e;
+        got[ng++] = p[1];
+        const double us = strtod(p + 2, &e);
+        if (e == p + 2 || !(us > 0 && us < 1e6)) bad++;
+        const char *q = *e == '(' ? strchr(e, ')') : NULL;
+        p = q ? q + 1 : e;
+    }
+    got[ng] = 0;
+    printf("aspan-small (%s memory), %d streams: one traced step, the same bits as untraced; its phases %s (%s)\n",
+           mode == MEM_SPAN ? "span" : "exact", NS, got, want);
+    CHECK(strcmp(got, want) == 0, "aspan-small, %d streams: the trace's phases %s, the step's %s", NS, got, want);
+    CHECK(bad == 0, "aspan-small, %d streams: %d phases without a time: %s", NS, bad, rep);
+    CHECK(gpu_decode_trace(g, 0, err) == 0, "%s", err);
+    CHECK(gpu_forward(g, a, NS, tok + NS * 31, 1, la, err) == 0, "%s", err);
+    CHECK(gpu_forward(g, b, NS, tok + NS * 31, 1, lb, err) == 0, "%s", err);
+    CHECK(memcmp(la, lb, sizeof(float) * NS * V) == 0, "aspan-small, %d streams: the steps after the trace differ", NS);
+    for (int s = 0; s < NS; s++) gpu_mem_free(a[s]), gpu_mem_free(b[s]);
+    free(la);
+    free(lb);
+    gpu_model_free(g);
+    model_free(m);
+}
+
 /* The decode kernel on random adaptive-span models of the widths its
  * linear layers take in straight code (inputs of 256, 512, 1,024; fc2's
  * 2,048 for one stream), where the fixtures' 128 take the tested loop:
@@ -1982,6 +2068,8 @@ int main(void)
         check_decode_kernel_mixed("par-small");
         check_decode_kernel_mixed("aspan-small");
         check_decode_kernel_widths();
+        check_decode_trace(MEM_SPAN, 1);
+        check_decode_trace(MEM_EXACT, 4);
         return test_summary("test_gpu");
     }
     if (!gpt_only && !tf_only) {   /* the families with a memory */
@@ -2018,6 +2106,8 @@ int main(void)
         check_decode_kernel_mixed("par-small");
         check_decode_kernel_mixed("aspan-small");
         check_decode_kernel_widths();
+        check_decode_trace(MEM_SPAN, 1);
+        check_decode_trace(MEM_EXACT, 4);
         check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
         check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
         check_fixture_random("par-small", MEM_EXACT, "par-small");
