@@ -273,7 +273,8 @@ int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int 
  * step); *ANY_TG and *ANY_ROWS say whether streams want only their targets'
  * logprobs, or whole rows. */
 static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
-                       int want_lp, int *any_tg, int *any_rows, cudaGraphExec_t *graph, char *err)
+                       int want_lp, int npick, const pick_req *q, int *any_tg, int *any_rows, cudaGraphExec_t *graph,
+                       char *err)
 {
     const model_t *m = g->m;
     const int nl = m->n_layers, V = m->V;
@@ -304,7 +305,9 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
                                    targets[(size_t)b * M + i], b, V);
         }
 
-    /* the step's inputs, in one transfer */
+    /* the step's inputs, in one transfer up to its tokens (the targets in a second, when it has any), with its
+     * picks (NPICK of Q) when they are few enough (GPU_STAGE_PICKS) */
+    if (npick > 0 && npick <= GPU_STAGE_PICKS) memcpy(stage_pick(g, g->h_stage), q, (size_t)npick * sizeof *q);
     memcpy(stage_tok(g, g->h_stage), tokens, N * sizeof *tokens);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < M; i++)
@@ -315,8 +318,12 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
         stage_ring(g, g->h_stage)[b] = (float *)mems[b]->buf;
         memcpy(stage_len(g, g->h_stage) + (size_t)b * nl, mems[b]->len, (size_t)nl * sizeof(int));
     }
-    CU_TRY(cudaMemcpyAsync(g->d_stage, g->h_stage, g->stage_bytes, cudaMemcpyHostToDevice, g->stream), err,
-           "copying the step's inputs");
+    CU_TRY(cudaMemcpyAsync(g->d_stage, g->h_stage, g->o_tok + N * sizeof(int32_t), cudaMemcpyHostToDevice, g->stream),
+           err, "copying the step's inputs");
+    if (*any_tg)
+        CU_TRY(cudaMemcpyAsync(stage_tgt(g, g->d_stage), stage_tgt(g, g->h_stage), N * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, g->stream),
+               err, "copying the step's targets");
 
     g->prof_n = 0;
     /* a decode step of a few streams: one kernel (decode_step.cu; profiling times the launches one by one) */
@@ -373,7 +380,8 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
     const size_t N = (size_t)B * M;
     int any_tg, any_rows;
     cudaGraphExec_t graph;
-    if (step_launch(g, mems, B, tokens, M, targets, logprobs != NULL, &any_tg, &any_rows, &graph, err)) return -1;
+    if (step_launch(g, mems, B, tokens, M, targets, logprobs != NULL, 0, NULL, &any_tg, &any_rows, &graph, err))
+        return -1;
     if (logprobs && any_tg) {
         /* the targets' logprobs, a float a row (an adaptive softmax wrote them for a step of targets
          * only); whole rows only of the streams that want them */
@@ -434,14 +442,24 @@ int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens,
     cudaGraphExec_t graph;
     if (targets && !tlp) return err_set(err, "targets but nowhere for their logprobs");
     if (picks_check(g, B * M, n, q, err) ||
-        step_launch(g, mems, B, tokens, M, targets, 0, &any_tg, &any_rows, &graph, err))
+        step_launch(g, mems, B, tokens, M, targets, 0, n, q, &any_tg, &any_rows, &graph, err))
         return -1;
     if (any_tg) {   /* the targets' logprobs from the rows, a float a row to the host */
         if (gpu_gather_targets(g, g->tl, g->logits, stage_tgt(g, g->d_stage), (int)N, g->m->V, err)) return -1;
         CU_TRY(cudaMemcpyAsync(g->h_tl, g->tl, N * sizeof(float), cudaMemcpyDeviceToHost, g->stream), err,
                "copying the targets' logprobs");
     }
-    if (picks_launch(g, n, q, err) || step_end(g, mems, B, tokens, M, err)) return -1;
+    /* the picks: up to GPU_STAGE_PICKS read from the stage, written into h_po through its device address (else
+     * into d_po, copied back); more copied up on their own (picks_launch) */
+    const int staged = n > 0 && n <= GPU_STAGE_PICKS;
+    if (staged) {
+        if (gpu_pick(g, n, stage_pick(g, g->d_stage), g->m_po ? g->m_po : g->d_po, err)) return -1;
+        if (!g->m_po)
+            CU_TRY(cudaMemcpyAsync(g->h_po, g->d_po, (size_t)n * sizeof *g->h_po, cudaMemcpyDeviceToHost, g->stream),
+                   err, "copying the picks back");
+        g->picks_staged += n;
+    }
+    if ((!staged && picks_launch(g, n, q, err)) || step_end(g, mems, B, tokens, M, err)) return -1;
     for (size_t r = 0; any_tg && r < N; r++)
         if (targets[r / M * M] >= 0) tlp[r] = g->h_tl[r];
     if (n) memcpy(o, g->h_po, (size_t)n * sizeof *o);

@@ -110,6 +110,8 @@ int gpu_decode_kernel_status(const gpu_model *g, long *steps, const char **why)
     return g->mk != NULL;
 }
 
+long gpu_picks_staged(const gpu_model *g) { return g->picks_staged; }
+
 void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why)
 {
     if (launches) *launches = g->graph_launches;
@@ -523,11 +525,14 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
             if (cudaMemset(g->x, 0xFF, total * sizeof(float)) != cudaSuccess) rc = err_set(err, "cudaMemset");
         }
         if (rc == 0) rc = g->fam->alloc_step(g, err);
-        g->o_tok = 0;
-        g->o_pos = align16(g->o_tok + N * sizeof(int32_t));
+        /* (the tokens last: a step copies the stage up to its own tokens; a server's plan of 256 x 512 rows
+         * staged 1 MB a decode step when the whole stage went up every step) */
+        g->o_pos = 0;
         g->o_ring = align16(g->o_pos + (size_t)max_batch * sizeof(int64_t));
         g->o_len = align16(g->o_ring + (size_t)max_batch * sizeof(float *));
-        g->o_tgt = align16(g->o_len + (size_t)max_batch * m->n_layers * sizeof(int));
+        g->o_pick = align16(g->o_len + (size_t)max_batch * m->n_layers * sizeof(int));
+        g->o_tok = align16(g->o_pick + GPU_STAGE_PICKS * sizeof(pick_req));
+        g->o_tgt = align16(g->o_tok + N * sizeof(int32_t));
         g->stage_bytes = align16(g->o_tgt + N * sizeof(int32_t));
         if (rc == 0 && (cudaMalloc(&g->tl, N * sizeof(float)) != cudaSuccess ||
                         cudaMallocHost(&g->h_tl, N * sizeof(float)) != cudaSuccess))
@@ -537,6 +542,10 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                         cudaMallocHost(&g->h_pq, N * sizeof *g->h_pq) != cudaSuccess ||
                         cudaMallocHost(&g->h_po, N * sizeof *g->h_po) != cudaSuccess))
             rc = err_set(err, "out of memory for the picks");
+        if (rc == 0 && cudaHostGetDevicePointer((void **)&g->m_po, g->h_po, 0) != cudaSuccess) {
+            cudaGetLastError();
+            g->m_po = NULL;
+        }
         if (rc == 0 && (cudaMallocHost(&g->h_stage, g->stage_bytes) != cudaSuccess ||
                         cudaMalloc(&g->d_stage, g->stage_bytes) != cudaSuccess))
             rc = err_set(err, "out of memory for the step inputs");

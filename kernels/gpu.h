@@ -184,6 +184,11 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
  * with TARGETS, model_forward_pick's, their logprobs into TLP). */
 int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                      float *tlp, int n, const pick_req *q, pick_out *o, char *err);
+/* Picks (gpu_forward_pick) that went up with their step's inputs, since
+ * the load: a step of up to 16 picks stages them in its one transfer, and
+ * the pick kernel writes its answers into pinned host memory (no copy
+ * either way of their own); more take a copy each way. */
+long gpu_picks_staged(const gpu_model *g);
 
 /* The picks Q from N_ROWS rows of V logprobs the host gives (ROWS), made as
  * gpu_forward_pick makes them (tests and benchmarks of the picking alone). */

@@ -187,6 +187,10 @@ typedef struct {
  * A family whose step is not B x M rows through the layers (the window
  * models: ragged windows) gives a `step` of its own instead. */
 enum { GPU_SUB_ATTN = 1, GPU_SUB_FFN = 2 };
+
+/* The picks a step may stage with its inputs (forward.cu: gpu_forward_pick); a step of more copies them up on
+ * their own */
+#define GPU_STAGE_PICKS 16
 typedef struct {
     /* floats of core's arena past the parameters that the device needs too */
     size_t (*arena_extra)(const model_t *m);
@@ -317,10 +321,17 @@ struct gpu_model {
     /* aspan_tile.cu: the partial states of split windows */
     float *tpart;
     size_t tpart_floats;
-    /* per-step inputs: staged in pinned host memory, copied in one transfer */
+    /* per-step inputs: staged in pinned host memory, copied in one transfer of what the step uses: the
+     * streams' positions, ring bases and rows held (max_batch each), up to GPU_STAGE_PICKS picks, then the
+     * B x M tokens of the step (of up to max_batch x max_block), and the targets (as many) in a second transfer
+     * when the step has any */
     void *h_stage, *d_stage;
     size_t stage_bytes;
-    size_t o_tok, o_pos, o_ring, o_len, o_tgt;   /* offsets in the stage */
+    size_t o_pos, o_ring, o_len, o_pick, o_tok, o_tgt;   /* offsets in the stage */
+    /* h_po's device address (pinned memory is mapped): staged picks are written there; NULL: into d_po,
+     * copied back */
+    pick_out *m_po;
+    long picks_staged;            /* picks read from the stage (gpu_picks_staged) */
     /* model_forward_targets: each row's target's logprob, on the device and in pinned host memory */
     float *tl, *h_tl;
     /* gpu_forward_pick: the picks asked for (up to max_batch * max_block) and
@@ -351,6 +362,7 @@ static inline int64_t *stage_pos(const gpu_model *g, void *base) { return (int64
 static inline float **stage_ring(const gpu_model *g, void *base) { return (float **)((char *)base + g->o_ring); }
 static inline int *stage_len(const gpu_model *g, void *base) { return (int *)((char *)base + g->o_len); }
 static inline int32_t *stage_tgt(const gpu_model *g, void *base) { return (int32_t *)((char *)base + g->o_tgt); }
+static inline pick_req *stage_pick(const gpu_model *g, void *base) { return (pick_req *)((char *)base + g->o_pick); }
 
 /* Relative attention's score factor (core/par.c): 1/sqrt(d_head), or the
  * seed's 1/d_head for par-transformer-xl-tf (model_t.tf_attn). */

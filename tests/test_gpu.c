@@ -783,6 +783,124 @@ static void check_decode_trace(mem_mode mode, int NS)
     model_free(m);
 }
 
+/* The picks of decode steps that take the one kernel (decode_step.cu),
+ * up to 16 of them staged with the step's inputs and written into pinned
+ * host memory by sample.cu's kernel (gpu_picks_staged counts them), more
+ * copied up and back on their own, against core's sample_pick on the rows
+ * of the same step (gpu_forward on copies of the memories, which give the
+ * same bits): 40 steps of NS streams, 1 to 16 picks a step (17 at every
+ * tenth) over every kind (greedy, temperatures, top-k past the vocabulary,
+ * top-p down to 1e-9, draws of 0 and just under 1, a row picked twice, top
+ * tokens), each equal to the host's in token, logprob and top tokens; a
+ * step with targets gives their logprobs beside the picks. */
+static int same_pick(const pick_out *a, const pick_out *b, int top_n);
+
+static void check_decode_picks_at(const char *path, const char *name, mem_mode mode, int NS)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load_mode(path, mode, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    const int V = m->V, STEPS = 40;
+    gpu_model *g = gpu_model_new(m, NS, m->block_len, GPU_BF16, err);
+    CHECK(g != NULL, "%s", err);
+    const char *why = "";
+    if (!g || !gpu_decode_kernel_status(g, NULL, &why)) {
+        CHECK(!g, "%s: no decode kernel: %s", name, why);
+        gpu_model_free(g);
+        model_free(m);
+        return;
+    }
+    gpu_decode_kernel(g, GPU_DECODE_KERNEL);
+    gpu_mem *a[8] = {0}, *b[8] = {0};
+    for (int s = 0; s < NS; s++) {
+        a[s] = gpu_mem_new(g, err);
+        b[s] = gpu_mem_new(g, err);
+        CHECK(a[s] && b[s], "%s", err);
+    }
+    float *la = malloc(sizeof(float) * NS * V), *sc = malloc(sizeof(float) * SAMPLE_SCRATCH(V));
+    int32_t tok[8];
+    rng_t r;
+    rng_seed(&r, 29);
+    static const double temps[] = {1e-300, 0.5, 1, 4}, tops[] = {1, 0.9, 0.5, 1e-9};
+    const int ks[] = {0, 1, 2, 7, V - 1, V + 5};
+    pick_req q[17];
+    pick_out o[17], h;
+    long made = 0, staged0 = gpu_picks_staged(g);
+    int n_bad = 0, bad_step = -1, bad_i = -1, total = 0, tl_bad = 0;
+    for (int k = 0; k < STEPS; k++) {
+        for (int s = 0; s < NS; s++) tok[s] = (int32_t)(rng_next(&r) % (uint64_t)V);
+        const int n = k % 10 == 9 ? 17 : 1 + (k * 7 + NS) % (2 * NS < 16 ? 2 * NS : 16);
+        for (int i = 0; i < n; i++) {
+            const int x = k * 17 + i;
+            q[i] = (pick_req){i % NS, x % 9 != 0, {temps[x % 4], ks[(x / 4) % 6], tops[(x / 3) % 4]},
+                              x % 11 == 0 ? 0 : x % 13 == 0 ? 0x1.fffffffffffffp-1 : rng_uniform(&r), x % 6};
+            if (x % 17 == 5) q[i].sp.temperature = 0;
+        }
+        int32_t tg[8];
+        float tl[8];
+        const int with_tg = k % 10 == 4;
+        for (int s = 0; s < NS; s++) tg[s] = (int32_t)((s * 5 + k) % V), tl[s] = NAN;
+        CHECK(gpu_forward(g, a, NS, tok, 1, la, err) == 0, "%s", err);
+        CHECK(gpu_forward_pick(g, b, NS, tok, 1, with_tg ? tg : NULL, with_tg ? tl : NULL, n, q, o, err) == 0, "%s",
+              err);
+        if (n <= 16) made += n;
+        for (int i = 0; i < n; i++) {
+            sample_pick(la + (size_t)q[i].row * V, V, &q[i], &h, sc);
+            total++;
+            if (!same_pick(&o[i], &h, q[i].top_n) && n_bad++ == 0) bad_step = k, bad_i = i;
+        }
+        for (int s = 0; with_tg && s < NS; s++) tl_bad += tl[s] != la[(size_t)s * V + tg[s]];
+    }
+    printf("%s (%s memory), %d streams: %d of %d picks equal the host's, %ld of them staged with the step\n", name,
+           mode == MEM_SPAN ? "span" : "exact", NS, total - n_bad, total, gpu_picks_staged(g) - staged0);
+    CHECK(n_bad == 0, "%s, %d streams: %d of %d picks differ from the host's; the first: step %d, pick %d", name, NS,
+          n_bad, total, bad_step, bad_i);
+    CHECK(tl_bad == 0, "%s, %d streams: %d targets' logprobs beside the picks differ from the rows'", name, NS, tl_bad);
+    CHECK(gpu_picks_staged(g) - staged0 == made, "%s, %d streams: %ld picks staged, %ld expected", name, NS,
+          gpu_picks_staged(g) - staged0, made);
+    for (int s = 0; s < NS; s++) gpu_mem_free(a[s]), gpu_mem_free(b[s]);
+    free(la);
+    free(sc);
+    gpu_model_free(g);
+    model_free(m);
+}
+
+static void check_decode_picks(const char *name, mem_mode mode, int NS)
+{
+    check_decode_picks_at(fx(name, "model.safetensors"), name, mode, NS);
+}
+
+/* The same on random adaptive-span models of vocabularies that sample.cu
+ * sorts by rank (300), by the bitonic sort (700 and 1,024: pick_block) and
+ * with a cluster (1,025), and its picks of rows the host gives against the
+ * host's on the first two (check_picks). */
+static void check_picks(const model_t *m, const char *label);
+static void check_decode_picks_vocab(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    float z[4] = {0.0f, 0.3f, 0.6f, 0.1f};
+    const int vs[4] = {300, 700, 1024, 1025};
+    for (int i = 0; i < 4; i++) {
+        /* V, model, heads, inner, layers, span, block, ramp */
+        const rm_aspan c = {vs[i], 128, 4, 256, 1, 300, 64, 32, z, 0};
+        char label[64];
+        snprintf(label, sizeof label, "random aspan of %d tokens", vs[i]);
+        CHECK(rm_write_aspan(p, &c, 41 + (uint64_t)i, err) == 0, "%s", err);
+        check_decode_picks_at(p, label, i % 2 ? MEM_SPAN : MEM_EXACT, i == 1 ? 8 : 2);
+        model_t *m = i < 2 ? model_load(p, err) : NULL;
+        CHECK(i >= 2 || m != NULL, "%s", err);
+        snprintf(label, sizeof label, "picks, random aspan of %d tokens", vs[i]);
+        if (m) check_picks(m, label);
+        model_free(m);
+    }
+    unlink(p);
+}
+
 /* The decode kernel on random adaptive-span models of the widths its
  * linear layers take in straight code (inputs of 256, 512, 1,024; fc2's
  * 2,048 for one stream), where the fixtures' 128 take the tested loop:
@@ -2070,6 +2188,10 @@ int main(void)
         check_decode_kernel_widths();
         check_decode_trace(MEM_SPAN, 1);
         check_decode_trace(MEM_EXACT, 4);
+        check_decode_picks("aspan-small", MEM_SPAN, 1);
+        check_decode_picks("aspan-small", MEM_EXACT, 8);
+        check_decode_picks("par-small", MEM_EXACT, 3);
+        check_decode_picks_vocab();
         return test_summary("test_gpu");
     }
     if (!gpt_only && !tf_only) {   /* the families with a memory */
@@ -2108,6 +2230,10 @@ int main(void)
         check_decode_kernel_widths();
         check_decode_trace(MEM_SPAN, 1);
         check_decode_trace(MEM_EXACT, 4);
+        check_decode_picks("aspan-small", MEM_SPAN, 1);
+        check_decode_picks("aspan-small", MEM_EXACT, 8);
+        check_decode_picks("par-small", MEM_EXACT, 3);
+        check_decode_picks_vocab();
         check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
         check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
         check_fixture_random("par-small", MEM_EXACT, "par-small");
