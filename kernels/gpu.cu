@@ -112,6 +112,12 @@ int gpu_decode_kernel_status(const gpu_model *g, long *steps, const char **why)
 
 long gpu_picks_staged(const gpu_model *g) { return g->picks_staged; }
 
+int gpu_picks_mapped(gpu_model *g, int on)
+{
+    g->m_po = on ? g->m_po_dev : NULL;
+    return g->m_po != NULL;
+}
+
 void gpu_graph_status(const gpu_model *g, long *launches, int *captured, const char **why)
 {
     if (launches) *launches = g->graph_launches;
@@ -542,10 +548,11 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
                         cudaMallocHost(&g->h_pq, N * sizeof *g->h_pq) != cudaSuccess ||
                         cudaMallocHost(&g->h_po, N * sizeof *g->h_po) != cudaSuccess))
             rc = err_set(err, "out of memory for the picks");
-        if (rc == 0 && cudaHostGetDevicePointer((void **)&g->m_po, g->h_po, 0) != cudaSuccess) {
+        if (rc == 0 && cudaHostGetDevicePointer((void **)&g->m_po_dev, g->h_po, 0) != cudaSuccess) {
             cudaGetLastError();
-            g->m_po = NULL;
+            g->m_po_dev = NULL;
         }
+        g->m_po = g->m_po_dev;
         if (rc == 0 && (cudaMallocHost(&g->h_stage, g->stage_bytes) != cudaSuccess ||
                         cudaMalloc(&g->d_stage, g->stage_bytes) != cudaSuccess))
             rc = err_set(err, "out of memory for the step inputs");

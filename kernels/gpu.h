@@ -189,6 +189,10 @@ int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens,
  * the pick kernel writes its answers into pinned host memory (no copy
  * either way of their own); more take a copy each way. */
 long gpu_picks_staged(const gpu_model *g);
+/* Whether staged picks are written into pinned host memory through its
+ * device address (ON 1: the default, where the device maps it) or into
+ * device memory and copied back (0); returns whether they now go straight. */
+int gpu_picks_mapped(gpu_model *g, int on);
 
 /* The picks Q from N_ROWS rows of V logprobs the host gives (ROWS), made as
  * gpu_forward_pick makes them (tests and benchmarks of the picking alone). */

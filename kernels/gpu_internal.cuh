@@ -330,7 +330,7 @@ struct gpu_model {
     size_t o_pos, o_ring, o_len, o_pick, o_tok, o_tgt;   /* offsets in the stage */
     /* h_po's device address (pinned memory is mapped): staged picks are written there; NULL: into d_po,
      * copied back */
-    pick_out *m_po;
+    pick_out *m_po, *m_po_dev;    /* (m_po: m_po_dev, or NULL while gpu_picks_mapped turns it off) */
     long picks_staged;            /* picks read from the stage (gpu_picks_staged) */
     /* model_forward_targets: each row's target's logprob, on the device and in pinned host memory */
     float *tl, *h_tl;

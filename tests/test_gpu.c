@@ -795,7 +795,7 @@ static void check_decode_trace(mem_mode mode, int NS)
  * step with targets gives their logprobs beside the picks. */
 static int same_pick(const pick_out *a, const pick_out *b, int top_n);
 
-static void check_decode_picks_at(const char *path, const char *name, mem_mode mode, int NS)
+static void check_decode_picks_at(const char *path, const char *name, mem_mode mode, int NS, int mapped)
 {
     char err[ERR_LEN];
     model_t *m = model_load_mode(path, mode, err);
@@ -812,6 +812,7 @@ static void check_decode_picks_at(const char *path, const char *name, mem_mode m
         return;
     }
     gpu_decode_kernel(g, GPU_DECODE_KERNEL);
+    const int straight = gpu_picks_mapped(g, mapped);
     gpu_mem *a[8] = {0}, *b[8] = {0};
     for (int s = 0; s < NS; s++) {
         a[s] = gpu_mem_new(g, err);
@@ -852,8 +853,10 @@ static void check_decode_picks_at(const char *path, const char *name, mem_mode m
         }
         for (int s = 0; with_tg && s < NS; s++) tl_bad += tl[s] != la[(size_t)s * V + tg[s]];
     }
-    printf("%s (%s memory), %d streams: %d of %d picks equal the host's, %ld of them staged with the step\n", name,
-           mode == MEM_SPAN ? "span" : "exact", NS, total - n_bad, total, gpu_picks_staged(g) - staged0);
+    printf("%s (%s memory), %d streams: %d of %d picks equal the host's, %ld of them staged with the step (answers %s)\n",
+           name, mode == MEM_SPAN ? "span" : "exact", NS, total - n_bad, total, gpu_picks_staged(g) - staged0,
+           straight ? "written into pinned host memory" : "copied back");
+    CHECK(mapped || !straight, "%s: gpu_picks_mapped(g, 0) left the picks mapped", name);
     CHECK(n_bad == 0, "%s, %d streams: %d of %d picks differ from the host's; the first: step %d, pick %d", name, NS,
           n_bad, total, bad_step, bad_i);
     CHECK(tl_bad == 0, "%s, %d streams: %d targets' logprobs beside the picks differ from the rows'", name, NS, tl_bad);
@@ -868,7 +871,8 @@ static void check_decode_picks_at(const char *path, const char *name, mem_mode m
 
 static void check_decode_picks(const char *name, mem_mode mode, int NS)
 {
-    check_decode_picks_at(fx(name, "model.safetensors"), name, mode, NS);
+    check_decode_picks_at(fx(name, "model.safetensors"), name, mode, NS, 1);
+    if (NS == 1) check_decode_picks_at(fx(name, "model.safetensors"), name, mode, NS, 0);   /* (copied back) */
 }
 
 /* The same on random adaptive-span models of vocabularies that sample.cu
@@ -891,7 +895,7 @@ static void check_decode_picks_vocab(void)
         char label[64];
         snprintf(label, sizeof label, "random aspan of %d tokens", vs[i]);
         CHECK(rm_write_aspan(p, &c, 41 + (uint64_t)i, err) == 0, "%s", err);
-        check_decode_picks_at(p, label, i % 2 ? MEM_SPAN : MEM_EXACT, i == 1 ? 8 : 2);
+        check_decode_picks_at(p, label, i % 2 ? MEM_SPAN : MEM_EXACT, i == 1 ? 8 : 2, i != 2);
         model_t *m = i < 2 ? model_load(p, err) : NULL;
         CHECK(i >= 2 || m != NULL, "%s", err);
         snprintf(label, sizeof label, "picks, random aspan of %d tokens", vs[i]);
