@@ -269,6 +269,9 @@ int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int 
     return gpu_forward_targets(g, mems, B, tokens, M, NULL, logprobs, err);
 }
 
+/* Whether a step's N picks go up with its inputs (up to GPU_STAGE_PICKS), or on their own */
+static int picks_staged(int n) { return n > 0 && n <= GPU_STAGE_PICKS; }
+
 /* The step's inputs to the device and its launches (a graph for a decode
  * step); *ANY_TG and *ANY_ROWS say whether streams want only their targets'
  * logprobs, or whole rows. */
@@ -307,7 +310,7 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
 
     /* the step's inputs, in one transfer up to its tokens (the targets in a second, when it has any), with its
      * picks (NPICK of Q) when they are few enough (GPU_STAGE_PICKS) */
-    if (npick > 0 && npick <= GPU_STAGE_PICKS) memcpy(stage_pick(g, g->h_stage), q, (size_t)npick * sizeof *q);
+    if (picks_staged(npick)) memcpy(stage_pick(g, g->h_stage), q, (size_t)npick * sizeof *q);
     memcpy(stage_tok(g, g->h_stage), tokens, N * sizeof *tokens);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < M; i++)
@@ -451,7 +454,7 @@ int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens,
     }
     /* the picks: up to GPU_STAGE_PICKS read from the stage, written into h_po through its device address (else
      * into d_po, copied back); more copied up on their own (picks_launch) */
-    const int staged = n > 0 && n <= GPU_STAGE_PICKS;
+    const int staged = picks_staged(n);
     if (staged) {
         if (gpu_pick(g, n, stage_pick(g, g->d_stage), g->m_po ? g->m_po : g->d_po, err)) return -1;
         if (!g->m_po)

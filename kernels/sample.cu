@@ -28,217 +28,6 @@
 
 namespace cg = cooperative_groups;
 
-/* Rows of up to PICK_SMALL tokens: one block a pick (pick_small, below),
- * the host's own walk: the tokens sorted in the host's order (value
- * descending, the lowest id first on ties: by rank, or a bitonic sort of
- * (key, ~id)), their weights summed as a running scan of the same integers
- * (exact, in any order), and each cut the first position where the host's
- * test holds. pick_block is written for a block of NT threads, each
- * PICK_SMALL / NT of the row's positions (position e of the order is
- * thread e % NT's (e / NT)-th); pick_small takes NT = PICK_SMALL. */
-#define PICK_SMALL 1024   /* the longest row one block picks from */
-
-/* Values ordered through their bits: pick_fkey(a) > pick_fkey(b) exactly
- * when a > b, for finite floats (-0 read as +0) */
-__device__ static inline unsigned pick_fkey(float v)
-{
-    unsigned u = __float_as_uint(v + 0.0f);   /* -0 + 0 is +0 */
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-/* core's sample_weight: exp((v - max) / T) as a float, times 2^SAMPLE_FIX */
-__device__ static inline unsigned long long pick_weight(double mx, double inv_t, float v)
-{
-    const float w = expf((float)(((double)v - mx) * inv_t));
-    return (unsigned long long)((double)w * SAMPLE_SCALE);
-}
-
-/* pick_block's shared memory besides the keys */
-typedef struct {
-    unsigned long long warp_tot[32];
-    unsigned long long tot[2];
-    int first, cut;
-} pick_block_sh;
-
-/* The inclusive running sum of each thread's W over threads 0..t (exact);
- * *ALL: the sum over the block */
-template <int NT>
-__device__ static unsigned long long pick_scan(unsigned long long w, pick_block_sh *s, unsigned long long *all)
-{
-    constexpr int NW = NT / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long x = __shfl_up_sync(0xffffffffu, w, o);
-        if (lane >= o) w += x;
-    }
-    __syncthreads();   /* (the last call's totals read) */
-    if (lane == 31) s->warp_tot[warp] = w;
-    __syncthreads();
-    if (warp == 0) {
-        unsigned long long x = lane < NW ? s->warp_tot[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o) x += y;
-        }
-        if (lane < NW) s->warp_tot[lane] = x;
-    }
-    __syncthreads();
-    *all = s->warp_tot[NW - 1];
-    return warp ? w + s->warp_tot[warp - 1] : w;
-}
-
-/* X[I] of a thread's positions, with no local memory (I is not known at compile time) */
-template <int EPT, typename T> __device__ static inline T pick_at(const T (&x)[EPT], int i)
-{
-    T r = x[0];
-#pragma unroll
-    for (int k = 1; k < EPT; k++)
-        if (k == i) r = x[k];
-    return r;
-}
-
-/* Rows of up to this many tokens are sorted by rank (each token counts the
- * keys above its own: V^2 / 32 cycles of an SM, no barrier), longer ones by
- * a bitonic sort (its log2(N)^2 / 2 barriers cost more below it) */
-#define PICK_RANK_MAX 512
-
-/* The pick Q from ROW (V <= PICK_SMALL logprobs, N a power of two >= V, at
- * most PICK_SMALL) into *O, by the whole block (every thread calls it);
- * KEY: 2 x PICK_SMALL keys of shared memory, 16-byte aligned. */
-template <int NT>
-__device__ static void pick_block(const float *row, int V, int N, const pick_req &q, pick_out *o, unsigned long long *key,
-                                  pick_block_sh *s)
-{
-    static_assert(NT % 32 == 0 && PICK_SMALL % NT == 0 && NT / 32 <= 32, "pick_block's threads");
-    constexpr int EPT = PICK_SMALL / NT;   /* positions a thread */
-    const int t = threadIdx.x, KV = (V + NT - 1) / NT;   /* the thread's positions that may hold a token */
-    float v[EPT];
-    int bad = 0;
-#pragma unroll
-    for (int k = 0; k < EPT; k++) {
-        const int e = t + k * NT;
-        v[k] = k < KV && e < V ? row[e] : 0.0f;
-        bad |= k < KV && e < V && !isfinite(v[k]);
-    }
-    if (__syncthreads_or(bad)) {
-        if (t == 0) {
-            for (int k = 0; k < PICK_MAX_TOP; k++) o->top[k] = 0, o->top_lp[k] = 0;
-            o->token = -1, o->lp = 0;
-        }
-        return;
-    }
-    /* the host's order: a key a token, (value, ~id), above the padding (0: every token's key is above it) */
-    const bool rank = V <= PICK_RANK_MAX;
-    const int pad = rank ? (V + 3) & ~3 : N;
-#pragma unroll
-    for (int k = 0; k < EPT; k++) {
-        const int e = t + k * NT;
-        if (e < pad) key[e] = e < V ? (unsigned long long)pick_fkey(v[k]) << 32 | (0xffffffffu - (unsigned)e) : 0ull;
-    }
-    __syncthreads();
-    const unsigned long long *srt = key;   /* the keys in order */
-    if (rank) {   /* each key's place: how many are above it (the keys differ: their ids do) */
-        unsigned long long *out = key + PICK_SMALL;
-#pragma unroll
-        for (int k = 0; k < EPT; k++) {
-            const int e = t + k * NT;
-            if (k < KV && e < V) {
-                const unsigned long long mine = key[e];
-                int r = 0;
-                for (int j = 0; j < pad; j += 4) {
-                    const ulonglong2 a = *(const ulonglong2 *)(key + j), b = *(const ulonglong2 *)(key + j + 2);
-                    r += (a.x > mine) + (a.y > mine) + (b.x > mine) + (b.y > mine);
-                }
-                out[r] = mine;
-            }
-        }
-        srt = out;
-    } else
-        for (int k2 = 2; k2 <= N; k2 <<= 1)
-            for (int j = k2 >> 1; j > 0; j >>= 1) {
-#pragma unroll
-                for (int k = 0; k < EPT; k++) {
-                    const int e = t + k * NT, p = e ^ j;
-                    if (e < N && p > e) {
-                        const unsigned long long a = key[e], b = key[p];
-                        if ((e & k2) == 0 ? a < b : a > b) key[e] = b, key[p] = a;
-                    }
-                }
-                __syncthreads();
-            }
-    __syncthreads();
-    int id[EPT];   /* the token at each of the thread's positions */
-#pragma unroll
-    for (int k = 0; k < EPT; k++) {
-        const int e = t + k * NT;
-        id[k] = k < KV && e < V ? (int)(0xffffffffu - (unsigned)(srt[e] & 0xffffffffu)) : -1;
-    }
-    const int ntop = q.top_n < 0 ? 0 : q.top_n > PICK_MAX_TOP ? PICK_MAX_TOP : q.top_n;
-    if (t < PICK_MAX_TOP) {   /* the top tokens (positions 0..4: each thread's first); what is not asked for reads as nothing */
-        o->top[t] = t < ntop ? id[0] : 0;
-        o->top_lp[t] = t < ntop ? (id[0] >= 0 ? row[id[0]] : -INFINITY) : 0;
-    }
-    if (t == 0) s->first = id[0];   /* the first in order: the greedy pick */
-    __syncthreads();
-    int token = s->first;
-    if (q.sample && q.sp.temperature > 0 && q.sp.top_k != 1) {   /* a draw (sample_draws) */
-        int n = q.sp.top_k > 0 && q.sp.top_k < V ? q.sp.top_k : V;
-        const double mx = (double)row[token], inv_t = 1.0 / q.sp.temperature;
-        unsigned long long cum[EPT], carry = 0, all;   /* the running weight through each position */
-#pragma unroll
-        for (int k = 0; k < EPT; k++) {
-            const int e = t + k * NT;
-            cum[k] = 0;
-            if (k < KV) {   /* (the same for the whole block) */
-                const unsigned long long w = e < n ? pick_weight(mx, inv_t, row[id[k]]) : 0;
-                cum[k] = carry + pick_scan<NT>(w, s, &all);
-                carry += all;
-            }
-        }
-        /* the shortest prefix whose weight reaches top_p of the total (the weight through position n - 1) */
-        if (t == (n - 1) % NT) s->tot[0] = pick_at<EPT>(cum, (n - 1) / NT);
-        if (t == 0) s->cut = n;
-        __syncthreads();
-        unsigned long long total = s->tot[0];
-        if (q.sp.top_p > 0 && q.sp.top_p < 1) {
-            const double target = q.sp.top_p * (double)total;
-#pragma unroll
-            for (int k = 0; k < EPT; k++) {
-                const int e = t + k * NT;
-                if (e < n && (double)cum[k] >= target) atomicMin(&s->cut, e + 1);
-            }
-            __syncthreads();
-            n = s->cut;
-            if (t == (n - 1) % NT) s->tot[1] = pick_at<EPT>(cum, (n - 1) / NT);
-            __syncthreads();
-            total = s->tot[1];
-        }
-        /* the first position whose running weight passes u times the total, else the last in */
-        const double target = q.u * (double)total;
-        __syncthreads();   /* (every thread has read the cut) */
-        if (t == 0) s->cut = n - 1;
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < EPT; k++) {
-            const int e = t + k * NT;
-            if (e < n && (double)cum[k] > target) atomicMin(&s->cut, e);
-        }
-        __syncthreads();
-        const int c = s->cut;
-        if (t == c % NT) s->first = pick_at<EPT>(id, c / NT);
-        __syncthreads();
-        token = s->first;
-    } else if (!q.sample)
-        token = 0;
-    if (t == 0) {
-        o->token = token >= 0 && token < V ? token : 0;
-        o->lp = row[o->token];
-    }
-    __syncthreads();   /* (the block may go on to another pick with the same shared memory) */
-}
-
 /* A row of up to PICK_SMALL tokens takes pick_small (below). A longer
  * row's pick is a cluster of PICK_CLUSTER blocks (Hopper's thread block
  * clusters; one block for a row of up to PICK_SMALL_V tokens, where the
@@ -254,7 +43,11 @@ __device__ static void pick_block(const float *row, int V, int N, const pick_req
 #define PICK_CLUSTER 8
 #define PICK_SMALL_V 16384
 
-__device__ static inline unsigned fkey(float v) { return pick_fkey(v); }
+__device__ static inline unsigned fkey(float v)
+{
+    unsigned u = __float_as_uint(v + 0.0f);   /* -0 + 0 is +0 */
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
 
 __device__ static inline float keyf(unsigned k)
 {
@@ -335,7 +128,8 @@ __device__ static inline int is_in(const pick_set &c, unsigned k, int i)
 /* core's sample_weight: exp((v - max) / T) as a float, times 2^SAMPLE_FIX */
 __device__ static inline unsigned long long weight(const pick_set &c, float v)
 {
-    return pick_weight(c.mx, c.inv_t, v);
+    const float w = expf((float)(((double)v - c.mx) * c.inv_t));
+    return (unsigned long long)((double)w * SAMPLE_SCALE);
 }
 
 /* (ka, ia) before (kb, ib) in the host's order: the value descending, the
@@ -692,16 +486,140 @@ __global__ static void __launch_bounds__(PICK_THREADS)
 }
 
 /* A row of up to PICK_SMALL tokens: one block a pick, a token a thread,
- * the host's own walk (pick_block, above). On a row of 256 tokens the radix
- * select's many rounds of block and cluster synchronisation took 86 to 104
- * us a draw (H200). */
+ * the host's own walk. The tokens are sorted in the host's order (value
+ * descending, the lowest id first on ties) as keys (value, ~id) in shared
+ * memory: a row of up to PICK_RANK_MAX tokens by rank (each token counts
+ * the keys above its own: V^2 / 32 cycles of an SM, no barrier), a longer
+ * one by a bitonic sort (log2(N)^2 / 2 barriers, which cost more below
+ * it); their weights are summed as a running scan of the same integers
+ * (exact), and each cut is the first position where the host's test holds.
+ * On a row of 256 tokens the radix select's many rounds of block and
+ * cluster synchronisation took 86 to 104 us a draw (H200). */
+#define PICK_SMALL 1024
+#define PICK_SMALL_WARPS (PICK_SMALL / 32)
+#define PICK_RANK_MAX 512
+
+/* The inclusive running sum of each thread's W over threads 0..t (exact) */
+__device__ static unsigned long long scan_u64(unsigned long long w, unsigned long long *warp_tot)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long x = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += x;
+    }
+    if (lane == 31) warp_tot[warp] = w;
+    __syncthreads();
+    if (warp == 0) {
+        unsigned long long x = lane < PICK_SMALL_WARPS ? warp_tot[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o) x += y;
+        }
+        if (lane < PICK_SMALL_WARPS) warp_tot[lane] = x;
+    }
+    __syncthreads();
+    return warp ? w + warp_tot[warp - 1] : w;
+}
+
 __global__ static void __launch_bounds__(PICK_SMALL)
     pick_small(const float *logprobs, int V, int N, const pick_req *req, pick_out *out)
 {
-    __shared__ __align__(16) unsigned long long key[2 * PICK_SMALL];
-    __shared__ pick_block_sh s;
+    __shared__ __align__(16) unsigned long long key[2 * PICK_SMALL];   /* the keys, then (by rank) in order */
+    __shared__ unsigned long long warp_tot[PICK_SMALL_WARPS];
+    __shared__ int first;
     const pick_req q = req[blockIdx.x];
-    pick_block<PICK_SMALL>(logprobs + (size_t)q.row * V, V, N, q, out + blockIdx.x, key, &s);
+    const float *row = logprobs + (size_t)q.row * V;
+    pick_out *o = out + blockIdx.x;
+    const int t = threadIdx.x;
+    const float v = t < V ? row[t] : 0.0f;
+    if (__syncthreads_or(t < V && !isfinite(v))) {
+        if (t == 0) {
+            for (int k = 0; k < PICK_MAX_TOP; k++) o->top[k] = 0, o->top_lp[k] = 0;
+            o->token = -1, o->lp = 0;
+        }
+        return;
+    }
+    /* the host's order: the keys, then padding below every token's (0) up to a multiple of 4 (by rank) or N
+     * (a power of two >= V: the bitonic sort) */
+    const int rank = V <= PICK_RANK_MAX, pad = rank ? (V + 3) & ~3 : N;
+    if (t < pad) key[t] = t < V ? (unsigned long long)fkey(v) << 32 | (0xffffffffu - (unsigned)t) : 0ull;
+    __syncthreads();
+    const unsigned long long *srt = key;   /* the keys in order */
+    if (rank) {   /* each key's place: how many are above it (the keys differ: their ids do) */
+        if (t < V) {
+            const unsigned long long mine = key[t];
+            int r = 0;
+            for (int j = 0; j < pad; j += 4) {
+                const ulonglong2 a = *(const ulonglong2 *)(key + j), b = *(const ulonglong2 *)(key + j + 2);
+                r += (a.x > mine) + (a.y > mine) + (b.x > mine) + (b.y > mine);
+            }
+            key[PICK_SMALL + r] = mine;
+        }
+        srt = key + PICK_SMALL;
+    } else
+        for (int k = 2; k <= N; k <<= 1)
+            for (int j = k >> 1; j > 0; j >>= 1) {
+                const int p = t ^ j;
+                if (t < N && p > t) {
+                    const unsigned long long a = key[t], b = key[p];
+                    if ((t & k) == 0 ? a < b : a > b) key[t] = b, key[p] = a;
+                }
+                __syncthreads();
+            }
+    __syncthreads();
+    const int id = t < V ? (int)(0xffffffffu - (unsigned)(srt[t] & 0xffffffffu)) : -1;   /* the t-th in order */
+    const int ntop = q.top_n < 0 ? 0 : q.top_n > PICK_MAX_TOP ? PICK_MAX_TOP : q.top_n;
+    if (t < PICK_MAX_TOP) {   /* the top tokens; what is not asked for reads as nothing */
+        o->top[t] = t < ntop ? id : 0;
+        o->top_lp[t] = t < ntop ? (id >= 0 ? row[id] : -INFINITY) : 0;
+    }
+    if (t == 0) first = -1;
+    __syncthreads();
+    int token = 0;
+    if (q.sample && !(q.sp.temperature > 0 && q.sp.top_k != 1)) {   /* greedy (sample_draws): the first in order */
+        if (t == 0) first = id;
+        __syncthreads();
+        token = first;
+    } else if (q.sample) {
+        __shared__ int cut;
+        int n = q.sp.top_k > 0 && q.sp.top_k < V ? q.sp.top_k : V;
+        __shared__ unsigned long long tot[2];
+        pick_set c = {};
+        c.mx = (double)row[(int)(0xffffffffu - (unsigned)(srt[0] & 0xffffffffu))];   /* the first in order */
+        c.inv_t = 1.0 / q.sp.temperature;
+        const unsigned long long w = t < n ? weight(c, row[id]) : 0;
+        const unsigned long long cum = scan_u64(w, warp_tot);   /* running weight through position t */
+        /* the shortest prefix whose weight reaches top_p of the total */
+        if (t == n - 1) tot[0] = cum;
+        __syncthreads();
+        unsigned long long total = tot[0];
+        if (q.sp.top_p > 0 && q.sp.top_p < 1) {
+            const double target = q.sp.top_p * (double)total;
+            if (t == 0) cut = n;
+            __syncthreads();
+            if (t < n && (double)cum >= target) atomicMin(&cut, t + 1);
+            __syncthreads();
+            n = cut;
+            if (t == n - 1) tot[1] = cum;
+            __syncthreads();
+            total = tot[1];
+        }
+        /* the first position whose running weight passes u times the total, else the last in */
+        const double target = q.u * (double)total;
+        if (t == 0) cut = n - 1;
+        __syncthreads();
+        if (t < n && (double)cum > target) atomicMin(&cut, t);
+        __syncthreads();
+        if (t == cut) first = id;
+        __syncthreads();
+        token = first;
+    }
+    if (t == 0) {
+        o->token = token >= 0 && token < V ? token : 0;
+        o->lp = row[o->token];
+    }
 }
 
 int gpu_pick(gpu_model *g, int n, const pick_req *d_req, pick_out *d_out, char *err)

@@ -697,6 +697,29 @@ static void check_decode_kernel_mixed(const char *name)
     model_free(m);
 }
 
+/* The model at PATH (MODE) planned in bf16 for NS streams with its decode
+ * kernel taken for every step, into *MP; NULL (nothing left to free) where
+ * it does not load, plan, or have the kernel (a failure, named by LABEL). */
+static gpu_model *kernel_model(const char *path, mem_mode mode, int NS, const char *label, model_t **mp)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load_mode(path, mode, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return NULL;
+    gpu_model *g = gpu_model_new(m, NS, m->block_len, GPU_BF16, err);
+    CHECK(g != NULL, "%s", err);
+    const char *why = "";
+    if (!g || !gpu_decode_kernel_status(g, NULL, &why)) {
+        CHECK(!g, "%s: no decode kernel: %s", label, why);
+        gpu_model_free(g);
+        model_free(m);
+        return NULL;
+    }
+    gpu_decode_kernel(g, GPU_DECODE_KERNEL);
+    *mp = m;
+    return g;
+}
+
 /* gpu_decode_trace on aspan-small (NS streams): a traced step gives the
  * bits of the same step untraced (on copies of the same memories), and
  * its report lists every phase in order, as many as the step's barriers,
@@ -707,20 +730,10 @@ static void check_decode_kernel_mixed(const char *name)
 static void check_decode_trace(mem_mode mode, int NS)
 {
     char err[ERR_LEN];
-    model_t *m = model_load_mode(fx("aspan-small", "model.safetensors"), mode, err);
-    CHECK(m != NULL, "%s", err);
-    if (!m) return;
+    model_t *m = NULL;
+    gpu_model *g = kernel_model(fx("aspan-small", "model.safetensors"), mode, NS, "aspan-small", &m);
+    if (!g) return;
     const int V = m->V;
-    gpu_model *g = gpu_model_new(m, NS, m->block_len, GPU_BF16, err);
-    CHECK(g != NULL, "%s", err);
-    const char *why = "";
-    if (!g || !gpu_decode_kernel_status(g, NULL, &why)) {
-        CHECK(!g, "aspan-small: no decode kernel: %s", why);
-        gpu_model_free(g);
-        model_free(m);
-        return;
-    }
-    gpu_decode_kernel(g, GPU_DECODE_KERNEL);
     gpu_mem *a[8] = {0}, *b[8] = {0};
     int32_t tok[8 * 40];
     rm_rng rng = {13};
@@ -798,20 +811,10 @@ static int same_pick(const pick_out *a, const pick_out *b, int top_n);
 static void check_decode_picks_at(const char *path, const char *name, mem_mode mode, int NS, int mapped)
 {
     char err[ERR_LEN];
-    model_t *m = model_load_mode(path, mode, err);
-    CHECK(m != NULL, "%s", err);
-    if (!m) return;
+    model_t *m = NULL;
+    gpu_model *g = kernel_model(path, mode, NS, name, &m);
+    if (!g) return;
     const int V = m->V, STEPS = 40;
-    gpu_model *g = gpu_model_new(m, NS, m->block_len, GPU_BF16, err);
-    CHECK(g != NULL, "%s", err);
-    const char *why = "";
-    if (!g || !gpu_decode_kernel_status(g, NULL, &why)) {
-        CHECK(!g, "%s: no decode kernel: %s", name, why);
-        gpu_model_free(g);
-        model_free(m);
-        return;
-    }
-    gpu_decode_kernel(g, GPU_DECODE_KERNEL);
     const int straight = gpu_picks_mapped(g, mapped);
     gpu_mem *a[8] = {0}, *b[8] = {0};
     for (int s = 0; s < NS; s++) {
@@ -876,7 +879,7 @@ static void check_decode_picks(const char *name, mem_mode mode, int NS)
 }
 
 /* The same on random adaptive-span models of vocabularies that sample.cu
- * sorts by rank (300), by the bitonic sort (700 and 1,024: pick_block) and
+ * sorts by rank (300), by the bitonic sort (700 and 1,024: pick_small) and
  * with a cluster (1,025), and its picks of rows the host gives against the
  * host's on the first two (check_picks). */
 static void check_picks(const model_t *m, const char *label);
