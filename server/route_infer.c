@@ -521,6 +521,9 @@ enum MHD_Result route_task_done(request_t *r)
         else if (t->api == API_CHAT) j = chat_json(t);
         else j = completion_json(t);
     }
+    /* The answer is built: the model may go before the client reads it (a
+     * DELETE /v1/models sent on receipt must not find it still held). */
+    task_unhold(t);
     pthread_mutex_unlock(&srv.lock);
     if (status) return reply_error(r, status, "%s", err);
     return reply_json(r, 200, j);

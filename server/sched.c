@@ -60,10 +60,21 @@ int sched_submit(task_t *t, char *err, int *status)
     return 0;
 }
 
+void task_unhold(task_t *t)
+{
+    if (!t->holds_model) return;
+    if (!t->sess) {   /* its own memory: freed by the model's backend, so before the model can go */
+        mem_free(t->mem);
+        t->mem = NULL;
+    }
+    t->holds_model = 0;
+    t->sm->tasks--;
+}
+
 void task_release(task_t *t)
 {
     if (--t->refs > 0) return;
-    if (t->holds_model) t->sm->tasks--;
+    task_unhold(t);
     if (t->kind == TASK_GENERATE && t->g.m) {   /* t->res is a view of the state's result */
         gen_result r;
         gen_end(&t->g, &r);
@@ -160,6 +171,7 @@ static void complete(void *ctx)
     metrics_tokens(t->kind == TASK_GENERATE ? t->res.n_tokens : 0, t->kind == TASK_SCORE ? t->sc.tokens : 0);
     if (t->stream) {
         route_stream_final(t);   /* the last event: its shape is the route's */
+        task_unhold(t);          /* the rest of the stream is text: the model may go */
         wake_reader(t);
     } else {
         MHD_resume_connection(t->conn);   /* the route answers from the task */

@@ -92,8 +92,9 @@ typedef struct smodel {
     model_cost cost;             /* what a session and a step of it cost (report.h) */
     chat_template_t chat;        /* its conversations' prompts (/v1/chat/completions) */
     time_t created;              /* when it was loaded (the OpenAI model object's "created") */
-    int tasks;                   /* tasks holding it, from task_bind to task_release (srv.lock):
-                                  * while any does, DELETE /v1/models answers 409 */
+    int tasks;                   /* tasks holding it, from task_bind until their answer is built
+                                  * (task_unhold; srv.lock): while any does, DELETE /v1/models
+                                  * answers 409 */
     struct smodel *next;
 } smodel_t;
 
@@ -126,7 +127,7 @@ typedef enum { API_NATIVE, API_OPENAI, API_CHAT } api_kind;
 typedef struct task {
     task_kind kind;
     api_kind api;
-    smodel_t *sm;                /* held (sm->tasks) until the task is released */
+    smodel_t *sm;                /* held (sm->tasks) until the answer is built (task_unhold) */
     int holds_model;
     session_t *sess;             /* or NULL: mem is the task's own; released when the task is done */
     char sess_id[NAME_MAX_LEN + 1];   /* for the answer, which is built after the session is released */
@@ -263,6 +264,10 @@ void sched_stop(void);
 /* Queues T (srv.lock held); 429 past --max-queue. */
 int sched_submit(task_t *t, char *err, int *status);
 void task_release(task_t *t);   /* srv.lock held */
+/* Lets T's model go (srv.lock held): once its answer or last event is built,
+ * so a client that reads it may unload the model at once; frees the task's
+ * own memory first (the model's backend holds it). T->sm is not read after. */
+void task_unhold(task_t *t);
 /* Appends an SSE event to T's stream ("event: NAME" when NAME; steals DATA). */
 void task_event(task_t *t, const char *name, json_t *data);
 void task_sse_append(task_t *t, const char *s, size_t n);   /* raw bytes of the stream */

@@ -3,7 +3,8 @@
 test_reliability.py - the server against an attacker and an operator's bad
 day (issue 12), each defect with the test that found it:
 
-  memory      a model unloaded and reloaded while requests on it finish
+  memory      a model unloaded and reloaded while requests on it finish; a
+              model unloaded the moment an answer arrives (200, not 409)
   sessions    kill -9 and restart: every session there, the idle ones exactly
               as they were; a full state volume (tmpfs; root only, else a
               named skip); a cancelled, timed-out or drained generation leaves
@@ -204,6 +205,48 @@ def unload_under_load(S):
     check("the model was unloaded under load, and answers came", seen["unload"] >= 3 and seen["200"] >= 10, f"{seen}")
     check("alive", S.healthy(), S.death_note())
     S.call("DELETE", "/v1/models/u")
+
+
+@test
+def unload_on_receipt(S):
+    """DELETE /v1/models sent the moment an answer arrives: the model is free (200), whatever the request was
+    (a generation, a stream, a completion with logprobs, a score; on a session or on the request's own memory).
+    The task used to hold its model until the connection's last reference went, after the client had its answer:
+    a 409 "has requests in flight" for a request that was over."""
+    shutil.copy(A_PATH, os.path.join(S.model_dir, "rcpt.safetensors"))
+    bad, n = [], 0
+    for i in range(48):
+        r = S.call("POST", "/v1/models", {"name": "rcpt", "path": "rcpt.safetensors"})
+        if r.status != 201:
+            bad.append(f"load {i}: {r}")
+            break
+        sid = None
+        if i % 2:
+            sid = f"rcpt-{i}"
+            new_session(S, "rcpt", sid)
+        on = {"session": sid} if sid else {"model": "rcpt"}
+        kind = (i // 2) % 4
+        if kind == 0:
+            a = S.call("POST", "/v1/generate", dict(on, prompt="ROMEO:", max_tokens=8, seed=i))
+        elif kind == 1:
+            a = S.call("POST", "/v1/generate", dict(on, prompt="ROMEO:", max_tokens=8, stream=True))
+        elif kind == 2:
+            a = S.call("POST", "/v1/completions", dict(on, prompt="To be", max_tokens=4, logprobs=2, echo=True))
+        else:
+            a = S.call("POST", "/v1/score", dict(on, text=TEXT[:120]))
+        d = S.call("DELETE", "/v1/models/rcpt")
+        n += 1
+        if a.status != 200 or d.status != 200:
+            bad.append(f"request {i} (kind {kind}, session {sid}): {a.status}, then DELETE {d}")
+            if sid:
+                S.call("DELETE", f"/v1/sessions/{sid}")
+            S.call("DELETE", "/v1/models/rcpt")
+        if sid:
+            check_gone = S.call("GET", f"/v1/sessions/{sid}")
+            if check_gone.status != 404:
+                bad.append(f"session {sid} outlived its model: {check_gone}")
+    check("every answer, then DELETE at once: 200", not bad and n == 48, f"{n} done; " + "; ".join(bad[:4]))
+    check("alive", S.healthy(), S.death_note())
 
 
 @test
