@@ -89,6 +89,13 @@ int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *
 int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                        float *tlp, int n, const pick_req *q, pick_out *o, fwd_ws *ws, char *err)
 {
+    return model_forward_pick_while(m, mems, B, tokens, M, targets, tlp, n, q, o, NULL, NULL, ws, err);
+}
+
+int model_forward_pick_while(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
+                             const int32_t *targets, float *tlp, int n, const pick_req *q, pick_out *o,
+                             fwd_meanwhile mw, void *mw_ctx, fwd_ws *ws, char *err)
+{
     if (targets && !tlp) return err_set(err, "targets but nowhere for their logprobs");
     if (n < 0 || (n && (!q || !o))) return err_set(err, "no picks");
     for (int i = 0; i < n; i++)
@@ -98,7 +105,8 @@ int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tok
                            q[i].row, B * M, q[i].top_n, PICK_MAX_TOP);
     if (forward_check(m, mems, B, tokens, M, targets, err)) return -1;
     if (m->backend && m->backend->forward_pick) {
-        if (m->backend->forward_pick(m->backend->ctx, mems, B, tokens, M, targets, tlp, n, q, o, err)) return -1;
+        if (m->backend->forward_pick(m->backend->ctx, mems, B, tokens, M, targets, tlp, n, q, o, mw, mw_ctx, err))
+            return -1;
         advance(m, mems, B, tokens, M);
         return 0;
     }
@@ -115,6 +123,7 @@ int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tok
         memcpy(tg, targets, N * sizeof *tg);
         for (int i = 0; i < n; i++) tg[(size_t)(q[i].row / M) * M] = -1;
     }
+    if (mw) mw(mw_ctx, 1);   /* the host computes the step itself: its work first, as it would come */
     int rc = model_forward_targets(m, mems, B, tokens, M, tg, rows, ws, err);
     for (size_t r = 0; rc == 0 && targets && r < N; r++)
         if (targets[r / M * M] >= 0) tlp[r] = rows[r * V + targets[r]];

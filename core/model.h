@@ -95,6 +95,12 @@ struct mem;
 struct family_ops;
 struct adaptive;
 
+/* Host work a caller does while a step computes (model_forward_pick_while):
+ * called at most once a step. MAY_BLOCK 0: the device's lock is held
+ * meanwhile, so the work must not wait for a lock whose holders may attach
+ * or free a memory of the model; 1: no lock of the model is held (the CPU). */
+typedef void (*fwd_meanwhile)(void *ctx, int may_block);
+
 /* Another device's forward (kernels/ through server/device.c): while a model
  * has one, model_forward runs there and every memory of the model keeps its
  * rings in a copy on that device (mem_t.dev), the host copy brought up to
@@ -104,9 +110,11 @@ typedef struct fwd_backend {
     /* model_forward_targets' contract (TARGETS may be NULL) */
     int (*forward)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                    float *logprobs, char *err);
-    /* model_forward_pick's contract: the picks made on the device */
+    /* model_forward_pick_while's contract: the picks made on the device, MW(MW_CTX) (if not NULL) called once
+     * the step is launched, before its answer is waited for */
     int (*forward_pick)(void *ctx, struct mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
-                        float *tlp, int n, const pick_req *q, pick_out *o, char *err);
+                        float *tlp, int n, const pick_req *q, pick_out *o, fwd_meanwhile mw, void *mw_ctx,
+                        char *err);
     int (*attach)(void *ctx, struct mem *s, char *err);   /* make s->dev from the host copy */
     void (*detach)(void *ctx, struct mem *s);             /* free s->dev */
     int (*pull)(void *ctx, struct mem *s, char *err);     /* device -> host */
@@ -301,5 +309,14 @@ int model_forward_targets(const model_t *m, mem_t **mems, int B, const int32_t *
  * is not finite is o->token -1, not an error. */
 int model_forward_pick(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                        float *tlp, int n, const pick_req *q, pick_out *o, fwd_ws *ws, char *err);
+/* The same, with MW(MW_CTX) called once while the step computes: on a device
+ * after its launch, before its answer is waited for (the host's work on the
+ * last step's answer, a server's events, then costs the step nothing); on
+ * the CPU before the forward. Not called when the request is refused before
+ * the step starts (bad tokens, picks): a caller that must do the work checks
+ * whether it ran. */
+int model_forward_pick_while(const model_t *m, mem_t **mems, int B, const int32_t *tokens, int M,
+                             const int32_t *targets, float *tlp, int n, const pick_req *q, pick_out *o,
+                             fwd_meanwhile mw, void *mw_ctx, fwd_ws *ws, char *err);
 
 #endif

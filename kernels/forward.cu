@@ -440,6 +440,13 @@ static int picks_launch(gpu_model *g, int n, const pick_req *q, char *err)
 int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                      float *tlp, int n, const pick_req *q, pick_out *o, char *err)
 {
+    return gpu_forward_pick_while(g, mems, B, tokens, M, targets, tlp, n, q, o, NULL, NULL, err);
+}
+
+int gpu_forward_pick_while(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                           float *tlp, int n, const pick_req *q, pick_out *o, fwd_meanwhile mw, void *mw_ctx,
+                           char *err)
+{
     const size_t N = (size_t)B * M;
     int any_tg, any_rows;
     cudaGraphExec_t graph;
@@ -462,7 +469,9 @@ int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens,
                    err, "copying the picks back");
         g->picks_staged += n;
     }
-    if ((!staged && picks_launch(g, n, q, err)) || step_end(g, mems, B, tokens, M, err)) return -1;
+    if (!staged && picks_launch(g, n, q, err)) return -1;
+    if (mw) mw(mw_ctx, 0);   /* the host's work while the device computes */
+    if (step_end(g, mems, B, tokens, M, err)) return -1;
     for (size_t r = 0; any_tg && r < N; r++)
         if (targets[r / M * M] >= 0) tlp[r] = g->h_tl[r];
     if (n) memcpy(o, g->h_po, (size_t)n * sizeof *o);

@@ -184,6 +184,11 @@ int gpu_forward_targets(gpu_model *g, gpu_mem **mems, int B, const int32_t *toke
  * with TARGETS, model_forward_pick's, their logprobs into TLP). */
 int gpu_forward_pick(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                      float *tlp, int n, const pick_req *q, pick_out *o, char *err);
+/* The same, with MW(MW_CTX) (if not NULL) called once the step and its picks
+ * are launched, before they are waited for (model_forward_pick_while). */
+int gpu_forward_pick_while(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
+                           float *tlp, int n, const pick_req *q, pick_out *o, fwd_meanwhile mw, void *mw_ctx,
+                           char *err);
 /* Picks (gpu_forward_pick) that went up with their step's inputs, since
  * the load: a step of up to 16 picks stages them in its one transfer, and
  * the pick kernel writes its answers into pinned host memory (no copy

@@ -44,9 +44,13 @@ static void sync_scalars(gpu_mem *g, const mem_t *s)
 }
 
 /* One step on the device: with PICK the N picks Q (and TARGETS' logprobs
- * into LOGPROBS, B x M floats), else LOGPROBS (model_forward_targets'). */
+ * into LOGPROBS, B x M floats), else LOGPROBS (model_forward_targets').
+ * MW runs while the step computes, with d->lock held: it must not wait for a
+ * lock whose holders may wait for d->lock (the server's only tries
+ * srv.lock, under which sessions are attached and freed). */
 static int dev_step(device_model *d, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
-                    float *logprobs, int pick, int n, const pick_req *q, pick_out *o, char *err)
+                    float *logprobs, int pick, int n, const pick_req *q, pick_out *o, fwd_meanwhile mw, void *mw_ctx,
+                    char *err)
 {
     if (B > DEVICE_MAX_BATCH) return err_set(err, "a step of %d streams is over %d", B, DEVICE_MAX_BATCH);
     pthread_mutex_lock(&d->lock);
@@ -54,7 +58,7 @@ static int dev_step(device_model *d, mem_t **mems, int B, const int32_t *tokens,
         d->batch[b] = mems[b]->dev;
         sync_scalars(d->batch[b], mems[b]);
     }
-    int rc = pick ? gpu_forward_pick(d->g, d->batch, B, tokens, M, targets, logprobs, n, q, o, err)
+    int rc = pick ? gpu_forward_pick_while(d->g, d->batch, B, tokens, M, targets, logprobs, n, q, o, mw, mw_ctx, err)
                : gpu_forward_targets(d->g, d->batch, B, tokens, M, targets, logprobs, err);
     for (int b = 0; rc == 0 && b < B; b++)   /* par: the rows each attention block now holds */
         memcpy(mems[b]->len, d->batch[b]->len, (size_t)d->m->n_layers * sizeof *mems[b]->len);
@@ -65,13 +69,14 @@ static int dev_step(device_model *d, mem_t **mems, int B, const int32_t *tokens,
 static int dev_forward(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
                        float *logprobs, char *err)
 {
-    return dev_step(ctx, mems, B, tokens, M, targets, logprobs, 0, 0, NULL, NULL, err);
+    return dev_step(ctx, mems, B, tokens, M, targets, logprobs, 0, 0, NULL, NULL, NULL, NULL, err);
 }
 
 static int dev_forward_pick(void *ctx, mem_t **mems, int B, const int32_t *tokens, int M, const int32_t *targets,
-                            float *tlp, int n, const pick_req *q, pick_out *o, char *err)
+                            float *tlp, int n, const pick_req *q, pick_out *o, fwd_meanwhile mw, void *mw_ctx,
+                            char *err)
 {
-    return dev_step(ctx, mems, B, tokens, M, targets, tlp, 1, n, q, o, err);
+    return dev_step(ctx, mems, B, tokens, M, targets, tlp, 1, n, q, o, mw, mw_ctx, err);
 }
 
 static int dev_attach(void *ctx, mem_t *s, char *err)

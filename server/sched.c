@@ -331,15 +331,53 @@ static int feed_readers(task_t **batch, int B, size_t M, char *err)
     return 0;
 }
 
+/* The events of a decode step's tokens: sent while the device computes the
+ * next step (model_forward_pick_while), or after it. */
+typedef struct {
+    task_t **tasks;
+    const char **pieces;
+    size_t *lens;
+    int n;
+    int sent;
+} step_events;
+
+static void send_events(step_events *e)
+{
+    for (int i = 0; i < e->n; i++) {
+        task_t *t = e->tasks[i];
+        if (t->g.res.n_tokens == 1) t->t_first = now_s();
+        if (t->stream && t->g.res.n_tokens > 0) emit_token(t, e->pieces[i], e->lens[i]);
+    }
+    e->sent = 1;
+}
+
+/* While the step computes: the events. On a device, only if srv.lock is
+ * free now: the step holds the device's lock, and a thread holding srv.lock
+ * may be waiting for it (a session attached or freed), so waiting here could
+ * deadlock; a busy lock leaves the events for after the step. */
+static void send_events_meanwhile(void *ctx, int may_block)
+{
+    step_events *e = ctx;
+    if (may_block) pthread_mutex_lock(&srv.lock);
+    else if (pthread_mutex_trylock(&srv.lock) != 0) return;
+    send_events(e);
+    pthread_mutex_unlock(&srv.lock);
+}
+
 /* One decode step for every generating task of model SM (outside the lock,
- * except for the events). */
+ * except for the events): each task takes the token its last step picked,
+ * then one forward feeds those that go on and picks their next. The tokens'
+ * events go out while that forward computes. */
 static void decode_batch(task_t **batch, int B)
 {
     const model_t *m = batch[0]->sm->m;
     mem_t *mems[SCHED_MAX_BATCH];
     int32_t toks[SCHED_MAX_BATCH];
     int n = 0;
-    task_t *feed[SCHED_MAX_BATCH];
+    task_t *feed[SCHED_MAX_BATCH], *said[SCHED_MAX_BATCH];
+    const char *pieces[SCHED_MAX_BATCH];
+    size_t lens[SCHED_MAX_BATCH];
+    step_events ev = {said, pieces, lens, 0, 0};
     for (int i = 0; i < B; i++) {
         task_t *t = batch[i];
         int more = gen_sample(&t->g);
@@ -350,32 +388,29 @@ static void decode_batch(task_t **batch, int B)
             pthread_mutex_unlock(&srv.lock);
             continue;
         }
-        const char *piece;
-        size_t len;
-        gen_take_text(&t->g, &piece, &len);
-        pthread_mutex_lock(&srv.lock);
-        if (t->g.res.n_tokens == 1) t->t_first = now_s();
-        if (t->stream && t->g.res.n_tokens > 0) emit_token(t, piece, len);
-        pthread_mutex_unlock(&srv.lock);
+        /* the text stays where it is until the task's next gen_accept, after the events */
+        gen_take_text(&t->g, &pieces[ev.n], &lens[ev.n]);
+        said[ev.n++] = t;
         if (more) {
             feed[n] = t;
             mems[n] = t->mem;
             toks[n++] = t->g.next;
         }
     }
-    if (n == 0) return;
-    /* the next tokens are picked where the logprobs are (on a GPU, the device) */
+    int rc = 0;
+    char err[ERR_LEN];
     pick_req q[SCHED_MAX_BATCH];
     pick_out o[SCHED_MAX_BATCH];
-    for (int i = 0; i < n; i++) gen_pick_req(&feed[i]->g, i, &q[i]);
-    char err[ERR_LEN];
-    if (model_forward_pick(m, mems, n, toks, 1, NULL, NULL, n, q, o, ws, err)) {
-        pthread_mutex_lock(&srv.lock);
-        for (int i = 0; i < n; i++) fail(feed[i], 500, err);
-        pthread_mutex_unlock(&srv.lock);
-        return;
+    if (n) {
+        /* the next tokens are picked where the logprobs are (on a GPU, the device) */
+        for (int i = 0; i < n; i++) gen_pick_req(&feed[i]->g, i, &q[i]);
+        rc = model_forward_pick_while(m, mems, n, toks, 1, NULL, NULL, n, q, o, send_events_meanwhile, &ev, ws, err);
     }
-    for (int i = 0; i < n; i++) gen_accept(&feed[i]->g, &o[i]);
+    pthread_mutex_lock(&srv.lock);
+    if (!ev.sent) send_events(&ev);
+    for (int i = 0; rc && i < n; i++) fail(feed[i], 500, err);
+    pthread_mutex_unlock(&srv.lock);
+    for (int i = 0; !rc && i < n; i++) gen_accept(&feed[i]->g, &o[i]);
 }
 
 static int finished_generating(const task_t *t)

@@ -805,8 +805,11 @@ static void check_decode_trace(mem_mode mode, int NS)
  * tenth) over every kind (greedy, temperatures, top-k past the vocabulary,
  * top-p down to 1e-9, draws of 0 and just under 1, a row picked twice, top
  * tokens), each equal to the host's in token, logprob and top tokens; a
- * step with targets gives their logprobs beside the picks. */
+ * step with targets gives their logprobs beside the picks; every other step
+ * goes through gpu_forward_pick_while, whose host work runs once. */
 static int same_pick(const pick_out *a, const pick_out *b, int top_n);
+
+static void count_call(void *ctx, int may_block) { *(int *)ctx += may_block ? 100 : 1; }
 
 static void check_decode_picks_at(const char *path, const char *name, mem_mode mode, int NS, int mapped)
 {
@@ -831,7 +834,7 @@ static void check_decode_picks_at(const char *path, const char *name, mem_mode m
     pick_req q[17];
     pick_out o[17], h;
     long made = 0, staged0 = gpu_picks_staged(g);
-    int n_bad = 0, bad_step = -1, bad_i = -1, total = 0, tl_bad = 0;
+    int n_bad = 0, bad_step = -1, bad_i = -1, total = 0, tl_bad = 0, mw_bad = 0;
     for (int k = 0; k < STEPS; k++) {
         for (int s = 0; s < NS; s++) tok[s] = (int32_t)(rng_next(&r) % (uint64_t)V);
         const int n = k % 10 == 9 ? 17 : 1 + (k * 7 + NS) % (2 * NS < 16 ? 2 * NS : 16);
@@ -846,8 +849,13 @@ static void check_decode_picks_at(const char *path, const char *name, mem_mode m
         const int with_tg = k % 10 == 4;
         for (int s = 0; s < NS; s++) tg[s] = (int32_t)((s * 5 + k) % V), tl[s] = NAN;
         CHECK(gpu_forward(g, a, NS, tok, 1, la, err) == 0, "%s", err);
-        CHECK(gpu_forward_pick(g, b, NS, tok, 1, with_tg ? tg : NULL, with_tg ? tl : NULL, n, q, o, err) == 0, "%s",
-              err);
+        /* every other step with the host's work in the step's shadow: called once, the same picks */
+        int mw_calls = 0;
+        CHECK((k % 2 ? gpu_forward_pick_while(g, b, NS, tok, 1, with_tg ? tg : NULL, with_tg ? tl : NULL, n, q, o,
+                                              count_call, &mw_calls, err)
+                     : gpu_forward_pick(g, b, NS, tok, 1, with_tg ? tg : NULL, with_tg ? tl : NULL, n, q, o, err)) == 0,
+              "%s", err);
+        mw_bad += mw_calls != k % 2;
         if (n <= 16) made += n;
         for (int i = 0; i < n; i++) {
             sample_pick(la + (size_t)q[i].row * V, V, &q[i], &h, sc);
@@ -863,6 +871,8 @@ static void check_decode_picks_at(const char *path, const char *name, mem_mode m
     CHECK(n_bad == 0, "%s, %d streams: %d of %d picks differ from the host's; the first: step %d, pick %d", name, NS,
           n_bad, total, bad_step, bad_i);
     CHECK(tl_bad == 0, "%s, %d streams: %d targets' logprobs beside the picks differ from the rows'", name, NS, tl_bad);
+    CHECK(mw_bad == 0, "%s, %d streams: gpu_forward_pick_while called the host's work other than once in %d steps",
+          name, NS, mw_bad);
     CHECK(gpu_picks_staged(g) - staged0 == made, "%s, %d streams: %ld picks staged, %ld expected", name, NS,
           gpu_picks_staged(g) - staged0, made);
     for (int s = 0; s < NS; s++) gpu_mem_free(a[s]), gpu_mem_free(b[s]);

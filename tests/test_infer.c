@@ -489,6 +489,74 @@ static void check_batch_invariance(void)
     }
 }
 
+/* model_forward_pick_while on the CPU: the host's work runs once, before
+ * the forward (the memories not yet advanced), the picks are
+ * model_forward_pick's bits, and a step refused before it starts (a token
+ * outside the vocabulary) never calls it. */
+typedef struct {
+    mem_t **mems;
+    int B, calls;
+    long long pos_seen;
+} pick_while_seen;
+
+static void pick_while_note(void *ctx, int may_block)
+{
+    pick_while_seen *w = ctx;
+    w->calls += may_block ? 1 : 100;   /* no lock of the model is held on the CPU */
+    w->pos_seen = w->mems[w->B - 1]->pos;
+}
+
+static void check_pick_while(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-infer-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    float z[2 * 3] = {0.1f, 0.6f, 1.0f, 0.0f, 0.3f, 0.9f};
+    const rm_aspan as = {37, 36, 3, 52, 2, 70, 20, 8, z, 0};
+    CHECK(rm_write_aspan(p, &as, 29, err) == 0, "%s", err);
+    model_t *m = model_load(p, err);
+    unlink(p);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    fwd_ws *ws = ws_new();
+    enum { B = 3 };
+    mem_t *a[B], *b[B];
+    for (int i = 0; i < B; i++) a[i] = mem_new(m), b[i] = mem_new(m);
+    int32_t tok[B] = {1, 5, 9};
+    pick_req q[B];
+    pick_out oa[B], ob[B];
+    int same = 1, calls_ok = 1, before_ok = 1;
+    for (int step = 0; step < 12; step++) {
+        for (int i = 0; i < B; i++)
+            q[i] = (pick_req){i, 1, {0.7f + 0.1f * i, i == 1 ? 5 : 0, i == 2 ? 0.9 : 1.0}, 0.13 + 0.27 * i, 2};
+        pick_while_seen w = {a, B, 0, -1};
+        const long long pos0 = a[B - 1]->pos;
+        CHECK(model_forward_pick_while(m, a, B, tok, 1, NULL, NULL, B, q, oa, pick_while_note, &w, ws, err) == 0,
+              "%s", err);
+        CHECK(model_forward_pick(m, b, B, tok, 1, NULL, NULL, B, q, ob, ws, err) == 0, "%s", err);
+        calls_ok &= w.calls == 1;
+        before_ok &= w.pos_seen == pos0 && a[B - 1]->pos == pos0 + 1;
+        for (int i = 0; i < B; i++) {
+            same &= oa[i].token == ob[i].token && oa[i].lp == ob[i].lp;
+            for (int k = 0; k < q[i].top_n; k++) same &= oa[i].top[k] == ob[i].top[k] && oa[i].top_lp[k] == ob[i].top_lp[k];
+            tok[i] = oa[i].token;
+        }
+    }
+    CHECK(calls_ok, "the host's work ran once a step");
+    CHECK(before_ok, "before the forward, on the CPU");
+    CHECK(same, "the picks are model_forward_pick's");
+    int32_t bad[B] = {1, m->V, 2};
+    pick_while_seen w = {a, B, 0, -1};
+    CHECK(model_forward_pick_while(m, a, B, bad, 1, NULL, NULL, B, q, oa, pick_while_note, &w, ws, err) != 0 &&
+              w.calls == 0,
+          "a refused step does not call it (%d calls): %s", w.calls, err);
+    for (int i = 0; i < B; i++) mem_free(a[i]), mem_free(b[i]);
+    ws_free(ws);
+    model_free(m);
+}
+
 /* A memory exported and imported gives the same next distribution; an
  * export refuses a model of another shape or weights. */
 static void check_serialize(const char *name)
@@ -931,6 +999,7 @@ int main(void)
     check_many("aspan-small", MEM_SPAN);
     check_many("par-small", MEM_EXACT);
     check_batch_invariance();
+    check_pick_while();
     check_serialize("aspan-small");
     check_serialize("par-small");
     check_generate();
