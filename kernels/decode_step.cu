@@ -293,8 +293,8 @@ static __device__ __forceinline__ int lin_warp() { return (threadIdx.x >> 5) * g
  * block's writes are done, grid_wait waits for every block's (the next
  * barrier's count is returned). Between them a block issues what needs
  * nothing of this phase (the copies of later layers' weights and of the
- * next LayerNorm's, the next attention's L2 prefetch), so that work stands in
- * the barrier's shadow instead of before it. Thread 0 of each block adds
+ * next LayerNorm's), so that work stands in the barrier's shadow instead of
+ * before it. Thread 0 of each block adds
  * its arrival (after the block's writes: __syncthreads, then a releasing
  * add) to a count that only grows, and polls it with relaxed loads (an
  * acquiring load would invalidate the SM's L1 at every poll, the working
@@ -342,12 +342,6 @@ static __device__ __forceinline__ int grid_sync(const mk_args &a, int ph)
 static __device__ __forceinline__ void prefetch_l2(const void *p)
 {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-/* The lines of N bytes at P (128-byte aligned) into L2, by this thread */
-static __device__ __forceinline__ void prefetch_bytes1(const void *p, int n)
-{
-    for (int o = 0; o < n; o += 128) prefetch_l2((const char *)p + o);
 }
 
 /* 16 bytes from global memory into shared memory, asynchronously (cp.async,
@@ -1303,11 +1297,10 @@ static __device__ __forceinline__ void geo_load(const mk_args &a, const mk_sub *
 
 /* The block's first item of each attention sublayer s into G0[s], a
  * thread a sublayer (from the plan in global memory), as one group of
- * copies, when the step starts: the attention's phase and the prefetch
- * for it need not wait for a load (H200: the prefetch's own loads made a
- * feed-forward's shadow 1.5-2 us longer than a barrier). Landed (and seen
- * by the block) once the step's first linear layer has waited for its
- * rows and the block has passed the first barrier. */
+ * copies, when the step starts: the attention's phase need not wait for a
+ * load to find its rows. Landed (and seen by the block) once the step's
+ * first linear layer has waited for its rows and the block has passed the
+ * first barrier. */
 static __device__ __noinline__ void geo_cache(const mk_args &a, mk_geo *G0)
 {
     for (int s = threadIdx.x; s < a.nsub; s += blockDim.x) {
@@ -1323,34 +1316,6 @@ static __device__ __noinline__ void geo_cache(const mk_args &a, mk_geo *G0)
         if (kind == MK_REL) cp4(&G0[s].mlen, a.len + (size_t)b * a.nl + u->layer);
     }
     cp_commit();
-}
-
-/* What the block's items of sublayer U's attention will read from earlier
- * steps (ring rows, position rows, masks) into L2, a sublayer ahead, by
- * the threads from T0 on; the first item's inputs from G0 (geo_cache's),
- * or NULL: loaded */
-static __device__ __noinline__ void att_prefetch(const mk_args &a, const mk_sub *u, const mk_geo *g0, int t0)
-{
-    const int DH = a.dh;
-    const bool rel = u->kind == MK_REL;
-    for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
-        mk_geo g;
-        if (g0 && it == (int)blockIdx.x) g = *g0;
-        else geo_load(a, u, it, g);
-        mk_head H;
-        att_head(a, u, g, it / u->nitems, H, DH, rel);
-        for (int t = (int)threadIdx.x - t0; t >= 0 && t < MK_SPLIT; t += (int)blockDim.x - t0) {
-            mk_key K;
-            att_key(a, H, t, K, DH, rel);
-            if (!K.ok) continue;
-            if (!rel || K.k != H.nk) {   /* (not the step's own key: written in this step) */
-                prefetch_bytes1(K.k, DH * sizeof(bf16));
-                if (K.vok) prefetch_bytes1(K.v, DH * sizeof(bf16));
-            }
-            if (rel) prefetch_bytes1(K.ph, DH * sizeof(__half));
-            else if (K.vok && (t & 31) == 0) prefetch_l2(a.derived + g.i1.y + K.md - 1);
-        }
-    }
 }
 
 /* The attention phase of sublayer U: its items over the grid, the first's
@@ -1423,20 +1388,14 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
         for (int i = threadIdx.x; i < nl; i += blockDim.x) ((uint4 *)Ls)[i] = __ldg((const uint4 *)a.lin + i);
     }
     __syncthreads();
-    if (a.nsub > 0 && S[0].kind != MK_FFN) att_prefetch(a, &S[0], NULL, 0);
+    /* (no L2 prefetch of the attentions' rows: with the weights first to evict the rings stay in L2, and the
+     * prefetch's own work, in a barrier's shadow or a half block's, cost more than it saved; H200: 1 session +4
+     * to +7%, 8 sessions +2 to +5% without it) */
     int j = 0;                        /* linear layers done */
     int f = a.acc0;                   /* FFN: the next feed-forward's buffer */
     const long long *racc = NULL;     /* FFN: the sublayer before's sums, when it was one */
     for (int s = 0; s < a.nsub; s++) {
         const mk_sub *u = &S[s];
-        /* the next sublayer's attention: its rows into L2 (adaptive-span's position rows, one table for every
-         * layer, stay there), after a feed-forward with at most two items a block (few streams) by the whole
-         * block between fc1's arrival and its wait (EARLY), else by the upper half of the block at the start of
-         * fc2 or Wo (a linear layer of D rows leaves it idle on most shapes). (H200: with one stream the upper
-         * half's prefetch lengthened fc2's tail by 1.2 us a phase once fc2 took straight code; in fc1's shadow
-         * with 8 streams it lengthened fc1's barrier by more.) With FFN or WO1: in that phase's shadow, by the whole block */
-        const bool next_att = s + 1 < a.nsub && S[s + 1].kind != MK_FFN,
-                   early = next_att && a.B * S[s + 1].nitems <= 2 * (int)gridDim.x;
         mk_input(a, prev == NULL, xi, xo, xs, lnp, racc, ph);
         { float *t = (float *)xi; xi = xo; xo = t; }
         mk_point(a, 1, ph);
@@ -1450,7 +1409,6 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             ln_issue(u, lnp, D);
             wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
             wbuf_issue(&Ls[j + 3], j + 3 < a.nlin, buf0 + ((j + 1) & 1) * MK_BUF_VECS, lin_role(a, S, j + 3));
-            if (next_att) att_prefetch(a, u + 1, G0 + s + 1, 0);
             j += 2;
             ph = grid_wait(a, ph);
             racc = acc;
@@ -1463,12 +1421,10 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             mk_point(a, 2, ph);
             grid_arrive(a, ph);
             wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
-            if (early) att_prefetch(a, u + 1, G0 + s + 1, 0);
             j++;
             ph = grid_wait(a, ph);
             load_rows(xs, a.ff, I, B);
             mk_point(a, 1, ph);
-            if (threadIdx.x >= MK_THREADS / 2 && next_att && !early) att_prefetch(a, u + 1, G0 + s + 1, MK_THREADS / 2);
             if (B == 1 && I == 2048 && Ls[j].out <= 2 * (int)gridDim.x * MK_WARPS) {   /* (one stream, one pass) */
                 cp_wait_but_last();
                 gemv_first8(&Ls[j], xs, a.r, buf0 + (j & 1) * MK_BUF_VECS);
@@ -1493,7 +1449,6 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
                 grid_arrive(a, ph);
                 ln_issue(u, lnp, D);
                 wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
-                if (next_att) att_prefetch(a, u + 1, G0 + s + 1, 0);
                 j++;
                 ph = grid_wait(a, ph);
                 racc = acc;
@@ -1505,7 +1460,6 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             ph = grid_sync(a, ph);
             load_rows(xs, a.att, A, B);
             mk_point(a, 1, ph);
-            if (threadIdx.x >= MK_THREADS / 2 && next_att) att_prefetch(a, u + 1, G0 + s + 1, MK_THREADS / 2);
             gemv(EPI_BF16, &Ls[j], xs, A, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
         }
         mk_point(a, 2, ph);
