@@ -94,13 +94,21 @@ static void check_chunks(const char *name, mem_mode mode)
  * scoring blocks, bit for bit. */
 static double worst_diff(const float *a, const float *b, size_t n);
 
+/* P (a mkstemp template) made a new empty file's name; -1 (a failed check) if not. */
+static int temp_file(char *p)
+{
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp %s", p);
+    if (fd < 0) return -1;
+    close(fd);
+    return 0;
+}
+
+
 static void check_score_block(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-sblock-XXXXXX";
-    int fd = mkstemp(p);
-    CHECK(fd >= 0, "mkstemp");
-    if (fd < 0) return;
-    close(fd);
+    if (temp_file(p)) return;
     float z[2 * 3] = {0.1f, 0.6f, 1.0f, 0.0f, 0.3f, 0.9f};
     static const int blocks[3] = {20, 600, 5000}, want[3] = {160, 3600, 5000};
     for (int i = 0; i < 3; i++)
@@ -455,10 +463,7 @@ static void check_alone_or_batched(const char *name, model_t *m)
 static void check_batch_invariance(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-infer-XXXXXX";
-    int fd = mkstemp(p);
-    CHECK(fd >= 0, "mkstemp");
-    if (fd < 0) return;
-    close(fd);
+    if (temp_file(p)) return;
     float z[2 * 3] = {0.1f, 0.6f, 1.0f, 0.0f, 0.3f, 0.9f};
     const rm_aspan as[2] = {{37, 36, 3, 52, 2, 70, 20, 8, z, 0}, {37, 132, 3, 264, 1, 60, 48, 8, z, 0}};
     const rm_par ps[2] = {{37, 40, 3, 11, 56, 30, 20, 0, "afsa"}, {37, 132, 3, 44, 264, 30, 48, 0, "afsa"}};
@@ -509,10 +514,7 @@ static void pick_while_note(void *ctx, int may_block)
 static void check_pick_while(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-infer-XXXXXX";
-    int fd = mkstemp(p);
-    CHECK(fd >= 0, "mkstemp");
-    if (fd < 0) return;
-    close(fd);
+    if (temp_file(p)) return;
     float z[2 * 3] = {0.1f, 0.6f, 1.0f, 0.0f, 0.3f, 0.9f};
     const rm_aspan as = {37, 36, 3, 52, 2, 70, 20, 8, z, 0};
     CHECK(rm_write_aspan(p, &as, 29, err) == 0, "%s", err);
