@@ -201,6 +201,181 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS)
     }
 }
 
+/* GPU_BF16, one token a stream (decode), heads of 32 or 64 dims: a block
+ * of DBW_WARPS warps takes a (stream, head) pair's split of distances in
+ * tiles of 32 a warp, and every load of a tile goes out at once: a key's
+ * rows are read by DH / 8 lanes, 8 dims (16 bytes) each, so a warp's load
+ * takes 32 / (DH / 8) whole rows (full cache lines, where a lane a row
+ * touched 32 lines a load), and its key, position (attn_mma.cu's bf16
+ * key_pe by distance, pe_h) and value rows and its mask are loaded together,
+ * values before the scores are known (decode_step.cu's attention item, the
+ * persistent kernel's, does the same). The score q.(k + pe) / sqrt(DH), the
+ * lanes' parts summed by shuffles; the warp's running softmax (m, Z = sum e,
+ * W = sum e m(d), O = sum e m(d) v, each lane its 8 dims of its keys); the
+ * warps met in shared memory, a split's record into g->part
+ * (aspan_combine_kernel's format) or the block's output; the step's key and
+ * value into the rings by the block that read the rows they replace, after
+ * its reads. */
+/* 8 bf16 (16 bytes) as floats */
+static __device__ __forceinline__ void bf8u(const uint4 &v, float *o)
+{
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
+        o[2 * k] = f.x, o[2 * k + 1] = f.y;
+    }
+}
+
+#define DBW_WARPS 4
+#define DBW_TILE (32 * DBW_WARPS)   /* distances a block takes a round */
+
+template <int DH>
+__global__ static void __launch_bounds__(32 * DBW_WARPS)
+    aspan_decode_bw_kernel(bf16 *attb, const bf16 *qkv, const bf16 *pe_h, const int *krows, const int *reach,
+                           const int64_t *mask_off, const float *derived, const int64_t *off, bf16 *const *ring,
+                           const int64_t *pos, int chunk, float *part)
+{
+    constexpr int LPK = DH / 8, KPI = 32 / LPK, R = 32 / KPI;
+    __shared__ float wst[DBW_WARPS][4 + DH];
+    const int b = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * DH, sp = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = lane % LPK, grp = lane / LPK;
+    const int kw = krows[h], r = reach[h];
+    const int dlo = 1 + sp * chunk, dhi = min(kw, dlo + chunk - 1);
+    const size_t oo = (size_t)b * H + (size_t)h * DH;
+    const bf16 *qb = qkv + (size_t)b * 3 * H + (size_t)h * DH, *kb = qb + H, *vb = kb + H;
+    bf16 *const kr = ring[b] + off[h], *const vr = kr + (size_t)kw * DH;
+    const int64_t t = pos[b];
+    const int kslot = kw > 0 ? ring_slot(t, kw) : 0, vslot = r > 0 ? ring_slot(t, r) : 0;
+    /* this block holds distance kw (r), the ring row the new key (value) replaces */
+    const bool wk = dlo <= kw && kw <= dhi, wv = r > 0 && dlo <= r && r <= dhi;
+    if (r == 0 || dlo > kw) {   /* nothing here (a zero mask: aspan_combine_kernel or this block writes zeros) */
+        if (!part && r == 0)
+            for (int x = threadIdx.x; x < DH; x += blockDim.x) attb[oo + x] = __float2bfloat16(0.0f);
+        if (wk)   /* no value ring; the key is still the window's */
+            for (int x = threadIdx.x; x < DH; x += blockDim.x) kr[(size_t)kslot * DH + x] = kb[x];
+        return;
+    }
+    const float *mask = derived + mask_off[h];
+    float q[8];
+    unpack16(qb + 8 * c, q);
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+    float mx = -INFINITY, z = 0.0f, w = 0.0f, acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
+    for (int d0 = dlo + 32 * warp; d0 <= dhi; d0 += DBW_TILE) {
+        uint4 kk[R], vv[R], pp[R];
+        float mw[R];
+        unsigned okm = 0;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const int d = d0 + KPI * i + grp;
+            const bool ok = d <= dhi, vok = ok && d <= r;
+            const int ks = kslot - d < 0 ? kslot - d + kw : kslot - d, vs = vslot - d < 0 ? vslot - d + r : vslot - d;
+            okm |= ok ? 1u << i : 0u;
+            kk[i] = ok ? __ldg((const uint4 *)(kr + (size_t)ks * DH) + c) : z4;
+            pp[i] = ok ? __ldg((const uint4 *)(pe_h + (size_t)d * DH) + c) : z4;
+            vv[i] = vok ? __ldg((const uint4 *)(vr + (size_t)vs * DH) + c) : z4;
+            mw[i] = vok ? __ldg(mask + d - 1) : 0.0f;
+        }
+        float sc[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            float kf[8], pf[8], s = 0.0f;
+            bf8u(kk[i], kf);
+            bf8u(pp[i], pf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) s = fmaf(q[e], kf[e] + pf[e], s);
+            sc[i] = s;
+        }
+#pragma unroll
+        for (int o = 1; o < LPK; o <<= 1)
+#pragma unroll
+            for (int i = 0; i < R; i++) sc[i] += __shfl_xor_sync(0xffffffffu, sc[i], o);
+        float tm = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            sc[i] = okm >> i & 1u ? sc[i] / sqrtf((float)DH) : -INFINITY;
+            tm = fmaxf(tm, sc[i]);
+        }
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
+        if (tm > mx) {   /* warp-uniform */
+            const float f = mx == -INFINITY ? 0.0f : expf(mx - tm);
+            z *= f;
+            w *= f;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[e] *= f;
+            mx = tm;
+        }
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const float e = sc[i] == -INFINITY ? 0.0f : expf(sc[i] - mx), wt = e * mw[i];
+            float vf[8];
+            bf8u(vv[i], vf);
+            z += e;
+            w += wt;
+#pragma unroll
+            for (int x = 0; x < 8; x++) acc[x] = fmaf(wt, vf[x], acc[x]);
+        }
+    }
+    /* the warp's key groups, then the warps, met */
+#pragma unroll
+    for (int o = LPK; o < 32; o <<= 1) {
+        z += __shfl_xor_sync(0xffffffffu, z, o);
+        w += __shfl_xor_sync(0xffffffffu, w, o);
+#pragma unroll
+        for (int x = 0; x < 8; x++) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
+    }
+    if (grp == 0) {
+        *(float4 *)&wst[warp][4 + 8 * c] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        *(float4 *)&wst[warp][4 + 8 * c + 4] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+    }
+    if (lane == 0) wst[warp][0] = mx, wst[warp][1] = z, wst[warp][2] = w;
+    __syncthreads();   /* (and the block's reads are done) */
+    float M2 = -INFINITY;
+    for (int v = 0; v < DBW_WARPS; v++) M2 = fmaxf(M2, wst[v][0]);
+    float Z = 0.0f, W = 0.0f, ev[DBW_WARPS];
+    for (int v = 0; v < DBW_WARPS; v++) {
+        ev[v] = wst[v][0] == -INFINITY ? 0.0f : expf(wst[v][0] - M2);
+        Z += wst[v][1] * ev[v];
+        W += wst[v][2] * ev[v];
+    }
+    float *rec = part ? part + (((size_t)b * K + h) * gridDim.z + sp) * (DH + 4) : NULL;
+    if (rec && threadIdx.x == 0) rec[0] = M2, rec[1] = Z, rec[2] = W;
+    const float wz = W / Z + 1e-8f;
+    for (int x = threadIdx.x; x < DH; x += blockDim.x) {
+        float o = 0.0f;
+        for (int v = 0; v < DBW_WARPS; v++) o += wst[v][4 + x] * ev[v];
+        if (rec) rec[4 + x] = o;
+        else attb[oo + x] = __float2bfloat16(o / Z / wz);
+        if (wk) kr[(size_t)kslot * DH + x] = kb[x];
+        if (wv) vr[(size_t)vslot * DH + x] = vb[x];
+    }
+}
+
+/* aspan_decode_bw_kernel's launch: splits of whole tiles, as many as
+ * g->part holds */
+template <int DH> static int dec_bw_launch(gpu_model *g, int l, int B, int lw, char *err)
+{
+    const int K = g->m->n_head;
+    const int64_t pairs = (int64_t)B * K;
+    int most = (int)(ASPAN_SPLIT_BLOCKS / pairs), nsplit = (lw + DBW_TILE - 1) / DBW_TILE;
+    if (nsplit > most) nsplit = most;
+    if (nsplit < 1) nsplit = 1;
+    int chunk = (lw + nsplit - 1) / nsplit;
+    chunk = (chunk + DBW_TILE - 1) / DBW_TILE * DBW_TILE;
+    nsplit = lw > 0 ? (lw + chunk - 1) / chunk : 1;
+    float *part = nsplit > 1 ? g->part : NULL;
+    aspan_decode_bw_kernel<DH><<<dim3((unsigned)B, (unsigned)K, (unsigned)nsplit), 32 * DBW_WARPS, 0, g->stream>>>(
+        g->attb, g->qkvb, g->pe_h, g->krows + (size_t)l * K, g->reach + (size_t)l * K, g->mask_off + (size_t)l * K,
+        g->derived, g->d_off + (size_t)l * K, (bf16 *const *)stage_ring(g, g->d_stage), stage_pos(g, g->d_stage), chunk,
+        part);
+    LAUNCH_TRY(err, "aspan_decode (bf16)");
+    if (part && gpu_aspan_combine(g, l, B, 1, chunk, nsplit, NULL, g->attb, err)) return -1;
+    return 1;
+}
+
 template <typename RT, int D>
 static int dec_launch(gpu_model *g, int l, int B, int M, int nsplit, int chunk, float *att, bf16 *attb, const RT *qkv,
                       RT *const *ring, char *err)
@@ -236,6 +411,8 @@ int gpu_aspan_decode(gpu_model *g, int l, int B, int M, char *err)
     if (chunk < 32) chunk = 32;
     nsplit = (lw + chunk - 1) / chunk;
     if (nsplit < 1) nsplit = 1;
+    if (g->prec == GPU_BF16 && M == 1 && g->pe_h && D != 128)   /* decode: aspan_decode_bw_kernel */
+        return D == 32 ? dec_bw_launch<32>(g, l, B, lw, err) : dec_bw_launch<64>(g, l, B, lw, err);
     if (g->prec == GPU_BF16) {
         bf16 *const *ring = (bf16 *const *)stage_ring(g, g->d_stage);
         switch (D) {

@@ -492,6 +492,10 @@ int gpu_aspan_combine(gpu_model *g, int layer, int B, int M, int chunk, int nspl
  * dims, blocks of at least REL_TILE_MIN_M queries) */
 #define REL_TILE_MIN_M 16
 int gpu_rel_tile(gpu_model *g, int layer, int B, int M, char *err);
+/* rel_decode.cu: the same for one token a stream (decode) in GPU_BF16, heads
+ * of 32 or 64 dims, with the step's ring writes (g->ring_fused): 1 if it
+ * ran, 0 if not, -1 on an error */
+int gpu_rel_decode(gpu_model *g, int layer, int B, int M, char *err);
 /* the most shared memory a block of either attention asks for */
 size_t gpu_aspan_attn_smem(const gpu_model *g);
 size_t gpu_rel_attn_smem(const gpu_model *g);

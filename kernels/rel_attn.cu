@@ -211,6 +211,8 @@ int gpu_rel_attn(gpu_model *g, int l, int B, int M, char *err)
     const int nh = m->n_head, dh = m->d_head;
     const int tiled = gpu_rel_tile(g, l, B, M, err);   /* blocks of many queries: rel_tile.cu */
     if (tiled) return tiled < 0 ? -1 : 0;
+    const int dec = gpu_rel_decode(g, l, B, M, err);   /* bf16 decode steps: rel_decode.cu */
+    if (dec) return dec < 0 ? -1 : 0;
     const int T = (int64_t)B * M * nh < 1024 ? 512 : 128;
     const int cap = g->max_window < REL_SCORE_CAP ? g->max_window : REL_SCORE_CAP;
     const size_t smem = rel_smem(g, T);

@@ -590,7 +590,15 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
             printf("  decode %d, one traced step: %s\n", B, rep);
     }
     gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
-    if (getenv("SPANSERVE_BENCH_DECODE_ONLY")) {
+    const char *dec_only = getenv("SPANSERVE_BENCH_DECODE_ONLY");
+    if (dec_only) {
+        if (strcmp(dec_only, "64") == 0) {   /* =64: also 64 sessions (graphs), with their profile */
+            row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
+            printf("%-13s %-5s %s decode 64: %.0f tok/s (%.3f ms a step)\n", name, mode, gpu_precision_name(prec),
+                   row->dec64, 64e3 / row->dec64);
+            profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
+            fflush(stdout);
+        }
         free(lp);
         for (int s = 0; s < SESSIONS; s++) gpu_mem_free(mems[s]);
         gpu_timer_free(t);
@@ -667,7 +675,8 @@ static int bench_main(int argc, char **argv)
     row_t rows[6];
     int nrows = 0;
     char txl_rows[2][512] = {"", ""};
-    /* SPANSERVE_BENCH_DECODE_ONLY=1: the bf16 decode figures of aspan-enwik8 and par-base alone */
+    /* SPANSERVE_BENCH_DECODE_ONLY=1: the bf16 decode figures of aspan-enwik8 and par-base alone (=64: with 64
+     * sessions on the graphs too) */
     const int dec_only = getenv("SPANSERVE_BENCH_DECODE_ONLY") != NULL;
     if (!dec_only) {
         const char *pt = "/tmp/spanserve-bench-txl-wt103.safetensors";

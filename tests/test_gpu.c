@@ -12,7 +12,8 @@
  *     generation of 200 tokens equal to float32's for at least the first
  *     50, random inputs near the CPU, memories through upload/download;
  *   - decode steps run as CUDA graphs give the same bits as launched one by
- *     one;
+ *     one; bf16 decode steps of many streams (aspan_decode.cu's kernel)
+ *     against the CPU and the per-query kernel;
  *   - the errors gpu_forward returns;
  *   - par-transformer-xl-tf (core/par_tf.c): random models against the CPU
  *     in both precisions, the refusal past max_position, and the converted
@@ -1119,6 +1120,132 @@ static void check_random_models(void)
     unlink(p);
 }
 
+/* Decode steps of many streams in bf16 on the graphs (more than the decode
+ * kernel takes): the attention of one token a stream (aspan_decode.cu's
+ * aspan_decode_bw_kernel, rel_decode.cu: a key's rows by DH / 8 lanes,
+ * every load of a tile at once; adaptive-span's bf16 key_pe table,
+ * relative attention's fp16 r table) against the CPU in fp32, and against
+ * the per-query kernels (gpu_tiles 0: float key_pe or r rows) on the same
+ * device: at most 1.5 times the per-query kernel's distance from the CPU
+ * (+0.01), in the logprobs and in the memories after (the rings' new rows,
+ * written by the block that read the rows they replace). NS streams from
+ * three positions (the last past the window or the memory), so that a
+ * window splits over many blocks. */
+static void check_decode_bw_model(const model_t *m, const char *label, int NS, int far, uint64_t seed)
+{
+    char err[ERR_LEN];
+    const int V = m->V, pre[3] = {0, 37, far};
+    rm_rng rng = {seed};
+    fwd_ws *ws = ws_new();
+    mem_t *base[3], **cm = calloc((size_t)NS, sizeof *cm), **back = calloc((size_t)NS, sizeof *back);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(far > NS ? far : NS));
+    for (int s = 0; s < 3; s++) {
+        base[s] = mem_new(m);
+        for (int i = 0; i < pre[s]; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        for (int at = 0; at < pre[s]; at += m->block_len) {
+            const int k = pre[s] - at < m->block_len ? pre[s] - at : m->block_len;
+            CHECK(model_forward(m, &base[s], 1, tok + at, k, NULL, ws, err) == 0, "%s", err);
+        }
+    }
+    gpu_model *g[2];
+    gpu_mem **gm[2];
+    for (int k = 0; k < 2; k++) {   /* k 0: the decode kernels; 1: the per-query kernels */
+        g[k] = gpu_model_new(m, NS, 1, GPU_BF16, err);
+        CHECK(g[k] != NULL, "%s: %s", label, err);
+        gm[k] = calloc((size_t)NS, sizeof *gm[k]);
+        if (!g[k]) continue;
+        gpu_decode_kernel(g[k], GPU_DECODE_GRAPHS);
+        if (k) gpu_tiles(g[k], 0);
+        for (int s = 0; s < NS; s++) {
+            gm[k][s] = gpu_mem_new(g[k], err);
+            CHECK(gm[k][s] && gpu_mem_upload(gm[k][s], base[s % 3], err) == 0, "%s", err);
+        }
+    }
+    for (int s = 0; s < NS; s++) {
+        cm[s] = mem_new(m);
+        back[s] = mem_new(m);
+        CHECK(cm[s] && mem_copy(cm[s], base[s % 3]) == 0, "%s: mem_copy", label);
+    }
+    float *clp = malloc(sizeof(float) * (size_t)NS * V),
+          *lp[2] = {malloc(sizeof(float) * (size_t)NS * V), malloc(sizeof(float) * (size_t)NS * V)};
+    double d[2] = {0, 0}, dm[2] = {0, 0}, apart = 0;
+    for (int step = 0; step < 12 && g[0] && g[1]; step++) {
+        for (int i = 0; i < NS; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        CHECK(model_forward(m, cm, NS, tok, 1, clp, ws, err) == 0, "%s", err);
+        for (int k = 0; k < 2; k++) {
+            CHECK(gpu_forward(g[k], gm[k], NS, tok, 1, lp[k], err) == 0, "%s: %s", label, err);
+            const double x = max_diff(lp[k], clp, (size_t)NS * V);
+            d[k] = x > d[k] || isnan(x) ? x : d[k];
+        }
+        const double x = max_diff(lp[0], lp[1], (size_t)NS * V);
+        apart = x > apart || isnan(x) ? x : apart;
+    }
+    for (int k = 0; k < 2 && g[0] && g[1]; k++)
+        for (int s = 0; s < NS; s++) {
+            CHECK(gpu_mem_download(gm[k][s], back[s], err) == 0, "%s", err);
+            const double x = max_diff(back[s]->buf, cm[s]->buf, cm[s]->n_floats);
+            dm[k] = x > dm[k] || isnan(x) ? x : dm[k];
+            CHECK(back[s]->pos == cm[s]->pos && (!m->n_layers || !cm[s]->len ||
+                                                 memcmp(back[s]->len, cm[s]->len, (size_t)m->n_layers * sizeof(int)) == 0),
+                  "%s: stream %d's position or lengths differ from the CPU's", label, s);
+        }
+    printf("%s: logprobs %.2e from the CPU (the per-query kernel %.2e, the two %.2e apart), memories %.2e (%.2e)\n", label,
+           d[0], d[1], apart, dm[0], dm[1]);
+    CHECK(d[0] <= 1.5 * d[1] + 0.01, "%s: logprobs %.3g from the CPU, the per-query kernel %.3g", label, d[0], d[1]);
+    CHECK(dm[0] <= 1.5 * dm[1] + 1e-3, "%s: memories %.3g from the CPU, the per-query kernel's %.3g", label, dm[0], dm[1]);
+    CHECK(d[1] <= 0.5, "%s: the per-query kernel's logprobs %.3g from the CPU", label, d[1]);
+    for (int k = 0; k < 2; k++) {
+        for (int s = 0; g[k] && s < NS; s++) gpu_mem_free(gm[k][s]);
+        free(gm[k]);
+        gpu_model_free(g[k]);
+        free(lp[k]);
+    }
+    for (int s = 0; s < NS; s++) mem_free(cm[s]), mem_free(back[s]);
+    for (int s = 0; s < 3; s++) mem_free(base[s]);
+    free(cm); free(back); free(tok); free(clp);
+    ws_free(ws);
+}
+
+static void check_decode_bw(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX", label[128];
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    /* adaptive-span: spans of the whole window, none (a zero mask) and short ones, both memory modes; heads of
+     * 64 (a window of 24 tiles, a block a tile), heads of 32 (71 tiles and 64 streams: 64 blocks a head at most,
+     * two tiles a block) */
+    const struct { int H, S, NS; } as[2] = {{128, 3000, 12}, {64, 9000, 64}};
+    for (int k = 0; k < 2; k++) {
+        float zf[4] = {1.0f, 0.0f, 0.4f, 0.02f};
+        rm_aspan a = {40, as[k].H, 2, 64, 2, as[k].S, 64, 32, zf, 0};
+        CHECK(rm_write_aspan(p, &a, 31 + k, err) == 0, "%s", err);
+        for (int mode = 0; mode < 2; mode++) {
+            model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
+            CHECK(m != NULL, "decode attention: %s", err);
+            snprintf(label, sizeof label, "bf16 decode attention, %d streams (aspan, heads of %d, window %d, %s memory)",
+                     as[k].NS, as[k].H / 2, as[k].S, mode ? "span" : "exact");
+            if (m) check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 131 + k);
+            model_free(m);
+        }
+    }
+    /* PAR: memories of 700 (6 tiles) and 300, heads of 64 and 32, skip and feed-forward blocks, tied and own
+     * output layers; streams with an empty memory, a part-full one and a full one */
+    const rm_par ps[2] = {{40, 128, 2, 64, 64, 700, 64, 1, "afa"}, {40, 64, 2, 32, 64, 300, 64, 0, "asfa"}};
+    const int pns[2] = {12, 64};
+    for (int k = 0; k < 2; k++) {
+        CHECK(rm_write_par(p, &ps[k], 33 + k, err) == 0, "%s", err);
+        model_t *m = model_load(p, err);
+        CHECK(m != NULL, "decode attention: %s", err);
+        snprintf(label, sizeof label, "bf16 decode attention, %d streams (par, heads of %d, mem_len %d)", pns[k],
+                 ps[k].dh, ps[k].mem_len);
+        if (m) check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 141 + k);
+        model_free(m);
+    }
+    unlink(p);
+}
+
 /* The word-level Transformer-XL on the device: the fixture against its
  * reference and the CPU (whole rows and targets only), the validation
  * perplexity in both precisions; random models of the layouts people have
@@ -2193,6 +2320,10 @@ int main(void)
     /* SPANSERVE_GPU_TESTS=gpt: the window models' checks alone; =partf: par-transformer-xl-tf's */
     const char *only = getenv("SPANSERVE_GPU_TESTS");
     const int gpt_only = only && strcmp(only, "gpt") == 0, tf_only = only && strcmp(only, "partf") == 0;
+    if (only && strcmp(only, "attn") == 0) {   /* =attn: the bf16 decode attention of many streams alone */
+        check_decode_bw();
+        return test_summary("test_gpu");
+    }
     if (only && strcmp(only, "decode") == 0) {   /* =decode: decode_step.cu's checks alone */
         check_decode_kernel("aspan-small", MEM_EXACT, "aspan-small (exact memory)", 8);
         check_decode_kernel("aspan-small", MEM_SPAN, "aspan-small (span memory)", 5);
@@ -2255,6 +2386,7 @@ int main(void)
         check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
         check_fixture_random("par-small", MEM_EXACT, "par-small");
         check_random_models();
+        check_decode_bw();
         check_txl();
         if (shared_path("fixtures/allattn-small/model.safetensors")) {   /* persistent memory, the reference's */
             check_vectors("allattn-small");
