@@ -256,26 +256,28 @@ __global__ static void aspan_combine_kernel(float *att, bf16 *attb, const float 
     const int n = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * D;
     const size_t oo = (size_t)n * H + (size_t)h * D;
     const int r = reach[h], ns = (krows[h] + chunk - 1) / chunk;   /* the splits that met a key */
+    pdl_next();
+    pdl_wait();   /* (launched by pdl_launch: the records are the kernel ahead's) */
     if (r == 0) {
         for (int c = threadIdx.x; c < D; c += blockDim.x) attb ? stf(attb + oo + c, 0.0f) : stf(att + oo + c, 0.0f);
         return;
     }
     const float *rec = part + ((size_t)n * K + h) * nsplit * (D + 4);
     float M = -INFINITY;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, rec[(size_t)s * (D + 4)]);
+    for (int s = 0; s < ns; s++) M = fmaxf(M, __ldcg(rec + (size_t)s * (D + 4)));
     double Z = 0, W = 0;
     for (int s = 0; s < ns; s++) {
         const float *p = rec + (size_t)s * (D + 4);
-        const double e = (double)expf(p[0] - M);
-        Z += (double)p[1] * e;
-        W += (double)p[2] * e;
+        const double e = (double)expf(__ldcg(p) - M);
+        Z += (double)__ldcg(p + 1) * e;
+        W += (double)__ldcg(p + 2) * e;
     }
     const double inv = 1.0 / Z / (W / Z + 1e-8);
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
         double o = 0;
         for (int s = 0; s < ns; s++) {
             const float *p = rec + (size_t)s * (D + 4);
-            o += (double)p[4 + c] * (double)expf(p[0] - M);
+            o += (double)__ldcg(p + 4 + c) * (double)expf(__ldcg(p) - M);
         }
         if (attb) stf(attb + oo + c, (float)(o * inv));
         else att[oo + c] = (float)(o * inv);
@@ -285,9 +287,10 @@ __global__ static void aspan_combine_kernel(float *att, bf16 *attb, const float 
 int gpu_aspan_combine(gpu_model *g, int l, int B, int M, int chunk, int nsplit, float *att, bf16 *attb, char *err)
 {
     const int K = g->m->n_head;
-    aspan_combine_kernel<<<dim3((unsigned)(B * M), (unsigned)K), 64, 0, g->stream>>>(
-        att, attb, g->part, g->m->d_head, chunk, nsplit, g->krows + (size_t)l * K, g->reach + (size_t)l * K);
-    LAUNCH_TRY(err, "aspan_attn: combine");
+    CU_TRY(pdl_launch(g, aspan_combine_kernel, dim3((unsigned)(B * M), (unsigned)K), dim3(64), 0, att, attb,
+                      (const float *)g->part, (int)g->m->d_head, chunk, nsplit, (const int *)(g->krows + (size_t)l * K),
+                      (const int *)(g->reach + (size_t)l * K)),
+           err, "aspan_attn: combine");
     return 0;
 }
 

@@ -249,35 +249,46 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
     const int kslot = kw > 0 ? ring_slot(t, kw) : 0, vslot = r > 0 ? ring_slot(t, r) : 0;
     /* this block holds distance kw (r), the ring row the new key (value) replaces */
     const bool wk = dlo <= kw && kw <= dhi, wv = r > 0 && dlo <= r && r <= dhi;
+    pdl_next();
     if (r == 0 || dlo > kw) {   /* nothing here (a zero mask: aspan_combine_kernel or this block writes zeros) */
+        pdl_wait();
         if (!part && r == 0)
             for (int x = threadIdx.x; x < DH; x += blockDim.x) attb[oo + x] = __float2bfloat16(0.0f);
         if (wk)   /* no value ring; the key is still the window's */
-            for (int x = threadIdx.x; x < DH; x += blockDim.x) kr[(size_t)kslot * DH + x] = kb[x];
+            for (int x = threadIdx.x; x < DH; x += blockDim.x) kr[(size_t)kslot * DH + x] = __ldcg(kb + x);
         return;
     }
     const float *mask = derived + mask_off[h];
-    float q[8];
-    unpack16(qb + 8 * c, q);
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    float mx = -INFINITY, z = 0.0f, w = 0.0f, acc[8];
-#pragma unroll
-    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
-    for (int d0 = dlo + 32 * warp; d0 <= dhi; d0 += DBW_TILE) {
-        uint4 kk[R], vv[R], pp[R];
-        float mw[R];
-        unsigned okm = 0;
+    uint4 kk[R], vv[R], pp[R];
+    float mw[R];
+    unsigned okm = 0;
+    /* a tile's loads: the rings (earlier steps'), key_pe and the mask, nothing this step writes before the
+     * block's own ring writes: the first tile's go out before the kernel ahead (QKV) has ended */
+    const auto load = [&](int d0) {
+        okm = 0;
 #pragma unroll
         for (int i = 0; i < R; i++) {
             const int d = d0 + KPI * i + grp;
             const bool ok = d <= dhi, vok = ok && d <= r;
             const int ks = kslot - d < 0 ? kslot - d + kw : kslot - d, vs = vslot - d < 0 ? vslot - d + r : vslot - d;
             okm |= ok ? 1u << i : 0u;
-            kk[i] = ok ? __ldg((const uint4 *)(kr + (size_t)ks * DH) + c) : z4;
+            kk[i] = ok ? __ldcg((const uint4 *)(kr + (size_t)ks * DH) + c) : z4;
             pp[i] = ok ? __ldg((const uint4 *)(pe_h + (size_t)d * DH) + c) : z4;
-            vv[i] = vok ? __ldg((const uint4 *)(vr + (size_t)vs * DH) + c) : z4;
+            vv[i] = vok ? __ldcg((const uint4 *)(vr + (size_t)vs * DH) + c) : z4;
             mw[i] = vok ? __ldg(mask + d - 1) : 0.0f;
         }
+    };
+    int d0 = dlo + 32 * warp;
+    if (d0 <= dhi) load(d0);
+    pdl_wait();
+    float q[8];
+    bf8u(__ldcg((const uint4 *)(qb + 8 * c)), q);
+    float mx = -INFINITY, z = 0.0f, w = 0.0f, acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
+    /* a tile's scores, softmax and weighted values into the warp's state */
+    const auto tile = [&]() {
         float sc[R];
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -318,6 +329,13 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
 #pragma unroll
             for (int x = 0; x < 8; x++) acc[x] = fmaf(wt, vf[x], acc[x]);
         }
+    };
+    if (d0 <= dhi) {
+        tile();
+        for (d0 += DBW_TILE; d0 <= dhi; d0 += DBW_TILE) {
+            load(d0);
+            tile();
+        }
     }
     /* the warp's key groups, then the warps, met */
 #pragma unroll
@@ -349,8 +367,8 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
         for (int v = 0; v < DBW_WARPS; v++) o += wst[v][4 + x] * ev[v];
         if (rec) rec[4 + x] = o;
         else attb[oo + x] = __float2bfloat16(o / Z / wz);
-        if (wk) kr[(size_t)kslot * DH + x] = kb[x];
-        if (wv) vr[(size_t)vslot * DH + x] = vb[x];
+        if (wk) kr[(size_t)kslot * DH + x] = __ldcg(kb + x);
+        if (wv) vr[(size_t)vslot * DH + x] = __ldcg(vb + x);
     }
 }
 
@@ -367,11 +385,12 @@ template <int DH> static int dec_bw_launch(gpu_model *g, int l, int B, int lw, c
     chunk = (chunk + DBW_TILE - 1) / DBW_TILE * DBW_TILE;
     nsplit = lw > 0 ? (lw + chunk - 1) / chunk : 1;
     float *part = nsplit > 1 ? g->part : NULL;
-    aspan_decode_bw_kernel<DH><<<dim3((unsigned)B, (unsigned)K, (unsigned)nsplit), 32 * DBW_WARPS, 0, g->stream>>>(
-        g->attb, g->qkvb, g->pe_h, g->krows + (size_t)l * K, g->reach + (size_t)l * K, g->mask_off + (size_t)l * K,
-        g->derived, g->d_off + (size_t)l * K, (bf16 *const *)stage_ring(g, g->d_stage), stage_pos(g, g->d_stage), chunk,
-        part);
-    LAUNCH_TRY(err, "aspan_decode (bf16)");
+    CU_TRY(pdl_launch(g, aspan_decode_bw_kernel<DH>, dim3((unsigned)B, (unsigned)K, (unsigned)nsplit), dim3(32 * DBW_WARPS),
+                      0, g->attb, (const bf16 *)g->qkvb, (const bf16 *)g->pe_h, (const int *)(g->krows + (size_t)l * K),
+                      (const int *)(g->reach + (size_t)l * K), (const int64_t *)(g->mask_off + (size_t)l * K),
+                      (const float *)g->derived, (const int64_t *)(g->d_off + (size_t)l * K),
+                      (bf16 *const *)stage_ring(g, g->d_stage), (const int64_t *)stage_pos(g, g->d_stage), chunk, part),
+           err, "aspan_decode (bf16)");
     if (part && gpu_aspan_combine(g, l, B, 1, chunk, nsplit, NULL, g->attb, err)) return -1;
     return 1;
 }

@@ -124,11 +124,13 @@
 #define MK_ACC_LEN(D) ((size_t)MK_FUSE_MAX_B * (D))   /* FFN: the numbers of one of its three buffers of sums */
 #define MK_FUSE_ROWS 16          /* FFN: fc1 rows a block (two a warp), fc2's columns of them */
 #define MK_FIX 0x1p30f           /* FFN: fc2's partial sums in fixed point, units of 2^-30 (sums up to 2^33) */
-#define MK_AUTO_ROUNDS 16        /* GPU_DECODE_AUTO: a step's widest attention takes at most this many rounds of the grid
-                                  * (B x its items <= this x blocks); past it the graphs' attention may be faster. (H200,
-                                  * aspan-enwik8 in exact memory, 240 items a stream, 8 streams, 14.5 rounds: the kernel
-                                  * 11,352 tokens/s, the graphs 10,397; with the attention of a lane a key, before a key's
-                                  * rows were read by 8 lanes, the graphs were faster there) */
+#define MK_AUTO_ROUNDS 6        /* GPU_DECODE_AUTO: a step's widest attention takes at most this many rounds of the grid
+                                  * (B x its items <= this x blocks); past it the graphs are faster, their attention
+                                  * (aspan_decode.cu, rel_decode.cu) spread over more blocks. (H200, aspan-enwik8 in
+                                  * exact memory, 248 items a stream: 4 streams, 7.5 rounds, the kernel 9,339-9,396
+                                  * tokens/s, the graphs 9,912-9,963; 8 streams 12,935-12,999 against 14,615-14,647. In
+                                  * span memory, 49 items, and par-base, 24, the kernel stays faster at 8 streams:
+                                  * 18,850-18,925 against 16,479-16,578, 22,632-22,654 against 17,703-17,812) */
 
 enum { MK_ASPAN = 0, MK_REL = 1, MK_FFN = 2 };
 

@@ -425,6 +425,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->graphs_on = 1;
     const char *gv = getenv("SPANSERVE_GPU_GEMV");
     g->gemv_on = !(gv && strcmp(gv, "0") == 0);
+    const char *pdl = getenv("SPANSERVE_GPU_PDL");
+    g->pdl_on = !(pdl && strcmp(pdl, "0") == 0);
     g->tile_on = 1;
     g->tc_on = 1;
     g->graph = (cudaGraphExec_t *)calloc((size_t)max_batch, sizeof *g->graph);

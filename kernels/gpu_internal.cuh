@@ -251,6 +251,8 @@ struct gpu_model {
     int max_m;
     int prec;                     /* GPU_FP32 or GPU_BF16 */
     int gemv_on;                  /* a few rows go through matmul.cu's gemv_kernel (SPANSERVE_GPU_GEMV=0: cuBLAS) */
+    int pdl_on;                   /* the decode path's kernels launch before the one ahead ends (pdl_launch;
+                                   * SPANSERVE_GPU_PDL=0: plain launches) */
     int tile_on;                  /* blocks of queries go through aspan_tile.cu (gpu_tiles) */
     int tc_on;                    /* bf16 tiles on tensor cores (gpu_tensor_cores) */
     int ring_fused;               /* the last relative attention wrote the step's keys and values into the
@@ -379,6 +381,34 @@ static __device__ __forceinline__ int ring_slot(int64_t p, int r)
                                                                                * 64 bits take about a hundred) */
     int64_t s = p % r;
     return (int)(s < 0 ? s + r : s);
+}
+
+/* Programmatic dependent launch (Hopper): a kernel launched by pdl_launch
+ * may start while the kernel before it in the stream is still running (once
+ * every block of that one has called pdl_next, or has ended). Before
+ * pdl_wait() it may only read what no kernel of the step writes (weights,
+ * tables, the step's staged inputs, the rings of earlier steps) and must
+ * write nothing; pdl_wait() returns once the kernel before has ended and
+ * its writes are visible (at once after a plain launch). Every kernel
+ * launched so waits before it ends, so that its end still implies the end
+ * of everything before it. */
+static __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+static __device__ __forceinline__ void pdl_next() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+template <typename... K, typename... A>
+static cudaError_t pdl_launch(const gpu_model *g, void (*kern)(K...), dim3 grid, dim3 block, size_t smem, A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = g->stream;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = g->pdl_on ? 1 : 0;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kern, ((K)args)...);
 }
 
 /* The most (query, head, split) blocks an adaptive-span step splits its keys

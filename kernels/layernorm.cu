@@ -20,10 +20,10 @@
 
 /* 4 of the residual's elements (float, or bfloat16: gpu_add_layernorm_b;
  * one at a time: gpu_internal.cuh's ldf) */
-static __device__ __forceinline__ float4 ln_ld4(const float *p) { return *(const float4 *)p; }
+static __device__ __forceinline__ float4 ln_ld4(const float *p) { return __ldcg((const float4 *)p); }
 static __device__ __forceinline__ float4 ln_ld4(const bf16 *p)
 {
-    const uint2 u = *(const uint2 *)p;
+    const uint2 u = __ldcg((const uint2 *)p);
     const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
     return make_float4(a.x, a.y, b.x, b.y);
 }
@@ -79,21 +79,25 @@ __global__ static void __launch_bounds__(LN_ROWS * 32)
                    double eps, bool keep_sum)
 {
     const int row = blockIdx.x * LN_ROWS + (threadIdx.x >> 5), lane = threadIdx.x & 31, d = 128 * NV;
+    pdl_next();
     if (row >= n) return;
     const float4 *xr = (const float4 *)(x + (size_t)row * d);
-    float4 u[NV], ww[NV], bv[NV];
+    float4 u[NV], ww[NV], bv[NV], rbv[NV];
 #pragma unroll
-    for (int k = 0; k < NV; k++) {
+    for (int k = 0; k < NV; k++) {   /* the weights: before the kernel ahead has ended (pdl_launch) */
         const int c = lane + 32 * k;
         ww[k] = ldg4(w, c);
         bv[k] = b ? ldg4(b, c) : make_float4(0, 0, 0, 0);
-        float4 v = xr[c];
+        rbv[k] = r && rb ? ldg4(rb, c) : make_float4(0, 0, 0, 0);
+    }
+    pdl_wait();
+#pragma unroll
+    for (int k = 0; k < NV; k++) {
+        const int c = lane + 32 * k;
+        float4 v = __ldcg(xr + c);
         if (r) {
             float4 t = ln_ld4(r + (size_t)row * d + 4 * c);
-            if (rb) {
-                const float4 q = ldg4(rb, c);
-                t.x += q.x, t.y += q.y, t.z += q.z, t.w += q.w;
-            }
+            t.x += rbv[k].x, t.y += rbv[k].y, t.z += rbv[k].z, t.w += rbv[k].w;
             v.x += t.x, v.y += t.y, v.z += t.z, v.w += t.w;
         }
         u[k] = v;
@@ -143,7 +147,9 @@ static int ln_warp(gpu_model *g, float *y, bf16 *yb, const float *x, const R *r,
 #define LN_CASE(k)                                                                                                     \
     case k:                                                                                                            \
         if (g->prec == GPU_BF16)                                                                                       \
-            ln_warp_kernel<k, float, R><<<grid, LN_ROWS * 32, 0, g->stream>>>(y, yb, x, r, rb, w, b, n, eps, keep_sum); \
+            CU_TRY(pdl_launch(g, ln_warp_kernel<k, float, R>, dim3(grid), dim3(LN_ROWS * 32), 0, y, yb, x, r, rb, w, b, \
+                              n, eps, keep_sum),                                                                       \
+                   err, "layernorm (a warp a row)");                                                                   \
         else                                                                                                           \
             ln_warp_kernel<k, double, R><<<grid, LN_ROWS * 32, 0, g->stream>>>(y, yb, x, r, rb, w, b, n, eps, keep_sum);\
         break;

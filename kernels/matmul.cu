@@ -89,6 +89,156 @@ static int gemv(gpu_model *g, OT *y, const T *x, const T *W, int n, int in, int 
     return 1;
 }
 
+/* bf16, up to SK_MAX_ROWS rows (decode steps of many streams): cuBLAS's
+ * kernels for so few rows keep few SMs streaming the weights (7-9 us a
+ * layer of 512 x 2048 at 64 rows, where the weights take 0.4 us at the
+ * memory's rate). skinny_kernel: a block of SK_WARPS warps a tile of NT = 8
+ * NB outputs for every row, its warps each an eighth of the inputs, on the
+ * tensor cores (mma.sync m16n8k16, bf16 in, float sums); a lane loads 16
+ * consecutive inputs of a weight row and of its rows of x with two 16-byte
+ * loads a row, and the inputs' order inside each 64 is permuted alike for
+ * both operands (lane q's 16 inputs serve its fragment slots of all four
+ * k-steps), so no shuffle or shared memory stands between the loads and the
+ * products; the next 64's loads go out before this one's products (and the
+ * first 64's weights before the kernel ahead has ended: pdl_launch). The
+ * warps' sums meet in shared memory in a fixed order (the same bits every
+ * run), then the epilogue: the bias and the ReLU where asked, float or bf16
+ * out. */
+#define SK_WARPS 8
+#define SK_MAX_ROWS 64
+#define SK_KCHUNK 64
+
+static __device__ __forceinline__ void mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                                unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ unsigned u4w(const uint4 (&v)[2], int w)
+{
+    const uint4 &h = v[w >> 2];
+    const int i = w & 3;
+    return i == 0 ? h.x : i == 1 ? h.y : i == 2 ? h.z : h.w;
+}
+
+template <int NB> struct sk_chunk {
+    uint4 a[4][2][2];   /* m-tile, row g / g + 8, the lane's 16 inputs */
+    uint4 b[NB][2];     /* n-tile (output g of it), the lane's 16 inputs */
+};
+
+template <int NB>
+static __device__ __forceinline__ void sk_load_w(sk_chunk<NB> &c, const bf16 *W, int in, int o0, int k, int g)
+{
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        const bf16 *w = W + (size_t)(o0 + 8 * j + g) * in + k;
+        c.b[j][0] = __ldg((const uint4 *)w);
+        c.b[j][1] = __ldg((const uint4 *)w + 1);
+    }
+}
+
+template <int NB>
+static __device__ __forceinline__ void sk_load_x(sk_chunk<NB> &c, const bf16 *x, int n, int in, int k, int g, int mt)
+{
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = 16 * t + 8 * h + g;
+            const bool ok = t < mt && r < n;
+            const bf16 *xr = x + (size_t)(ok ? r : 0) * in + k;
+            c.a[t][h][0] = ok ? __ldcg((const uint4 *)xr) : z4;
+            c.a[t][h][1] = ok ? __ldcg((const uint4 *)xr + 1) : z4;
+        }
+}
+
+template <int NB>
+static __device__ __forceinline__ void sk_mma(float (&acc)[4][NB][4], const sk_chunk<NB> &c, int mt)
+{
+#pragma unroll
+    for (int s = 0; s < 4; s++)
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            if (t >= mt) break;   /* (warp-uniform) */
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+                mma_bf16(acc[t][j], u4w(c.a[t][0], 2 * s), u4w(c.a[t][1], 2 * s), u4w(c.a[t][0], 2 * s + 1),
+                         u4w(c.a[t][1], 2 * s + 1), u4w(c.b[j], 2 * s), u4w(c.b[j], 2 * s + 1));
+        }
+}
+
+template <typename OT, int NB>
+__global__ static void __launch_bounds__(32 * SK_WARPS)
+    skinny_kernel(OT *y, const bf16 *x, const bf16 *W, const float *bias, int n, int in, int out)
+{
+    constexpr int NT = 8 * NB;
+    __shared__ float red[SK_WARPS][SK_MAX_ROWS * NT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int o0 = blockIdx.x * NT, mt = (n + 15) / 16, per = in / SK_WARPS, k0 = warp * per + 16 * q;
+    float acc[4][NB][4];
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int j = 0; j < NB; j++) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.0f;
+    sk_chunk<NB> cur, nxt;
+    pdl_next();
+    sk_load_w(cur, W, in, o0, k0, g);   /* (the weights: before the kernel ahead has ended) */
+    pdl_wait();
+    sk_load_x(cur, x, n, in, k0, g, mt);
+    for (int k = SK_KCHUNK; k < per; k += SK_KCHUNK) {
+        sk_load_w(nxt, W, in, o0, k0 + k, g);
+        sk_load_x(nxt, x, n, in, k0 + k, g, mt);
+        sk_mma(acc, cur, mt);
+        cur = nxt;
+    }
+    sk_mma(acc, cur, mt);
+    /* C fragment: rows g and g + 8 of the m-tile, outputs 2q and 2q + 1 of the n-tile */
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        if (t >= mt) break;
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            float *r0 = &red[warp][(16 * t + g) * NT + 8 * j + 2 * q], *r1 = r0 + 8 * NT;
+            r0[0] = acc[t][j][0], r0[1] = acc[t][j][1], r1[0] = acc[t][j][2], r1[1] = acc[t][j][3];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n * NT; e += blockDim.x) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SK_WARPS; w++) v += red[w][e];
+        const int r = e / NT, o = o0 + e % NT;
+        if (bias) {   /* as bias_relu.cu: the bias added in float, then the clamp */
+            v += bias[o];
+            v = v < 0.0f ? 0.0f : v;
+        }
+        stf(y + (size_t)r * out + o, v);
+    }
+}
+
+/* y = x W^T (+ bias, ReLU) by skinny_kernel where the shapes allow it: 1 if
+ * it ran, 0 if not, -1 on a launch error */
+template <typename OT>
+static int skinny(gpu_model *g, OT *y, const bf16 *x, const bf16 *W, int n, int in, int out, char *err,
+                  const float *bias = NULL)
+{
+    if (n < 1 || n > SK_MAX_ROWS || in % (SK_WARPS * SK_KCHUNK) || out % 8 || ((uintptr_t)x | (uintptr_t)W) % 16)
+        return 0;
+    if (out % 16 == 0 && out / 16 >= g->n_sm / 2)
+        CU_TRY(pdl_launch(g, skinny_kernel<OT, 2>, dim3((unsigned)(out / 16)), dim3(32 * SK_WARPS), 0, y, x, W, bias, n, in,
+                          out),
+               err, "skinny GEMM");
+    else
+        CU_TRY(pdl_launch(g, skinny_kernel<OT, 1>, dim3((unsigned)(out / 8)), dim3(32 * SK_WARPS), 0, y, x, W, bias, n, in,
+                          out),
+               err, "skinny GEMM");
+    return 1;
+}
+
 int gpu_linear(gpu_model *g, float *y, const float *x, const float *W, int n, int in, int out, char *err)
 {
     const float one = 1.0f, zero = 0.0f;
@@ -104,7 +254,8 @@ int gpu_linear_bf16(gpu_model *g, float *y, const bf16 *x, const bf16 *W, int n,
 {
     const float one = 1.0f, zero = 0.0f;
     if (n <= 0 || out <= 0) return 0;
-    const int r = g->gemv_on ? gemv(g, y, x, W, n, in, out, err) : 0;
+    int r = g->gemv_on ? gemv(g, y, x, W, n, in, out, err) : 0;
+    if (!r && g->gemv_on) r = skinny(g, y, x, W, n, in, out, err);
     if (r) return r < 0 ? -1 : 0;
     BLAS_TRY(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
                           &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -116,7 +267,8 @@ int gpu_linear_bf16_out(gpu_model *g, bf16 *y, const bf16 *x, const bf16 *W, int
 {
     const float one = 1.0f, zero = 0.0f;
     if (n <= 0 || out <= 0) return 0;
-    const int r = g->gemv_on ? gemv(g, y, x, W, n, in, out, err) : 0;
+    int r = g->gemv_on ? gemv(g, y, x, W, n, in, out, err) : 0;
+    if (!r && g->gemv_on) r = skinny(g, y, x, W, n, in, out, err);
     if (r) return r < 0 ? -1 : 0;
     BLAS_TRY(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, W, CUDA_R_16BF, in, x, CUDA_R_16BF, in,
                           &zero, y, CUDA_R_16BF, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -128,7 +280,9 @@ int gpu_linear_bias_relu(gpu_model *g, float *y, bf16 *yb, const float *x, const
                          const bf16 *Wb, const float *b, int n, int in, int out, char *err)
 {
     if (!g->gemv_on || n <= 0) return 0;
-    return g->prec == GPU_BF16 ? gemv(g, yb, xb, Wb, n, in, out, err, b) : gemv(g, y, x, W, n, in, out, err, b);
+    if (g->prec != GPU_BF16) return gemv(g, y, x, W, n, in, out, err, b);
+    const int r = gemv(g, yb, xb, Wb, n, in, out, err, b);
+    return r ? r : skinny(g, yb, xb, Wb, n, in, out, err, b);
 }
 
 /* A cublasLt plan of the RELU_BIAS GEMM for N rows of IN -> OUT and the

@@ -16,6 +16,10 @@
  * g->tpart (every split, an empty one as m = -inf) and rel_combine_kernel
  * divides; one split writes out = O / Z itself.
  *
+ * The first tile's loads (the memory's rows: earlier steps') go out before
+ * the kernel ahead has ended (pdl_launch); the query and the step's own key
+ * and value after.
+ *
  * The step's key and value go into ring slot p % mem_len here (fam_rel.cu
  * then launches no ring kernel): that slot is memory row 0's when the memory
  * is full (split 0 reads it and writes it after its reads), else no row a
@@ -81,37 +85,53 @@ template <int DH> __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) r
     float *rec = a.part ? a.part + (((size_t)b * K + h) * gridDim.z + sp) * (DH + 4) : NULL;
     /* the split that writes the step's key and value (ML > 0) */
     const bool wr = ML > 0 && sp == (mlen == ML ? 0 : mlen / a.chunk);
+    pdl_next();
     if (jbeg >= jend) {   /* no key here: an empty record (a split past the stream's keys never writes the rings) */
+        pdl_wait();
         if (rec && threadIdx.x == 0) rec[0] = -INFINITY, rec[1] = 0.0f;
         return;
     }
-    float q[8], qu[8];
-    {
-        const uint4 qraw = __ldg((const uint4 *)qb + c);
-        bf8r(qraw, q);
-#pragma unroll
-        for (int e = 0; e < 8; e++) qu[e] = q[e] + __ldg(a.rwb + h * DH + 8 * c + e);
-    }
     const uint4 z4 = make_uint4(0, 0, 0, 0);
-    float mx = -INFINITY, z = 0.0f, acc[8];
-#pragma unroll
-    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
-    for (int j0 = jbeg + 32 * warp; j0 < jend; j0 += RDEC_TILE) {
-        uint4 kk[R], vv[R], pp[R];
-        float mw[R];
-        unsigned okm = 0;
+    uint4 kk[R], vv[R], pp[R];
+    float mw[R];
+    unsigned okm = 0;
+    /* a tile's loads: the memory's rows (earlier steps'), the r rows and v . r; the step's own key and value
+     * (row mlen, from qkv) only once the kernel ahead has ended (OWN) */
+    const auto load = [&](int j0, bool own) {
+        okm = 0;
 #pragma unroll
         for (int i = 0; i < R; i++) {
             const int j = j0 + KPI * i + grp;
-            const bool ok = j < jend && j >= jlo;
+            const bool ok = j < jend && j >= jlo, mem = j < mlen;
             const int sl = mslot + j >= ML ? mslot + j - ML : mslot + j, t = roff + mlen - j;
-            const bf16 *kp = j < mlen ? kr + (size_t)sl * A : kb, *vp = j < mlen ? vring + (size_t)sl * A : vb;
+            const bf16 *kp = mem ? kr + (size_t)sl * A : kb, *vp = mem ? vring + (size_t)sl * A : vb;
             okm |= ok ? 1u << i : 0u;
-            kk[i] = ok ? __ldg((const uint4 *)kp + c) : z4;
-            vv[i] = ok ? __ldg((const uint4 *)vp + c) : z4;
+            kk[i] = ok && (mem || own) ? __ldcg((const uint4 *)kp + c) : z4;
+            vv[i] = ok && (mem || own) ? __ldcg((const uint4 *)vp + c) : z4;
             pp[i] = ok ? __ldg((const uint4 *)(a.rk + (size_t)t * A + (size_t)h * DH) + c) : z4;
             mw[i] = ok ? __ldg(a.vr + (size_t)t * K + h) : 0.0f;
         }
+    };
+    int j0 = jbeg + 32 * warp;
+    if (j0 < jend) load(j0, false);
+    pdl_wait();
+    float q[8], qu[8];
+    bf8r(__ldcg((const uint4 *)qb + c), q);
+#pragma unroll
+    for (int e = 0; e < 8; e++) qu[e] = q[e] + __ldg(a.rwb + h * DH + 8 * c + e);
+    if (j0 < jend && j0 <= mlen && mlen < j0 + 32) {   /* the tile holds the step's own key: its rows now */
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (j0 + KPI * i + grp == mlen && (okm >> i & 1u)) {
+                kk[i] = __ldcg((const uint4 *)kb + c);
+                vv[i] = __ldcg((const uint4 *)vb + c);
+            }
+    }
+    float mx = -INFINITY, z = 0.0f, acc[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
+    /* a tile's scores, softmax and weighted values into the warp's state */
+    const auto tile = [&]() {
         float sc[R];
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -150,6 +170,13 @@ template <int DH> __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) r
 #pragma unroll
             for (int x = 0; x < 8; x++) acc[x] = fmaf(e, vf[x], acc[x]);
         }
+    };
+    if (j0 < jend) {
+        tile();
+        for (j0 += RDEC_TILE; j0 < jend; j0 += RDEC_TILE) {
+            load(j0, true);
+            tile();
+        }
     }
     /* the warp's key groups, then the warps, met */
 #pragma unroll
@@ -179,8 +206,8 @@ template <int DH> __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) r
         if (rec) rec[4 + x] = o;
         else a.attb[oo + x] = __float2bfloat16(o / Z);
         if (wr) {
-            kr[(size_t)ws * A + x] = kb[x];
-            vring[(size_t)ws * A + x] = vb[x];
+            kr[(size_t)ws * A + x] = __ldcg(kb + x);
+            vring[(size_t)ws * A + x] = __ldcg(vb + x);
         }
     }
 }
@@ -191,18 +218,20 @@ __global__ static void rel_combine_kernel(bf16 *attb, const float *part, int D, 
 {
     const int b = blockIdx.x, h = blockIdx.y, K = gridDim.y;
     const float *rec = part + ((size_t)b * K + h) * nsplit * (D + 4);
+    pdl_next();
+    pdl_wait();
     float M = -INFINITY;
-    for (int s = 0; s < nsplit; s++) M = fmaxf(M, rec[(size_t)s * (D + 4)]);
+    for (int s = 0; s < nsplit; s++) M = fmaxf(M, __ldcg(rec + (size_t)s * (D + 4)));
     float Z = 0.0f;
     for (int s = 0; s < nsplit; s++) {
-        const float m = rec[(size_t)s * (D + 4)];
-        if (m != -INFINITY) Z += rec[(size_t)s * (D + 4) + 1] * expf(m - M);
+        const float m = __ldcg(rec + (size_t)s * (D + 4));
+        if (m != -INFINITY) Z += __ldcg(rec + (size_t)s * (D + 4) + 1) * expf(m - M);
     }
     for (int c = threadIdx.x; c < D; c += blockDim.x) {
         float o = 0.0f;
         for (int s = 0; s < nsplit; s++) {
-            const float m = rec[(size_t)s * (D + 4)];
-            if (m != -INFINITY) o += rec[(size_t)s * (D + 4) + 4 + c] * expf(m - M);
+            const float m = __ldcg(rec + (size_t)s * (D + 4));
+            if (m != -INFINITY) o += __ldcg(rec + (size_t)s * (D + 4) + 4 + c) * expf(m - M);
         }
         attb[((size_t)b * K + h) * D + c] = __float2bfloat16(o / Z);
     }
@@ -242,13 +271,12 @@ int gpu_rel_decode(gpu_model *g, int l, int B, int M, char *err)
     a.chunk = chunk;
     a.scale = gpu_rel_scale(m);
     const dim3 grid((unsigned)B, (unsigned)K, (unsigned)nsplit);
-    if (D == 64) rel_decode_kernel<64><<<grid, 32 * RDEC_WARPS, 0, g->stream>>>(a);
-    else rel_decode_kernel<32><<<grid, 32 * RDEC_WARPS, 0, g->stream>>>(a);
-    LAUNCH_TRY(err, "rel_decode");
-    if (a.part) {
-        rel_combine_kernel<<<dim3((unsigned)B, (unsigned)K), 64, 0, g->stream>>>(g->attb, g->tpart, D, nsplit);
-        LAUNCH_TRY(err, "rel_decode: combine");
-    }
+    CU_TRY(pdl_launch(g, D == 64 ? rel_decode_kernel<64> : rel_decode_kernel<32>, grid, dim3(32 * RDEC_WARPS), 0, a), err,
+           "rel_decode");
+    if (a.part)
+        CU_TRY(pdl_launch(g, rel_combine_kernel, dim3((unsigned)B, (unsigned)K), dim3(64), 0, g->attb, (const float *)g->tpart,
+                          D, nsplit),
+               err, "rel_decode: combine");
     g->ring_fused = 1;
     return 1;
 }

@@ -1125,12 +1125,14 @@ static void check_random_models(void)
  * aspan_decode_bw_kernel, rel_decode.cu: a key's rows by DH / 8 lanes,
  * every load of a tile at once; adaptive-span's bf16 key_pe table,
  * relative attention's fp16 r table) against the CPU in fp32, and against
- * the per-query kernels (gpu_tiles 0: float key_pe or r rows) on the same
- * device: at most 1.5 times the per-query kernel's distance from the CPU
- * (+0.01), in the logprobs and in the memories after (the rings' new rows,
- * written by the block that read the rows they replace). NS streams from
- * three positions (the last past the window or the memory), so that a
- * window splits over many blocks. */
+ * the per-query kernels (gpu_tiles 0: float key_pe or r rows) with
+ * cuBLAS's products (SPANSERVE_GPU_GEMV=0) on the same device: at most 1.5
+ * times their distance from the CPU (+0.01), in the logprobs and in the
+ * memories after (the rings' new rows, written by the block that read the
+ * rows they replace). Models of widths 512 and more take matmul.cu's
+ * skinny_kernel for their products (9 to 64 rows). NS streams from three
+ * positions (the last past the window or the memory), so that a window
+ * splits over many blocks. */
 static void check_decode_bw_model(const model_t *m, const char *label, int NS, int far, uint64_t seed)
 {
     char err[ERR_LEN];
@@ -1149,8 +1151,13 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
     }
     gpu_model *g[2];
     gpu_mem **gm[2];
-    for (int k = 0; k < 2; k++) {   /* k 0: the decode kernels; 1: the per-query kernels */
+    const char *gv = getenv("SPANSERVE_GPU_GEMV");
+    char *gv_was = gv ? strdup(gv) : NULL;
+    for (int k = 0; k < 2; k++) {   /* k 0: the decode kernels; 1: the per-query kernels, cuBLAS for every product */
+        if (k) setenv("SPANSERVE_GPU_GEMV", "0", 1);
         g[k] = gpu_model_new(m, NS, 1, GPU_BF16, err);
+        if (k && gv_was) setenv("SPANSERVE_GPU_GEMV", gv_was, 1);
+        else if (k) unsetenv("SPANSERVE_GPU_GEMV");
         CHECK(g[k] != NULL, "%s: %s", label, err);
         gm[k] = calloc((size_t)NS, sizeof *gm[k]);
         if (!g[k]) continue;
@@ -1202,7 +1209,7 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
     }
     for (int s = 0; s < NS; s++) mem_free(cm[s]), mem_free(back[s]);
     for (int s = 0; s < 3; s++) mem_free(base[s]);
-    free(cm); free(back); free(tok); free(clp);
+    free(cm); free(back); free(tok); free(clp); free(gv_was);
     ws_free(ws);
 }
 
@@ -1216,30 +1223,32 @@ static void check_decode_bw(void)
     /* adaptive-span: spans of the whole window, none (a zero mask) and short ones, both memory modes; heads of
      * 64 (a window of 24 tiles, a block a tile), heads of 32 (71 tiles and 64 streams: 64 blocks a head at most,
      * two tiles a block) */
-    const struct { int H, S, NS; } as[2] = {{128, 3000, 12}, {64, 9000, 64}};
-    for (int k = 0; k < 2; k++) {
-        float zf[4] = {1.0f, 0.0f, 0.4f, 0.02f};
-        rm_aspan a = {40, as[k].H, 2, 64, 2, as[k].S, 64, 32, zf, 0};
+    const struct { int H, K, I, S, NS; } as[3] = {{128, 2, 64, 3000, 12}, {64, 2, 64, 9000, 64}, {512, 8, 2048, 1000, 24}};
+    for (int k = 0; k < 3; k++) {
+        float zf[16] = {1.0f, 0.0f, 0.4f, 0.02f, 0.1f, 0.7f, 0.0f, 0.3f, 0.05f, 1.0f, 0.2f, 0.0f, 0.6f, 0.01f, 0.9f, 0.3f};
+        rm_aspan a = {40, as[k].H, as[k].K, as[k].I, 2, as[k].S, 64, 32, zf, 0};
         CHECK(rm_write_aspan(p, &a, 31 + k, err) == 0, "%s", err);
         for (int mode = 0; mode < 2; mode++) {
             model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
             CHECK(m != NULL, "decode attention: %s", err);
-            snprintf(label, sizeof label, "bf16 decode attention, %d streams (aspan, heads of %d, window %d, %s memory)",
-                     as[k].NS, as[k].H / 2, as[k].S, mode ? "span" : "exact");
+            snprintf(label, sizeof label, "bf16 decode, %d streams (aspan, width %d, heads of %d, window %d, %s memory)",
+                     as[k].NS, as[k].H, as[k].H / as[k].K, as[k].S, mode ? "span" : "exact");
             if (m) check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 131 + k);
             model_free(m);
         }
     }
     /* PAR: memories of 700 (6 tiles) and 300, heads of 64 and 32, skip and feed-forward blocks, tied and own
      * output layers; streams with an empty memory, a part-full one and a full one */
-    const rm_par ps[2] = {{40, 128, 2, 64, 64, 700, 64, 1, "afa"}, {40, 64, 2, 32, 64, 300, 64, 0, "asfa"}};
-    const int pns[2] = {12, 64};
-    for (int k = 0; k < 2; k++) {
+    const rm_par ps[3] = {{40, 128, 2, 64, 64, 700, 64, 1, "afa"},
+                          {40, 64, 2, 32, 64, 300, 64, 0, "asfa"},
+                          {40, 512, 8, 64, 2048, 200, 64, 0, "afsfa"}};
+    const int pns[3] = {12, 64, 40};
+    for (int k = 0; k < 3; k++) {
         CHECK(rm_write_par(p, &ps[k], 33 + k, err) == 0, "%s", err);
         model_t *m = model_load(p, err);
         CHECK(m != NULL, "decode attention: %s", err);
-        snprintf(label, sizeof label, "bf16 decode attention, %d streams (par, heads of %d, mem_len %d)", pns[k],
-                 ps[k].dh, ps[k].mem_len);
+        snprintf(label, sizeof label, "bf16 decode, %d streams (par, width %d, heads of %d, mem_len %d)", pns[k],
+                 ps[k].D, ps[k].dh, ps[k].mem_len);
         if (m) check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 141 + k);
         model_free(m);
     }
