@@ -234,11 +234,19 @@ template <int DH>
 __global__ static void __launch_bounds__(32 * DBW_WARPS)
     aspan_decode_bw_kernel(bf16 *attb, const bf16 *qkv, const bf16 *pe_h, const int *krows, const int *reach,
                            const int64_t *mask_off, const float *derived, const int64_t *off, bf16 *const *ring,
-                           const int64_t *pos, int chunk, float *part)
+                           const int64_t *pos, int K, int items, int chunk, int nsplit, float *part)
 {
     constexpr int LPK = DH / 8, KPI = 32 / LPK, R = 32 / KPI;
     __shared__ float wst[DBW_WARPS][4 + DH];
-    const int b = blockIdx.x, h = blockIdx.y, K = gridDim.y, H = K * DH, sp = blockIdx.z;
+    /* the block's item: stream b, then the heads' splits in order (a head of zero reach one, else one a chunk of
+     * its keys) */
+    const int b = blockIdx.x / items, H = K * DH;
+    int h = 0, sp = blockIdx.x % items;
+    for (;; h++) {
+        const int kh = __ldg(krows + h), nh = __ldg(reach + h) == 0 || kh == 0 ? 1 : (kh + chunk - 1) / chunk;
+        if (sp < nh || h == K - 1) break;
+        sp -= nh;
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = lane % LPK, grp = lane / LPK;
     const int kw = krows[h], r = reach[h];
     const int dlo = 1 + sp * chunk, dhi = min(kw, dlo + chunk - 1);
@@ -250,11 +258,11 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
     /* this block holds distance kw (r), the ring row the new key (value) replaces */
     const bool wk = dlo <= kw && kw <= dhi, wv = r > 0 && dlo <= r && r <= dhi;
     pdl_next();
-    if (r == 0 || dlo > kw) {   /* nothing here (a zero mask: aspan_combine_kernel or this block writes zeros) */
+    if (r == 0 || dlo > kw) {   /* a zero mask (aspan_combine_kernel or this block writes zeros), or no key */
         pdl_wait();
         if (!part && r == 0)
             for (int x = threadIdx.x; x < DH; x += blockDim.x) attb[oo + x] = __float2bfloat16(0.0f);
-        if (wk)   /* no value ring; the key is still the window's */
+        if (r == 0 && kw > 0)   /* (the head's one item) no value ring; the key is still the window's */
             for (int x = threadIdx.x; x < DH; x += blockDim.x) kr[(size_t)kslot * DH + x] = __ldcg(kb + x);
         return;
     }
@@ -359,7 +367,7 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
         Z += wst[v][1] * ev[v];
         W += wst[v][2] * ev[v];
     }
-    float *rec = part ? part + (((size_t)b * K + h) * gridDim.z + sp) * (DH + 4) : NULL;
+    float *rec = part ? part + (((size_t)b * K + h) * nsplit + sp) * (DH + 4) : NULL;
     if (rec && threadIdx.x == 0) rec[0] = M2, rec[1] = Z, rec[2] = W;
     const float wz = W / Z + 1e-8f;
     for (int x = threadIdx.x; x < DH; x += blockDim.x) {
@@ -373,26 +381,44 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
 }
 
 /* aspan_decode_bw_kernel's launch: splits of whole tiles, as many as
- * g->part holds */
+ * g->part holds records for (gpu_aspan_part_recs), each split of each head
+ * a block (a grid of the layer's items, no block without keys) */
 template <int DH> static int dec_bw_launch(gpu_model *g, int l, int B, int lw, char *err)
 {
-    const int K = g->m->n_head;
-    const int64_t pairs = (int64_t)B * K;
-    int most = (int)(ASPAN_SPLIT_BLOCKS / pairs), nsplit = (lw + DBW_TILE - 1) / DBW_TILE;
-    if (nsplit > most) nsplit = most;
-    if (nsplit < 1) nsplit = 1;
-    int chunk = (lw + nsplit - 1) / nsplit;
-    chunk = (chunk + DBW_TILE - 1) / DBW_TILE * DBW_TILE;
-    nsplit = lw > 0 ? (lw + chunk - 1) / chunk : 1;
+    const model_t *m = g->m;
+    const int K = m->n_head;
+    const int64_t pairs = (int64_t)B * K, tiles = (lw + DBW_TILE - 1) / DBW_TILE;
+    int64_t work = 0;
+    for (int h = 0; h < K; h++)
+        if (m->layers[l].reach[h] > 0) work += (m->layers[l].krows[h] + DBW_TILE - 1) / DBW_TILE;
+    int64_t per = dec_tiles_per_block(g, work * B);   /* tiles a split */
+    const int64_t least = (pairs * tiles + (int64_t)g->part_recs - 1) / (int64_t)g->part_recs;
+    if (per < least) per = least;
+    const int chunk = (int)(per * DBW_TILE), nsplit = lw > 0 ? (lw + chunk - 1) / chunk : 1;
+    int items = 0;
+    for (int h = 0; h < K; h++) {
+        const int kh = m->layers[l].krows[h];
+        items += m->layers[l].reach[h] == 0 || kh == 0 ? 1 : (kh + chunk - 1) / chunk;
+    }
     float *part = nsplit > 1 ? g->part : NULL;
-    CU_TRY(pdl_launch(g, aspan_decode_bw_kernel<DH>, dim3((unsigned)B, (unsigned)K, (unsigned)nsplit), dim3(32 * DBW_WARPS),
-                      0, g->attb, (const bf16 *)g->qkvb, (const bf16 *)g->pe_h, (const int *)(g->krows + (size_t)l * K),
+    CU_TRY(pdl_launch(g, aspan_decode_bw_kernel<DH>, dim3((unsigned)(B * items)), dim3(32 * DBW_WARPS), 0, g->attb,
+                      (const bf16 *)g->qkvb, (const bf16 *)g->pe_h, (const int *)(g->krows + (size_t)l * K),
                       (const int *)(g->reach + (size_t)l * K), (const int64_t *)(g->mask_off + (size_t)l * K),
                       (const float *)g->derived, (const int64_t *)(g->d_off + (size_t)l * K),
-                      (bf16 *const *)stage_ring(g, g->d_stage), (const int64_t *)stage_pos(g, g->d_stage), chunk, part),
+                      (bf16 *const *)stage_ring(g, g->d_stage), (const int64_t *)stage_pos(g, g->d_stage), K, items,
+                      chunk, nsplit, part),
            err, "aspan_decode (bf16)");
     if (part && gpu_aspan_combine(g, l, B, 1, chunk, nsplit, NULL, g->attb, err)) return -1;
     return 1;
+}
+
+size_t gpu_aspan_part_recs(const gpu_model *g)
+{
+    /* a tile a split for every stream and head of the widest window, or ASPAN_SPLIT_BLOCKS (the other kernels'
+     * bound), whichever is more, at most 2^20 records */
+    size_t n = (size_t)g->max_batch * g->m->n_head * (size_t)((g->max_window + DBW_TILE - 1) / DBW_TILE);
+    if (n < ASPAN_SPLIT_BLOCKS) n = ASPAN_SPLIT_BLOCKS;
+    return n > ((size_t)1 << 20) ? (size_t)1 << 20 : n;
 }
 
 template <typename RT, int D>

@@ -105,8 +105,10 @@ static int aspan_alloc_step(gpu_model *g, char *err)
 {
     const model_t *m = g->m;
     g->max_m = g->max_batch * g->max_block;
-    CU_TRY(cudaMalloc(&g->part, (size_t)ASPAN_SPLIT_BLOCKS * (m->d_head + 4) * sizeof(float)), err,
+    g->part_recs = gpu_aspan_part_recs(g);
+    CU_TRY(cudaMalloc(&g->part, g->part_recs * (m->d_head + 4) * sizeof(float)), err,
            "out of device memory for the attention's partial sums");
+    g->step_bytes += g->part_recs * (m->d_head + 4) * sizeof(float);
     g->tpart_floats = gpu_aspan_tile_part_floats(g);
     if (g->tpart_floats)
         CU_TRY(cudaMalloc(&g->tpart, g->tpart_floats * sizeof(float)), err,

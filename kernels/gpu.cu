@@ -87,6 +87,13 @@ static void drop_graphs(gpu_model *g)
         }
 }
 
+void gpu_decode_attn_tiles(gpu_model *g, int tiles)
+{
+    if (tiles < 1) tiles = 1;
+    if (tiles != g->dec_tiles) drop_graphs(g);
+    g->dec_tiles = tiles;
+}
+
 void gpu_tiles(gpu_model *g, int on)
 {
     if (on != g->tile_on) drop_graphs(g);   /* a graph keeps the kernels of its capture */
@@ -429,6 +436,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->pdl_on = !(pdl && strcmp(pdl, "0") == 0);
     g->tile_on = 1;
     g->tc_on = 1;
+    g->dec_tiles = 1;
     g->graph = (cudaGraphExec_t *)calloc((size_t)max_batch, sizeof *g->graph);
     g->L = (gpu_layer *)calloc((size_t)m->n_layers, sizeof *g->L);
     const int slots = m->family->mem_slots(m);

@@ -96,6 +96,12 @@ void gpu_graphs(gpu_model *g, int on);
  * kernels aspan_attn.cu and rel_attn.cu, to compare); 2 the tiled kernels
  * whenever the shapes allow (for tests). */
 void gpu_tiles(gpu_model *g, int on);
+/* Decode steps' attention of one token a stream in GPU_BF16 (aspan_decode.cu,
+ * rel_decode.cu) splits each head's keys into pieces of at least TILES tiles
+ * (of 128 keys) a thread block: 1, the default, the most blocks the
+ * partial states' buffer allows; more, fewer blocks each looping over its
+ * tiles (for tests and comparisons). */
+void gpu_decode_attn_tiles(gpu_model *g, int tiles);
 /* In GPU_BF16, the attention of blocks of 16 queries or more (heads of 32
  * or 64 dims) runs its products (q.k, q.position, p.v) on tensor cores
  * (kernels/attn_mma.cu: mma.sync, bf16 inputs, fp32 sums, an online softmax

@@ -251,6 +251,7 @@ struct gpu_model {
     int max_m;
     int prec;                     /* GPU_FP32 or GPU_BF16 */
     int gemv_on;                  /* a few rows go through matmul.cu's gemv_kernel (SPANSERVE_GPU_GEMV=0: cuBLAS) */
+    int dec_tiles;                /* gpu_decode_attn_tiles: the decode attentions' tiles a block at least */
     int pdl_on;                   /* the decode path's kernels launch before the one ahead ends (pdl_launch;
                                    * SPANSERVE_GPU_PDL=0: plain launches) */
     int tile_on;                  /* blocks of queries go through aspan_tile.cu (gpu_tiles) */
@@ -322,6 +323,7 @@ struct gpu_model {
     const bf16 *pe_h;
     /* aspan_tile.cu: the partial states of split windows */
     float *tpart;
+    size_t part_recs;             /* records of D + 4 floats that part holds (at least ASPAN_SPLIT_BLOCKS) */
     size_t tpart_floats;
     /* per-step inputs: staged in pinned host memory, copied in one transfer of what the step uses: the
      * streams' positions, ring bases and rows held (max_batch each), up to GPU_STAGE_PICKS picks, then the
@@ -409,6 +411,21 @@ static cudaError_t pdl_launch(const gpu_model *g, void (*kern)(K...), dim3 grid,
     cfg.attrs = &at;
     cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, kern, ((K)args)...);
+}
+
+/* Tiles of 128 keys a thread block of the decode attentions takes
+ * (aspan_decode.cu, rel_decode.cu), from WORK, the tiles of a layer's keys
+ * over every stream and head: the blocks about twice what the device holds
+ * at once (3 an SM), at most 8 tiles a block, at least gpu_decode_attn_tiles'.
+ * (H200, 64 streams, tiles a block fixed: aspan-enwik8 1 / 2 / 4 / 8: span
+ * memory 109,813 / 121,082 / 123,699 / 122,853 tokens/s, exact 51,863 /
+ * 63,758 / 70,622 / 73,419; par-base 151,964 / 153,640 / 154,871 / 155,058) */
+static inline int dec_tiles_per_block(const gpu_model *g, int64_t work)
+{
+    int64_t per = work / (6 * (int64_t)g->n_sm);
+    if (per > 8) per = 8;
+    if (per < g->dec_tiles) per = g->dec_tiles;
+    return per < 1 ? 1 : (int)per;
 }
 
 /* The most (query, head, split) blocks an adaptive-span step splits its keys
@@ -516,6 +533,8 @@ size_t gpu_aspan_tile_part_floats(const gpu_model *g);
 /* aspan_decode.cu: the same for few queries (decode), heads of 32, 64 or
  * 128 dims, one pass over the keys: 1 if it ran, 0 if not, -1 on an error */
 int gpu_aspan_decode(gpu_model *g, int layer, int B, int M, char *err);
+/* the records g->part holds for it (aspan_decode.cu) */
+size_t gpu_aspan_part_recs(const gpu_model *g);
 /* aspan_attn.cu: splits' partial states in g->part met into att or attb */
 int gpu_aspan_combine(gpu_model *g, int layer, int B, int M, int chunk, int nsplit, float *att, bf16 *attb, char *err);
 /* rel_tile.cu: PAR's relative attention the same way (heads of 32 or 64

@@ -244,9 +244,10 @@ int gpu_rel_decode(gpu_model *g, int l, int B, int M, char *err)
     const gpu_layer *y = &g->L[l];
     if (g->prec != GPU_BF16 || M != 1 || (D != 32 && D != 64) || !y->rk16 || !y->vr || g->h_off[l] % 8 || !g->tile_on)
         return 0;
-    /* a tile a block, as many as g->tpart holds records for */
+    /* dec_tiles_per_block's tiles a block, as many blocks as g->tpart holds records for */
     const int keys = ML + 1;
-    int nsplit = (keys + RDEC_TILE - 1) / RDEC_TILE;
+    const int tiles = (keys + RDEC_TILE - 1) / RDEC_TILE, per = dec_tiles_per_block(g, (int64_t)B * K * tiles);
+    int nsplit = (tiles + per - 1) / per;
     while (nsplit > 1 && (size_t)B * K * nsplit * (D + 4) > g->tpart_floats) nsplit--;
     int chunk = (keys + nsplit - 1) / nsplit;
     chunk = (chunk + RDEC_TILE - 1) / RDEC_TILE * RDEC_TILE;

@@ -1133,7 +1133,7 @@ static void check_random_models(void)
  * skinny_kernel for their products (9 to 64 rows). NS streams from three
  * positions (the last past the window or the memory), so that a window
  * splits over many blocks. */
-static void check_decode_bw_model(const model_t *m, const char *label, int NS, int far, uint64_t seed)
+static void check_decode_bw_model(const model_t *m, const char *label, int NS, int far, uint64_t seed, int tiles)
 {
     char err[ERR_LEN];
     const int V = m->V, pre[3] = {0, 37, far};
@@ -1163,6 +1163,7 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
         if (!g[k]) continue;
         gpu_decode_kernel(g[k], GPU_DECODE_GRAPHS);
         if (k) gpu_tiles(g[k], 0);
+        else gpu_decode_attn_tiles(g[k], tiles);
         for (int s = 0; s < NS; s++) {
             gm[k][s] = gpu_mem_new(g[k], err);
             CHECK(gm[k][s] && gpu_mem_upload(gm[k][s], base[s % 3], err) == 0, "%s", err);
@@ -1221,8 +1222,8 @@ static void check_decode_bw(void)
     if (fd < 0) return;
     close(fd);
     /* adaptive-span: spans of the whole window, none (a zero mask) and short ones, both memory modes; heads of
-     * 64 (a window of 24 tiles, a block a tile), heads of 32 (71 tiles and 64 streams: 64 blocks a head at most,
-     * two tiles a block) */
+     * 64 (a window of 24 tiles, a block a tile), heads of 32 (71 tiles and 64 streams, a tile a block, then three
+     * (gpu_decode_attn_tiles): a block's loop over its tiles) */
     const struct { int H, K, I, S, NS; } as[3] = {{128, 2, 64, 3000, 12}, {64, 2, 64, 9000, 64}, {512, 8, 2048, 1000, 24}};
     for (int k = 0; k < 3; k++) {
         float zf[16] = {1.0f, 0.0f, 0.4f, 0.02f, 0.1f, 0.7f, 0.0f, 0.3f, 0.05f, 1.0f, 0.2f, 0.0f, 0.6f, 0.01f, 0.9f, 0.3f};
@@ -1233,7 +1234,12 @@ static void check_decode_bw(void)
             CHECK(m != NULL, "decode attention: %s", err);
             snprintf(label, sizeof label, "bf16 decode, %d streams (aspan, width %d, heads of %d, window %d, %s memory)",
                      as[k].NS, as[k].H, as[k].H / as[k].K, as[k].S, mode ? "span" : "exact");
-            if (m) check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 131 + k);
+            if (m) check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 131 + k, 1);
+            if (m && k == 1) {
+                snprintf(label, sizeof label, "bf16 decode, 64 streams (aspan, heads of 32, window 9000, %s memory, three "
+                         "tiles a block)", mode ? "span" : "exact");
+                check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 231, 3);
+            }
             model_free(m);
         }
     }
@@ -1249,7 +1255,11 @@ static void check_decode_bw(void)
         CHECK(m != NULL, "decode attention: %s", err);
         snprintf(label, sizeof label, "bf16 decode, %d streams (par, width %d, heads of %d, mem_len %d)", pns[k],
                  ps[k].D, ps[k].dh, ps[k].mem_len);
-        if (m) check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 141 + k);
+        if (m) check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 141 + k, 1);
+        if (m && k == 0) {   /* 6 tiles: splits of 4 tiles, a block's loop */
+            snprintf(label, sizeof label, "bf16 decode, 12 streams (par, mem_len 700, four tiles a block)");
+            check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 241, 4);
+        }
         model_free(m);
     }
     unlink(p);
