@@ -27,6 +27,7 @@
  * other widths go to aspan_attn.cu.
  */
 #include "gpu_internal.cuh"
+#include "dec_tile.cuh"
 
 #define DEC_WARPS 4
 #define DEC_CHUNK_MIN 128    /* distances a split takes at least: one round of each warp */
@@ -216,17 +217,6 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS)
  * (aspan_combine_kernel's format) or the block's output; the step's key and
  * value into the rings by the block that read the rows they replace, after
  * its reads. */
-/* 8 bf16 (16 bytes) as floats */
-static __device__ __forceinline__ void bf8u(const uint4 &v, float *o)
-{
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        o[2 * k] = f.x, o[2 * k + 1] = f.y;
-    }
-}
-
 #define DBW_WARPS 4
 #define DBW_TILE (32 * DBW_WARPS)   /* distances a block takes a round */
 
@@ -291,7 +281,7 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
     if (d0 <= dhi) load(d0);
     pdl_wait();
     float q[8];
-    bf8u(__ldcg((const uint4 *)(qb + 8 * c)), q);
+    unpack_bf8(__ldcg((const uint4 *)(qb + 8 * c)), q);
     float mx = -INFINITY, z = 0.0f, w = 0.0f, acc[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.0f;
@@ -301,42 +291,16 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
 #pragma unroll
         for (int i = 0; i < R; i++) {
             float kf[8], pf[8], s = 0.0f;
-            bf8u(kk[i], kf);
-            bf8u(pp[i], pf);
+            unpack_bf8(kk[i], kf);
+            unpack_bf8(pp[i], pf);
 #pragma unroll
             for (int e = 0; e < 8; e++) s = fmaf(q[e], kf[e] + pf[e], s);
             sc[i] = s;
         }
+        dec_sum_parts<LPK>(sc);
 #pragma unroll
-        for (int o = 1; o < LPK; o <<= 1)
-#pragma unroll
-            for (int i = 0; i < R; i++) sc[i] += __shfl_xor_sync(0xffffffffu, sc[i], o);
-        float tm = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            sc[i] = okm >> i & 1u ? sc[i] / sqrtf((float)DH) : -INFINITY;
-            tm = fmaxf(tm, sc[i]);
-        }
-#pragma unroll
-        for (int o = LPK; o < 32; o <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
-        if (tm > mx) {   /* warp-uniform */
-            const float f = mx == -INFINITY ? 0.0f : expf(mx - tm);
-            z *= f;
-            w *= f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[e] *= f;
-            mx = tm;
-        }
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const float e = sc[i] == -INFINITY ? 0.0f : expf(sc[i] - mx), wt = e * mw[i];
-            float vf[8];
-            bf8u(vv[i], vf);
-            z += e;
-            w += wt;
-#pragma unroll
-            for (int x = 0; x < 8; x++) acc[x] = fmaf(wt, vf[x], acc[x]);
-        }
+        for (int i = 0; i < R; i++) sc[i] = okm >> i & 1u ? sc[i] / sqrtf((float)DH) : -INFINITY;
+        dec_softmax<LPK, R, true>(sc, mw, vv, mx, z, w, acc);
     };
     if (d0 <= dhi) {
         tile();
@@ -345,28 +309,9 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
             tile();
         }
     }
-    /* the warp's key groups, then the warps, met */
-#pragma unroll
-    for (int o = LPK; o < 32; o <<= 1) {
-        z += __shfl_xor_sync(0xffffffffu, z, o);
-        w += __shfl_xor_sync(0xffffffffu, w, o);
-#pragma unroll
-        for (int x = 0; x < 8; x++) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
-    }
-    if (grp == 0) {
-        *(float4 *)&wst[warp][4 + 8 * c] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        *(float4 *)&wst[warp][4 + 8 * c + 4] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    }
-    if (lane == 0) wst[warp][0] = mx, wst[warp][1] = z, wst[warp][2] = w;
-    __syncthreads();   /* (and the block's reads are done) */
-    float M2 = -INFINITY;
-    for (int v = 0; v < DBW_WARPS; v++) M2 = fmaxf(M2, wst[v][0]);
-    float Z = 0.0f, W = 0.0f, ev[DBW_WARPS];
-    for (int v = 0; v < DBW_WARPS; v++) {
-        ev[v] = wst[v][0] == -INFINITY ? 0.0f : expf(wst[v][0] - M2);
-        Z += wst[v][1] * ev[v];
-        W += wst[v][2] * ev[v];
-    }
+    /* the warp's key groups, then the warps, met (and the block's reads are done) */
+    float M2, Z, W, ev[DBW_WARPS];
+    dec_meet<LPK, DBW_WARPS, DH>(wst, mx, z, w, acc, M2, Z, W, ev);
     float *rec = part ? part + (((size_t)b * K + h) * nsplit + sp) * (DH + 4) : NULL;
     if (rec && threadIdx.x == 0) rec[0] = M2, rec[1] = Z, rec[2] = W;
     const float wz = W / Z + 1e-8f;

@@ -26,29 +26,10 @@
  * block reads (the split of the step's own key writes it).
  */
 #include "gpu_internal.cuh"
+#include "dec_tile.cuh"
 
 #define RDEC_WARPS 4
 #define RDEC_TILE (32 * RDEC_WARPS)   /* keys a block takes a round */
-
-/* 8 bf16 or fp16 (16 bytes) as floats */
-static __device__ __forceinline__ void bf8r(const uint4 &v, float *o)
-{
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&w[k]);
-        o[2 * k] = f.x, o[2 * k + 1] = f.y;
-    }
-}
-static __device__ __forceinline__ void h8r(const uint4 &v, float *o)
-{
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const float2 f = __half22float2(*(const __half2 *)&w[k]);
-        o[2 * k] = f.x, o[2 * k + 1] = f.y;
-    }
-}
 
 struct rdec_args {
     bf16 *attb;
@@ -116,7 +97,7 @@ template <int DH> __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) r
     if (j0 < jend) load(j0, false);
     pdl_wait();
     float q[8], qu[8];
-    bf8r(__ldcg((const uint4 *)qb + c), q);
+    unpack_bf8(__ldcg((const uint4 *)qb + c), q);
 #pragma unroll
     for (int e = 0; e < 8; e++) qu[e] = q[e] + __ldg(a.rwb + h * DH + 8 * c + e);
     if (j0 < jend && j0 <= mlen && mlen < j0 + 32) {   /* the tile holds the step's own key: its rows now */
@@ -127,7 +108,7 @@ template <int DH> __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) r
                 vv[i] = __ldcg((const uint4 *)vb + c);
             }
     }
-    float mx = -INFINITY, z = 0.0f, acc[8];
+    float mx = -INFINITY, z = 0.0f, w = 0.0f, acc[8];
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[e] = 0.0f;
     /* a tile's scores, softmax and weighted values into the warp's state */
@@ -136,40 +117,16 @@ template <int DH> __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) r
 #pragma unroll
         for (int i = 0; i < R; i++) {
             float kf[8], rf[8], ac = 0.0f, bd = 0.0f;
-            bf8r(kk[i], kf);
-            h8r(pp[i], rf);
+            unpack_bf8(kk[i], kf);
+            unpack_h8(pp[i], rf);
 #pragma unroll
             for (int e = 0; e < 8; e++) ac = fmaf(qu[e], kf[e], ac), bd = fmaf(q[e], rf[e], bd);
             sc[i] = ac + bd;
         }
+        dec_sum_parts<LPK>(sc);
 #pragma unroll
-        for (int o = 1; o < LPK; o <<= 1)
-#pragma unroll
-            for (int i = 0; i < R; i++) sc[i] += __shfl_xor_sync(0xffffffffu, sc[i], o);
-        float tm = -INFINITY;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            sc[i] = okm >> i & 1u ? fmaf(sc[i], a.scale, mw[i]) : -INFINITY;
-            tm = fmaxf(tm, sc[i]);
-        }
-#pragma unroll
-        for (int o = LPK; o < 32; o <<= 1) tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, o));
-        if (tm > mx) {   /* warp-uniform */
-            const float f = mx == -INFINITY ? 0.0f : expf(mx - tm);
-            z *= f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[e] *= f;
-            mx = tm;
-        }
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const float e = sc[i] == -INFINITY ? 0.0f : expf(sc[i] - mx);
-            float vf[8];
-            bf8r(vv[i], vf);
-            z += e;
-#pragma unroll
-            for (int x = 0; x < 8; x++) acc[x] = fmaf(e, vf[x], acc[x]);
-        }
+        for (int i = 0; i < R; i++) sc[i] = okm >> i & 1u ? fmaf(sc[i], a.scale, mw[i]) : -INFINITY;
+        dec_softmax<LPK, R, false>(sc, mw, vv, mx, z, w, acc);
     };
     if (j0 < jend) {
         tile();
@@ -178,26 +135,10 @@ template <int DH> __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) r
             tile();
         }
     }
-    /* the warp's key groups, then the warps, met */
-#pragma unroll
-    for (int o = LPK; o < 32; o <<= 1) {
-        z += __shfl_xor_sync(0xffffffffu, z, o);
-#pragma unroll
-        for (int x = 0; x < 8; x++) acc[x] += __shfl_xor_sync(0xffffffffu, acc[x], o);
-    }
-    if (grp == 0) {
-        *(float4 *)&wst[warp][4 + 8 * c] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        *(float4 *)&wst[warp][4 + 8 * c + 4] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    }
-    if (lane == 0) wst[warp][0] = mx, wst[warp][1] = z;
-    __syncthreads();   /* (and the block's reads are done) */
-    float M2 = -INFINITY;
-    for (int v = 0; v < RDEC_WARPS; v++) M2 = fmaxf(M2, wst[v][0]);
-    float Z = 0.0f, ev[RDEC_WARPS];
-    for (int v = 0; v < RDEC_WARPS; v++) {
-        ev[v] = wst[v][0] == -INFINITY ? 0.0f : expf(wst[v][0] - M2);
-        Z += wst[v][1] * ev[v];
-    }
+    /* the warp's key groups, then the warps, met (and the block's reads are done) */
+    float M2, Z, W, ev[RDEC_WARPS];
+    dec_meet<LPK, RDEC_WARPS, DH>(wst, mx, z, w, acc, M2, Z, W, ev);
+    (void)W;
     if (rec && threadIdx.x == 0) rec[0] = M2, rec[1] = Z;
     const int ws = ML > 0 ? ring_slot(p, ML) : 0;
     for (int x = threadIdx.x; x < DH; x += blockDim.x) {
