@@ -212,11 +212,15 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS)
  * values before the scores are known (decode_step.cu's attention item, the
  * persistent kernel's, does the same). The score q.(k + pe) / sqrt(DH), the
  * lanes' parts summed by shuffles; the warp's running softmax (m, Z = sum e,
- * W = sum e m(d), O = sum e m(d) v, each lane its 8 dims of its keys); the
- * warps met in shared memory, a split's record into g->part
- * (aspan_combine_kernel's format) or the block's output; the step's key and
- * value into the rings by the block that read the rows they replace, after
- * its reads. */
+ * W = sum e m(d), O = sum e m(d) v, each lane its 8 dims of its keys:
+ * dec_tile.cuh); the warps met in shared memory, a split's record into
+ * g->part (aspan_combine_kernel's format, which meets them) or the block's
+ * output; the step's key and value into the rings by the block that read
+ * the rows they replace, after its reads. The grid is the layer's items,
+ * each head's splits (one for a head of zero reach) for every stream, of
+ * dec_tiles_per_block's tiles each. The first tile's loads (the rings hold
+ * earlier steps' rows) go out before the kernel ahead has ended
+ * (pdl_launch), the query after. */
 #define DBW_WARPS 4
 #define DBW_TILE (32 * DBW_WARPS)   /* distances a block takes a round */
 

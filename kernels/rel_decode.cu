@@ -4,15 +4,15 @@
  * steps of many streams, read at the memory's bandwidth.
  *
  * A thread block takes a (stream, head) pair's split of its keys j =
- * jlo..mlen (the memory's rows, then the step's own key), in tiles of 32 a
- * warp. A key's rows are read by DH / 8 lanes, 8 dims (16 bytes) each, so a
+ * jlo..mlen (the memory's rows, then the step's own key; dec_tiles_per_block's
+ * tiles of 128), 32 keys a warp a tile. A key's rows are read by DH / 8 lanes, 8 dims (16 bytes) each, so a
  * warp's load takes 32 / (DH / 8) whole rows; a tile's key, value and r rows
  * (attn_mma.cu's fp16 r table, row roff + mlen - j) and its v . r (the same
  * file's float table, scaled) are loaded at once, values before the scores
  * are known, as decode_step.cu's attention item does. The score is the
  * tensor-core scoring's: ((q + u) . k + q . r) scale + v . r. Each warp
  * keeps a running softmax (m, Z = sum e, O = sum e v; a lane its 8 dims of
- * its keys); the warps meet in shared memory; a split leaves (m, Z, O) in
+ * its keys: dec_tile.cuh); the warps meet in shared memory; a split leaves (m, Z, O) in
  * g->tpart (every split, an empty one as m = -inf) and rel_combine_kernel
  * divides; one split writes out = O / Z itself.
  *
