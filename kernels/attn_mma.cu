@@ -61,14 +61,7 @@ enum { MMA_ASPAN, MMA_GPT };   /* attn_mma_kernel's two attentions (its MODE) */
 
 /* ---- mma.sync and its fragments ---- */
 
-/* d (16x8 fp32) += a (16x16 bf16, row-major) b (16x8 bf16, column-major) */
-static __device__ __forceinline__ void mma16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+/* (mma16816: gpu_internal.cuh) */
 
 /* Four 8x8 bf16 matrices from shared memory, transposed: lane L gives the
  * address of row L % 8 of matrix L / 8 and receives, of each matrix, rows

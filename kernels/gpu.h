@@ -98,9 +98,10 @@ void gpu_graphs(gpu_model *g, int on);
 void gpu_tiles(gpu_model *g, int on);
 /* Decode steps' attention of one token a stream in GPU_BF16 (aspan_decode.cu,
  * rel_decode.cu) splits each head's keys into pieces of at least TILES tiles
- * (of 128 keys) a thread block: 1, the default, the most blocks the
- * partial states' buffer allows; more, fewer blocks each looping over its
- * tiles (for tests and comparisons). */
+ * (of 128 keys) a thread block. 1, the default, leaves the choice to the
+ * step's size (1 to 8 tiles, so that the blocks fill the device about
+ * twice; more where the partial states' buffer needs it); more makes fewer
+ * blocks, each looping over its tiles (for tests and comparisons). */
 void gpu_decode_attn_tiles(gpu_model *g, int tiles);
 /* In GPU_BF16, the attention of blocks of 16 queries or more (heads of 32
  * or 64 dims) runs its products (q.k, q.position, p.v) on tensor cores

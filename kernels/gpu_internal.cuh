@@ -385,6 +385,16 @@ static __device__ __forceinline__ int ring_slot(int64_t p, int r)
     return (int)(s < 0 ? s + r : s);
 }
 
+/* d (16x8 fp32) += a (16x16 bf16, row-major) b (16x8 bf16, column-major):
+ * attn_mma.cu's products, matmul.cu's skinny_kernel */
+static __device__ __forceinline__ void mma16816(float d[4], const unsigned a[4], unsigned b0, unsigned b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* Programmatic dependent launch (Hopper): a kernel launched by pdl_launch
  * may start while the kernel before it in the stream is still running (once
  * every block of that one has called pdl_next, or has ended). Before

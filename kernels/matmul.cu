@@ -108,15 +108,6 @@ static int gemv(gpu_model *g, OT *y, const T *x, const T *W, int n, int in, int 
 #define SK_MAX_ROWS 64
 #define SK_KCHUNK 64
 
-static __device__ __forceinline__ void mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                                unsigned b0, unsigned b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 static __device__ __forceinline__ unsigned u4w(const uint4 (&v)[2], int w)
 {
     const uint4 &h = v[w >> 2];
@@ -164,10 +155,10 @@ static __device__ __forceinline__ void sk_mma(float (&acc)[4][NB][4], const sk_c
 #pragma unroll
         for (int t = 0; t < 4; t++) {
             if (t >= mt) break;   /* (warp-uniform) */
+            const unsigned a[4] = {u4w(c.a[t][0], 2 * s), u4w(c.a[t][1], 2 * s), u4w(c.a[t][0], 2 * s + 1),
+                                   u4w(c.a[t][1], 2 * s + 1)};
 #pragma unroll
-            for (int j = 0; j < NB; j++)
-                mma_bf16(acc[t][j], u4w(c.a[t][0], 2 * s), u4w(c.a[t][1], 2 * s), u4w(c.a[t][0], 2 * s + 1),
-                         u4w(c.a[t][1], 2 * s + 1), u4w(c.b[j], 2 * s), u4w(c.b[j], 2 * s + 1));
+            for (int j = 0; j < NB; j++) mma16816(acc[t][j], a, u4w(c.b[j], 2 * s), u4w(c.b[j], 2 * s + 1));
         }
 }
 
