@@ -363,11 +363,14 @@ template <int DH> static int dec_bw_launch(gpu_model *g, int l, int B, int lw, c
 
 size_t gpu_aspan_part_recs(const gpu_model *g)
 {
-    /* a tile a split for every stream and head of the widest window, or ASPAN_SPLIT_BLOCKS (the other kernels'
-     * bound), whichever is more, at most 2^20 records */
+    /* where aspan_decode_bw_kernel may run (GPU_BF16, heads of 32 or 64): a tile a split for every stream and head
+     * of the widest window, at most 2^18 records (71 MB for heads of 64; past it a split takes more tiles);
+     * never fewer than ASPAN_SPLIT_BLOCKS, the other kernels' bound */
+    const int D = g->m->d_head;
+    if (g->prec != GPU_BF16 || (D != 32 && D != 64)) return ASPAN_SPLIT_BLOCKS;
     size_t n = (size_t)g->max_batch * g->m->n_head * (size_t)((g->max_window + DBW_TILE - 1) / DBW_TILE);
-    if (n < ASPAN_SPLIT_BLOCKS) n = ASPAN_SPLIT_BLOCKS;
-    return n > ((size_t)1 << 20) ? (size_t)1 << 20 : n;
+    if (n > ((size_t)1 << 18)) n = (size_t)1 << 18;
+    return n < ASPAN_SPLIT_BLOCKS ? ASPAN_SPLIT_BLOCKS : n;
 }
 
 template <typename RT, int D>
