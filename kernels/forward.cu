@@ -140,10 +140,128 @@ static int qkv_proj(gpu_model *g, const gpu_layer *d, const float *in, int N, ch
                           gpu_gpt_bias(g, g->qkv, bf ? g->qkvb : NULL, g->qkv, d->qkv_b, N, 3 * A, err)) ? -1 : 0;
 }
 
+/* A post-LN bf16 step can carry its LayerNorms in the products around them
+ * (matmul.cu's gpu_linear_residual, gpu_linear_ln; issue 17): the product
+ * that adds a sublayer's output to the residual stream leaves it before
+ * its LayerNorm (h, and bf16(w h) for the next product) with each row's
+ * sums, and the first product of the next sublayer applies the LayerNorm
+ * after its own product, through S = W w and C = W b folded at load. */
+
+/* Walks the sublayers as run_layers_carried does: F(l, first product's W,
+ * its inputs, outputs, the pending LayerNorm's weight and bias or NULL
+ * after the embedding, whether it is the attention's) */
+template <typename F> static int walk_carried(gpu_model *g, F f)
+{
+    const model_t *m = g->m;
+    const int Dm = m->d_model, A = m->n_head * m->d_head;
+    const float *pw = NULL, *pb = NULL;
+    for (int l = 0; l < m->n_layers; l++) {
+        const gpu_layer *d = &g->L[l];
+        const int sub = g->fam->sublayers(m, l);
+        if (sub & GPU_SUB_ATTN) {
+            if (f(l, d->wqkv_h, Dm, 3 * A, pw, pb, true)) return -1;
+            pw = d->ln1_w, pb = d->ln1_b;
+        }
+        if (sub & GPU_SUB_FFN) {
+            if (f(l, d->fc1_h, Dm, m->d_inner, pw, pb, false)) return -1;
+            pw = d->ln2_w, pb = d->ln2_b;
+        }
+    }
+    return 0;
+}
+
+int gpu_ln_carry_plan(gpu_model *g, char *err)
+{
+    const model_t *m = g->m;
+    const int Dm = m->d_model, A = m->n_head * m->d_head, I = m->d_inner;
+    g->lnf_ok = 0;
+    if (g->prec != GPU_BF16 || m->pre_lnorm || m->tf_attn || g->fam->step || !g->xb || g->max_batch <= 8 ||
+        ((uintptr_t)g->x | (uintptr_t)g->xb | (uintptr_t)g->tmp) % 16 || (size_t)g->step_rows * Dm < 4 * 64 * 2)
+        return 0;
+    /* every linear layer within skinny_kernel's shapes, every LayerNorm with its weight and bias */
+    size_t n = 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const gpu_layer *d = &g->L[l];
+        const int sub = g->fam->sublayers(m, l);
+        if ((sub & GPU_SUB_ATTN) && (d->qkv_b || !d->ln1_w || !d->ln1_b || !gpu_linear_ln_fits(g, 64, Dm, 3 * A, d->wqkv_h) ||
+                                     !gpu_linear_ln_fits(g, 64, A, Dm, d->wo_h)))
+            return 0;
+        if ((sub & GPU_SUB_FFN) && (!d->ln2_w || !d->ln2_b || !gpu_linear_ln_fits(g, 64, Dm, I, d->fc1_h) ||
+                                    !gpu_linear_ln_fits(g, 64, I, Dm, d->fc2_h)))
+            return 0;
+    }
+    walk_carried(g, [&](int, const bf16 *, int, int out, const float *pw, const float *, bool) {
+        n += pw ? 2 * (size_t)out : 0;
+        return 0;
+    });
+    CU_TRY(cudaMalloc(&g->lnf_tab, (n ? n : 1) * sizeof(float)), err, "cudaMalloc (folded LayerNorms)");
+    float *at = g->lnf_tab;
+    if (walk_carried(g, [&](int l, const bf16 *W, int in, int out, const float *pw, const float *pb, bool attn) {
+            if (!pw) return 0;
+            gpu_layer *d = &g->L[l];
+            (attn ? d->qkv_s : d->fc1_s) = at;
+            (attn ? d->qkv_c : d->fc1_c) = at + out;
+            const int rc = gpu_ln_fold(g, at, at + out, W, pw, pb, in, out, err);
+            at += 2 * (size_t)out;
+            return rc;
+        }))
+        return -1;
+    g->weight_bytes += n * sizeof(float);
+    g->lnf_ok = 1;
+    return 0;
+}
+
+/* Whether a step of B streams x M tokens carries its LayerNorms: a decode
+ * step of 9 to 64 streams of a model that allows it (gpu_ln_carry_plan),
+ * unless turned off (gpu_decode_ln_fuse, SPANSERVE_GPU_LN_FUSE=0) */
+static bool ln_carried(const gpu_model *g, int B, int M)
+{
+    return g->lnf_on && g->lnf_ok && g->gemv_on && M == 1 && B > 8 && B <= 64;
+}
+
+/* The layers of a step that carries its LayerNorms: x holds the residual
+ * stream before the LayerNorm still to apply (after the embedding: x and
+ * xb as they are). The k-th product that adds to the residual sums its
+ * rows into acc[k % 2]; the product before it zeroed that buffer, and the
+ * one after reads it. The last LayerNorm runs on its own, for the output
+ * layer. */
+static int run_layers_carried(gpu_model *g, int N, char *err)
+{
+    const model_t *m = g->m;
+    const int Dm = m->d_model, A = m->n_head * m->d_head, I = m->d_inner;
+    unsigned long long *acc[2] = {(unsigned long long *)g->tmp, (unsigned long long *)g->tmp + 2 * 64};
+    const float *pw = NULL, *pb = NULL;
+    int k = 0;   /* the products that added to the residual so far */
+    for (int l = 0; l < m->n_layers; l++) {
+        const gpu_layer *d = &g->L[l];
+        const int sub = g->fam->sublayers(m, l);
+        const unsigned long long *in = pw ? acc[(k + 1) & 1] : NULL;
+        if (sub & GPU_SUB_ATTN) {
+            if (OP(OP_QKV, gpu_linear_ln(g, g->qkvb, g->xb, in, acc[k & 1], d->qkv_s, d->qkv_c, d->wqkv_h, NULL, N, Dm,
+                                         3 * A, err)) ||
+                g->fam->attend(g, l, N, 1, err) ||
+                OP(OP_WO, gpu_linear_residual(g, g->x, g->xb, in, pw, pb, acc[k & 1], d->ln1_w, g->attb, d->wo_h, d->wo_b,
+                                              N, A, Dm, err)))
+                return -1;
+            pw = d->ln1_w, pb = d->ln1_b, in = acc[k & 1], k++;
+        }
+        if (sub & GPU_SUB_FFN) {
+            if (OP(OP_FC1, gpu_linear_ln(g, g->ffb, g->xb, in, acc[k & 1], d->fc1_s, d->fc1_c, d->fc1_h, d->fc1_b, N, Dm, I,
+                                         err)) ||
+                OP(OP_FC2, gpu_linear_residual(g, g->x, g->xb, in, pw, pb, acc[k & 1], d->ln2_w, g->ffb, d->fc2_h, d->fc2_b,
+                                               N, I, Dm, err)))
+                return -1;
+            pw = d->ln2_w, pb = d->ln2_b, k++;
+        }
+    }
+    return pw && OP(OP_LN, gpu_layernorm_keep(g, g->x, g->xb, pw, pb, N, Dm, err)) ? -1 : 0;
+}
+
 static int run_layers(gpu_model *g, int B, int M, char *err)
 {
     const model_t *m = g->m;
     const int Dm = m->d_model, A = m->n_head * m->d_head, N = B * M;
+    if (ln_carried(g, B, M)) return run_layers_carried(g, N, err);
     for (int l = 0; l < m->n_layers; l++) {
         const gpu_layer *d = &g->L[l];
         const int sub = g->fam->sublayers(m, l);
@@ -336,6 +454,7 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
         g->mk_steps++;
         return 0;
     }
+    if (ln_carried(g, B, M)) g->lnf_steps++;
     /* (a family's own step plans its launches from the memories every time: no graph) */
     *graph = M == 1 && g->graphs_on && !g->prof_on && !g->fam->step ? decode_graph(g, B) : NULL;
     if (*graph) {

@@ -94,6 +94,15 @@ void gpu_decode_attn_tiles(gpu_model *g, int tiles)
     g->dec_tiles = tiles;
 }
 
+void gpu_decode_ln_fuse(gpu_model *g, int on)
+{
+    on = on != 0;
+    if (on != g->lnf_on) drop_graphs(g);   /* a graph keeps the kernels of its capture */
+    g->lnf_on = on;
+}
+
+long gpu_decode_ln_fuse_steps(const gpu_model *g) { return g->lnf_steps; }
+
 void gpu_tiles(gpu_model *g, int on)
 {
     if (on != g->tile_on) drop_graphs(g);   /* a graph keeps the kernels of its capture */
@@ -156,6 +165,7 @@ void gpu_model_free(gpu_model *g)
         if (g->lgraph[i]) cudaGraphExecDestroy(g->lgraph[i]);
     cudaFree(g->arena);
     cudaFree(g->wbf);
+    cudaFree(g->lnf_tab);
     cudaFree(g->derived);
     cudaFree(g->mma_tab);
     cudaFree(g->mma_vr);
@@ -434,6 +444,10 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->gemv_on = !(gv && strcmp(gv, "0") == 0);
     const char *pdl = getenv("SPANSERVE_GPU_PDL");
     g->pdl_on = !(pdl && strcmp(pdl, "0") == 0);
+    const char *spk = getenv("SPANSERVE_GPU_SPLITK");
+    g->sk_split = !(spk && strcmp(spk, "0") == 0);
+    const char *lnf = getenv("SPANSERVE_GPU_LN_FUSE");
+    g->lnf_on = !(lnf && strcmp(lnf, "0") == 0);
     g->tile_on = 1;
     g->tc_on = 1;
     g->dec_tiles = 1;
@@ -578,6 +592,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     const char *wo = getenv("SPANSERVE_GPU_DECODE_WO");
     g->mk_wo = !(wo && strcmp(wo, "0") == 0);
     if (rc == 0) rc = gpu_mk_plan(g, g->mk_why, sizeof g->mk_why, err);
+    if (rc == 0) rc = gpu_ln_carry_plan(g, err);
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess) rc = err_set(err, "loading on the device failed");
     if (rc) {
         gpu_model_free(g);

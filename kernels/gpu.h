@@ -103,6 +103,16 @@ void gpu_tiles(gpu_model *g, int on);
  * twice; more where the partial states' buffer needs it); more makes fewer
  * blocks, each looping over its tiles (for tests and comparisons). */
 void gpu_decode_attn_tiles(gpu_model *g, int tiles);
+/* A bf16 decode step of 9 to 64 streams on the graphs, of a post-LN model
+ * whose linear layers take 512 inputs or a multiple (the skinny products):
+ * ON 1 (the default; SPANSERVE_GPU_LN_FUSE=0 at load turns it off) carries
+ * each residual's LayerNorm in the products around it: Wo or fc2 adds the
+ * residual and sums each row, QKV or fc1 applies the LayerNorm after its
+ * product (the LayerNorm's weight and bias folded into it at load), so the
+ * step has no LayerNorm launch but its last; 0 launches them. _steps: the
+ * steps that took it. */
+void gpu_decode_ln_fuse(gpu_model *g, int on);
+long gpu_decode_ln_fuse_steps(const gpu_model *g);
 /* In GPU_BF16, the attention of blocks of 16 queries or more (heads of 32
  * or 64 dims) runs its products (q.k, q.position, p.v) on tensor cores
  * (kernels/attn_mma.cu: mma.sync, bf16 inputs, fp32 sums, an online softmax

@@ -142,6 +142,9 @@ typedef struct {
                                    * row past fp16's range), */
     const float *vr;              /* and r_r_bias . rk per row and head (rk_rows x n_head) */
     const bf16 *pk_h, *pv_h;      /* GPU_BF16, persistent memory: pk and pv in bfloat16 for attn_mma.cu (or NULL) */
+    /* GPU_BF16, post-LN: the first product of each sublayer with the LayerNorm before it folded in (W w, W b by
+     * output: forward.cu's run_layers_carried; NULL after the embedding) */
+    const float *qkv_s, *qkv_c, *fc1_s, *fc1_c;
 } gpu_layer;
 
 /* The word-level Transformer-XL's adaptive input and softmax on the device
@@ -254,6 +257,13 @@ struct gpu_model {
     int dec_tiles;                /* gpu_decode_attn_tiles: the decode attentions' tiles a block at least */
     int pdl_on;                   /* the decode path's kernels launch before the one ahead ends (pdl_launch;
                                    * SPANSERVE_GPU_PDL=0: plain launches) */
+    int sk_split;                 /* skinny products of 1,024 inputs or more split them over a cluster of two
+                                   * blocks (matmul.cu; SPANSERVE_GPU_SPLITK=0: one block an output tile) */
+    int lnf_on;                   /* a post-LN decode step of 9 to 64 streams carries its LayerNorms in the
+                                   * products around them (forward.cu; gpu_decode_ln_fuse, SPANSERVE_GPU_LN_FUSE) */
+    long lnf_steps;               /* the steps that did */
+    int lnf_ok;                   /* the model allows it (gpu_ln_carry_plan) */
+    float *lnf_tab;               /* the folded tables (gpu_layer's qkv_s .. fc1_c) */
     int tile_on;                  /* blocks of queries go through aspan_tile.cu (gpu_tiles) */
     int tc_on;                    /* bf16 tiles on tensor cores (gpu_tensor_cores) */
     int ring_fused;               /* the last relative attention wrote the step's keys and values into the
@@ -423,6 +433,25 @@ static cudaError_t pdl_launch(const gpu_model *g, void (*kern)(K...), dim3 grid,
     return cudaLaunchKernelEx(&cfg, kern, ((K)args)...);
 }
 
+/* pdl_launch in clusters of CX blocks along x */
+template <typename... K, typename... A>
+static cudaError_t pdl_launch_cluster(const gpu_model *g, void (*kern)(K...), dim3 grid, dim3 block, unsigned cx,
+                                      A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = g->stream;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = g->pdl_on ? 1 : 0;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = cx, at[1].val.clusterDim.y = 1, at[1].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 2;
+    return cudaLaunchKernelEx(&cfg, kern, ((K)args)...);
+}
+
 /* Tiles of 128 keys a thread block of the decode attentions takes
  * (aspan_decode.cu, rel_decode.cu), from WORK, the tiles of a layer's keys
  * over every stream and head: the blocks about twice what the device holds
@@ -479,6 +508,33 @@ int gpu_add_layernorm(gpu_model *g, float *x, bf16 *xb, const float *r, const fl
 /* the same with r in bfloat16 (GPU_BF16: a linear layer's output rounded once) */
 int gpu_add_layernorm_b(gpu_model *g, float *x, bf16 *xb, const bf16 *r, const float *rb, const float *w, const float *b,
                         int n, int d, char *err);
+/* layernorm.cu: x = LN(x) * w + b in place, also into xb: a post-LN step's
+ * last LayerNorm where the products carried the others (gpu_linear_ln) */
+int gpu_layernorm_keep(gpu_model *g, float *x, bf16 *xb, const float *w, const float *b, int n, int d, char *err);
+/* matmul.cu, a post-LN model's LayerNorm inside the products around it
+ * (GPU_BF16, skinny_kernel's products of GEMV_MAX_ROWS + 1 to 64 rows: a
+ * decode step of 9 to 64 streams; forward.cu). The rows' sums and sums of
+ * squares are 64-bit integers in units of 2^-24, two a row.
+ * gpu_linear_residual: h = x' + (bf16(a W^T) + bias) into x in place (N x
+ *   OUT), x' = LN(x) * w + b by the sums ACC_IN where it is set (the
+ *   LayerNorm before, which the product between carried), else x; bf16(wn
+ *   h) into xb; h's sums added into ACC_OUT (zero).
+ * gpu_linear_ln: y = bf16(rstd (xb W^T - mean s) + c (+ bias, then ReLU)),
+ *   xb = bf16(w h), the rows' mean and rstd from ACC_IN, s = W w and c = W
+ *   b (gpu_ln_fold); ACC_IN NULL: y = bf16(xb W^T (+ bias, ReLU)). Zeroes
+ *   ACC_OUT.
+ * gpu_linear_ln_fits: whether the shapes allow both (x, a 16-byte aligned) */
+bool gpu_linear_ln_fits(const gpu_model *g, int n, int in, int out, const void *W);
+int gpu_linear_residual(gpu_model *g, float *x, bf16 *xb, const unsigned long long *acc_in, const float *w, const float *b,
+                        unsigned long long *acc_out, const float *wn, const bf16 *a, const bf16 *W, const float *bias, int n,
+                        int in, int out, char *err);
+int gpu_linear_ln(gpu_model *g, bf16 *y, const bf16 *xb, const unsigned long long *acc_in, unsigned long long *acc_out,
+                  const float *s, const float *c, const bf16 *W, const float *bias, int n, int in, int out, char *err);
+int gpu_ln_fold(gpu_model *g, float *s, float *c, const bf16 *W, const float *w, const float *b, int in, int out, char *err);
+/* forward.cu: the folded tables of the LayerNorms the products carry
+ * (g->lnf_tab, the layers' qkv_s .. fc1_c), where the model allows it: at
+ * load. 0, or -1 on an error (a model that cannot is not one) */
+int gpu_ln_carry_plan(gpu_model *g, char *err);
 /* logsoftmax.cu: y = log_softmax(y + b), rows of d (b may be NULL) */
 int gpu_log_softmax(gpu_model *g, float *y, const float *b, int n, int d, char *err);
 /* logsoftmax.cu: tl[n] = y[n * d + tgt[n]] for the rows whose tgt is >= 0 */

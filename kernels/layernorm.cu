@@ -184,6 +184,14 @@ int gpu_add_layernorm_b(gpu_model *g, float *x, bf16 *xb, const bf16 *r, const f
     return add_layernorm<bf16>(g, x, xb, r, rb, w, b, n, d, err);
 }
 
+int gpu_layernorm_keep(gpu_model *g, float *x, bf16 *xb, const float *w, const float *b, int n, int d, char *err)
+{
+    const int wr = ln_warp<float>(g, x, xb, x, NULL, NULL, w, b, n, d, true, err);
+    if (wr) return wr < 0 ? -1 : 0;
+    /* (rows past the warp kernel's 1,024: in place, then the bf16 copy) */
+    return gpu_layernorm_to(g, x, NULL, x, w, b, n, d, err) || gpu_to_bf16(g, xb, x, (size_t)n * d, err) ? -1 : 0;
+}
+
 /* pre-LN (a word-level Transformer-XL with pre_lnorm, the GPT window
  * models): the sublayer reads LN(x), the residual stream x is left as it is
  * (core/par.c: a copy, then ops_add_layernorm with no residual). b may be

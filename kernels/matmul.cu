@@ -29,6 +29,9 @@
  */
 #include "gpu_internal.cuh"
 
+#include <cooperative_groups.h>
+namespace cg = cooperative_groups;
+
 #define GEMV_MAX_ROWS 8
 #define GEMV_WARPS 8
 
@@ -103,10 +106,36 @@ static int gemv(gpu_model *g, OT *y, const T *x, const T *W, int n, int in, int 
  * first 64's weights before the kernel ahead has ended: pdl_launch). The
  * warps' sums meet in shared memory in a fixed order (the same bits every
  * run), then the epilogue: the bias and the ReLU where asked, float or bf16
- * out. */
+ * out.
+ *
+ * Two more modes carry a post-LN model's LayerNorm, so that it needs no
+ * launch of its own (forward.cu, issue 17: a decode step of 64 streams was
+ * 24 LayerNorm launches among about 85). With LN(h) = ((h - mean) * rstd)
+ * * w + b, a product of LN(h) is rstd * (W (w h) - mean * W w) + W b, so
+ * the product after the residual can read h scaled by w instead of LN(h):
+ *   SK_RES  (Wo, fc2) h = x' + (bf16(a W^T) + bias) into x in place, the
+ *           residual stream before the LayerNorm that follows, and
+ *           bf16(w h) into xb for the product after it. x' is x, or where x
+ *           still waits for the LayerNorm before (lnr.acc set) that one
+ *           applied by its rows' statistics. Each row's sum and sum of
+ *           squares of h go out as 64-bit integers in units of 2^-24
+ *           (red.add: the same sums in any order, so a step gives the same
+ *           bits every time), into acc_out.
+ *   SK_LNF  (QKV, fc1) y = rstd (acc - mean s) + c (+ bias, ReLU), acc the
+ *           plain product of xb = bf16(w h), s = W w and c = W b per output
+ *           (forward.cu folds them at load), mean and rstd from the sums;
+ *           block 0 zeroes the sums the next SK_RES adds into.
+ * The rounding moves from LN(h) to w h (bf16 either way); where a row's
+ * mean is large against its spread the subtraction after the product costs
+ * more of bf16's digits than rounding LN(h) did (tests/test_gpu.c compares
+ * both paths with the CPU). */
 #define SK_WARPS 8
 #define SK_MAX_ROWS 64
 #define SK_KCHUNK 64
+#define SK_PLAIN 0
+#define SK_RES 1
+#define SK_LNF 2
+#define SK_UNIT 16777216.0   /* 2^24: the row sums' fixed point */
 
 static __device__ __forceinline__ unsigned u4w(const uint4 (&v)[2], int w)
 {
@@ -162,24 +191,106 @@ static __device__ __forceinline__ void sk_mma(float (&acc)[4][NB][4], const sk_c
         }
 }
 
-template <typename OT, int NB>
-__global__ static void __launch_bounds__(32 * SK_WARPS)
-    skinny_kernel(OT *y, const bf16 *x, const bf16 *W, const float *bias, int n, int in, int out)
+template <int NB> static __device__ __forceinline__ void sk_zero(float (&acc)[4][NB][4])
 {
-    constexpr int NT = 8 * NB;
+#pragma unroll
+    for (int t = 0; t < 4; t++)
+#pragma unroll
+        for (int j = 0; j < NB; j++) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.0f;
+}
+
+/* The LayerNorm the SK_LNF and SK_RES modes carry (matmul.cu, forward.cu) */
+struct sk_ln {
+    const unsigned long long *acc_in;   /* the rows' sums of x's pending LayerNorm (NULL: SK_RES's x plain) */
+    unsigned long long *acc_out;        /* SK_RES adds h's sums into it, SK_LNF zeroes it */
+    const float *w, *b;                 /* SK_RES: the pending LayerNorm's weight and bias (any float's alignment) */
+    const float *wn;                    /* SK_RES: the next LayerNorm's weight (xb = bf16(wn h)) */
+    bf16 *xb;                           /* SK_RES: that product's input */
+    const float *s, *c;                 /* SK_LNF: W w and W b by output */
+    float eps;
+    int d;                              /* the LayerNorm's width */
+};
+
+/* A row's mean and 1 / sqrt(var + eps) from its sums S, Q (units of 2^-24)
+ * over D values: in double up to the variance (the sums are exact), then
+ * float */
+static __device__ __forceinline__ float2 sk_stats(unsigned long long s, unsigned long long q, int d, float eps)
+{
+    const double inv = 1.0 / ((double)d * SK_UNIT), mean = (double)(long long)s * inv;
+    const double var = (double)(long long)q * inv - mean * mean;
+    return make_float2((float)mean, rsqrtf((float)(var > 0.0 ? var : 0.0) + eps));
+}
+
+static __device__ __forceinline__ float ln_apply(float u, float mean, float rstd, float w, float b)
+{
+    return __fmaf_rn(__fmul_rn(__fsub_rn(u, mean), rstd), w, b);
+}
+
+/* SK_RES: a row's sums over the NT lanes that hold its outputs (consecutive
+ * lanes of a warp), added once a block */
+template <int NT>
+static __device__ __forceinline__ void sk_row_sums(unsigned long long *acc, int r, long long s, long long q, bool lead)
+{
+#pragma unroll
+    for (int m = 1; m < NT; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m), q += __shfl_xor_sync(0xffffffffu, q, m);
+    if (lead) atomicAdd(acc + 2 * r, (unsigned long long)s), atomicAdd(acc + 2 * r + 1, (unsigned long long)q);
+}
+
+/* The warps' sums of output E in a fixed order (KS 2: then the other block's) */
+template <int KS, int NT>
+static __device__ __forceinline__ float sk_sum(const float (&red)[SK_WARPS][SK_MAX_ROWS * NT], const float *rem, int e)
+{
+    float v = 0.0f;
+#pragma unroll
+    for (int w = 0; w < SK_WARPS; w++) v += red[w][e];
+    if constexpr (KS > 1)
+#pragma unroll
+        for (int w = 0; w < SK_WARPS; w++) v += rem[w * SK_MAX_ROWS * NT + e];
+    return v;
+}
+
+template <typename OT, int NB, int MODE, int KS>
+__global__ static void __launch_bounds__(32 * SK_WARPS)
+    skinny_kernel(OT *y, const bf16 *x, const bf16 *W, const float *bias, int n, int in, int out, sk_ln ln)
+{
+    constexpr int NT = 8 * NB, EPT = SK_MAX_ROWS * NT / (32 * SK_WARPS);
     __shared__ float red[SK_WARPS][SK_MAX_ROWS * NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    const int o0 = blockIdx.x * NT, mt = (n + 15) / 16, per = in / SK_WARPS, k0 = warp * per + 16 * q;
+    /* KS 2: a cluster of two blocks an output tile, each half of the inputs; the first meets the sums */
+    const int kr = KS > 1 ? (int)blockIdx.x % KS : 0;
+    const int o0 = (int)blockIdx.x / KS * NT, mt = (n + 15) / 16, per = in / (SK_WARPS * KS),
+              k0 = kr * (in / KS) + warp * per + 16 * q;
     float acc[4][NB][4];
 #pragma unroll
     for (int t = 0; t < 4; t++)
 #pragma unroll
         for (int j = 0; j < NB; j++) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.0f;
     sk_chunk<NB> cur, nxt;
+    /* SK_RES, SK_LNF: this thread's outputs (column eo, rows threadIdx.x / NT + k (32 SK_WARPS / NT)): their
+     * column's constants now, their rows' x and statistics after the wait */
+    const int eo = o0 + (int)threadIdx.x % NT;
+    float cb = 0.0f, cw = 1.0f, cbb = 0.0f, cwn = 1.0f, px[EPT];
+    __shared__ float2 rowst[SK_MAX_ROWS];   /* SK_RES, SK_LNF: the rows' mean and rstd (of acc_in) */
+    unsigned long long rs = 0, rq = 0;       /* thread r < n: row r's sums, loaded after the wait */
     pdl_next();
     sk_load_w(cur, W, in, o0, k0, g);   /* (the weights: before the kernel ahead has ended) */
+    if constexpr (MODE == SK_RES) {
+        if (bias) cb = __ldg(bias + eo);
+        if (ln.acc_in) cw = __ldg(ln.w + eo), cbb = __ldg(ln.b + eo);
+        cwn = __ldg(ln.wn + eo);
+    }
+    if constexpr (MODE == SK_LNF) cw = __ldg(ln.s + eo), cbb = __ldg(ln.c + eo), cb = bias ? __ldg(bias + eo) : 0.0f;
     pdl_wait();
     sk_load_x(cur, x, n, in, k0, g, mt);
+    if constexpr (MODE != SK_PLAIN) {
+        if (ln.acc_in && (int)threadIdx.x < n) rs = __ldcg(ln.acc_in + 2 * threadIdx.x), rq = __ldcg(ln.acc_in + 2 * threadIdx.x + 1);
+#pragma unroll
+        for (int i = 0; i < EPT; i++) {
+            const int r = (int)(threadIdx.x + i * 32 * SK_WARPS) / NT;
+            if (MODE == SK_RES) px[i] = r < n ? __ldcg((const float *)y + (size_t)r * out + eo) : 0.0f;
+        }
+    }
+    if (MODE != SK_RES && ln.acc_out && blockIdx.x == 0 && (int)threadIdx.x < 2 * n) ln.acc_out[threadIdx.x] = 0ull;
     for (int k = SK_KCHUNK; k < per; k += SK_KCHUNK) {
         sk_load_w(nxt, W, in, o0, k0 + k, g);
         sk_load_x(nxt, x, n, in, k0 + k, g, mt);
@@ -187,6 +298,8 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
         cur = nxt;
     }
     sk_mma(acc, cur, mt);
+    /* (the rows' statistics, once a row, their loads long arrived) */
+    if (MODE != SK_PLAIN && ln.acc_in && (int)threadIdx.x < n) rowst[threadIdx.x] = sk_stats(rs, rq, ln.d, ln.eps);
     /* C fragment: rows g and g + 8 of the m-tile, outputs 2q and 2q + 1 of the n-tile */
 #pragma unroll
     for (int t = 0; t < 4; t++) {
@@ -197,18 +310,84 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
             r0[0] = acc[t][j][0], r0[1] = acc[t][j][1], r1[0] = acc[t][j][2], r1[1] = acc[t][j][3];
         }
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < n * NT; e += blockDim.x) {
-        float v = 0.0f;
-#pragma unroll
-        for (int w = 0; w < SK_WARPS; w++) v += red[w][e];
-        const int r = e / NT, o = o0 + e % NT;
-        if (bias) {   /* as bias_relu.cu: the bias added in float, then the clamp */
-            v += bias[o];
-            v = v < 0.0f ? 0.0f : v;
+    const float *rem = NULL;   /* KS 2: the other block's sums (distributed shared memory) */
+    if constexpr (KS > 1) {
+        cg::cluster_group cl = cg::this_cluster();
+        cl.sync();
+        if (kr) {
+            cl.sync();   /* (its shared memory stays while the first block reads it) */
+            return;
         }
-        stf(y + (size_t)r * out + o, v);
+        rem = cl.map_shared_rank(&red[0][0], 1);
+    } else {
+        __syncthreads();
     }
+    if constexpr (MODE == SK_PLAIN) {
+        for (int e = threadIdx.x; e < n * NT; e += blockDim.x) {
+            float v = sk_sum<KS, NT>(red, rem, e);
+            const int r = e / NT, o = o0 + e % NT;
+            if (bias) {   /* as bias_relu.cu: the bias added in float, then the clamp */
+                v += bias[o];
+                v = v < 0.0f ? 0.0f : v;
+            }
+            stf(y + (size_t)r * out + o, v);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < EPT; i++) {
+            const int e = threadIdx.x + i * 32 * SK_WARPS, r = e / NT;
+            if (r >= SK_MAX_ROWS || (MODE == SK_LNF && r >= n)) break;   /* (SK_RES: every lane to the shuffles) */
+            float v = sk_sum<KS, NT>(red, rem, e);
+            if constexpr (MODE == SK_RES) {
+                /* as layernorm.cu's input: x' + (the product rounded to bf16 + the bias) */
+                const float2 st = ln.acc_in ? rowst[r] : make_float2(0.0f, 1.0f);
+                const float xo = ln.acc_in ? ln_apply(px[i], st.x, st.y, cw, cbb) : px[i];
+                const float h = xo + (__bfloat162float(__float2bfloat16(v)) + cb);
+                long long hs = 0, hq = 0;
+                if (r < n) {   /* (h 2^24 exact in float; h^2 rounded once, then scaled exactly) */
+                    ((float *)y)[(size_t)r * out + eo] = h;
+                    ln.xb[(size_t)r * out + eo] = __float2bfloat16(cwn * h);
+                    hs = __float2ll_rn(h * (float)SK_UNIT);
+                    hq = __float2ll_rn(__fmul_rn(h, h) * (float)SK_UNIT);
+                }
+                sk_row_sums<NT>(ln.acc_out, r, hs, hq, r < n && (threadIdx.x % NT) == 0);
+            } else {
+                const float2 st = rowst[r];
+                v = __fmaf_rn(st.y, __fsub_rn(v, __fmul_rn(st.x, cw)), cbb);
+                if (bias) {   /* fc1: the bias, then the clamp */
+                    v += cb;
+                    v = v < 0.0f ? 0.0f : v;
+                }
+                stf(y + (size_t)r * out + eo, v);
+            }
+        }
+    }
+    if constexpr (KS > 1) cg::this_cluster().sync();
+}
+
+/* Whether skinny_kernel takes a product of N rows of IN -> OUT (x and W
+ * 16-byte aligned) */
+static bool skinny_fits(int n, int in, int out, const void *x, const void *W)
+{
+    return n >= 1 && n <= SK_MAX_ROWS && in % (SK_WARPS * SK_KCHUNK) == 0 && out % 8 == 0 &&
+           ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
+}
+
+/* skinny_kernel's launch in MODE (NB 2 where its blocks still fill half the
+ * SMs, else 1) */
+template <typename OT, int MODE>
+static cudaError_t skinny_launch(gpu_model *g, OT *y, const bf16 *x, const bf16 *W, const float *bias, int n, int in,
+                                 int out, sk_ln ln)
+{
+    if (out % 16 == 0 && out / 16 >= g->n_sm / 2)
+        return pdl_launch(g, skinny_kernel<OT, 2, MODE, 1>, dim3((unsigned)(out / 16)), dim3(32 * SK_WARPS), 0, y, x, W,
+                          bias, n, in, out, ln);
+    /* long inputs and few tiles (fc2): two blocks a tile, half the inputs each, so that more SMs read x */
+    if (g->sk_split && in >= 2 * SK_WARPS * SK_KCHUNK && in % (2 * SK_WARPS * SK_KCHUNK) == 0 && out / 8 * 2 <= g->n_sm)
+        return pdl_launch_cluster(g, skinny_kernel<OT, 1, MODE, 2>, dim3((unsigned)(out / 8 * 2)), dim3(32 * SK_WARPS), 2u,
+                                  y, x, W, bias, n, in, out, ln);
+    return pdl_launch(g, skinny_kernel<OT, 1, MODE, 1>, dim3((unsigned)(out / 8)), dim3(32 * SK_WARPS), 0, y, x, W, bias, n,
+                      in, out, ln);
 }
 
 /* y = x W^T (+ bias, ReLU) by skinny_kernel where the shapes allow it: 1 if
@@ -217,19 +396,67 @@ template <typename OT>
 static int skinny(gpu_model *g, OT *y, const bf16 *x, const bf16 *W, int n, int in, int out, char *err,
                   const float *bias = NULL)
 {
-    if (n < 1 || n > SK_MAX_ROWS || in % (SK_WARPS * SK_KCHUNK) || out % 8 || ((uintptr_t)x | (uintptr_t)W) % 16)
-        return 0;
-    if (out % 16 == 0 && out / 16 >= g->n_sm / 2)
-        CU_TRY(pdl_launch(g, skinny_kernel<OT, 2>, dim3((unsigned)(out / 16)), dim3(32 * SK_WARPS), 0, y, x, W, bias, n, in,
-                          out),
-               err, "skinny GEMM");
-    else
-        CU_TRY(pdl_launch(g, skinny_kernel<OT, 1>, dim3((unsigned)(out / 8)), dim3(32 * SK_WARPS), 0, y, x, W, bias, n, in,
-                          out),
-               err, "skinny GEMM");
+    if (!skinny_fits(n, in, out, x, W)) return 0;
+    const sk_ln none = {};
+    CU_TRY((skinny_launch<OT, SK_PLAIN>(g, y, x, W, bias, n, in, out, none)), err, "skinny GEMM");
     return 1;
 }
 
+bool gpu_linear_ln_fits(const gpu_model *g, int n, int in, int out, const void *W)
+{
+    return g->prec == GPU_BF16 && g->gemv_on && n > GEMV_MAX_ROWS && skinny_fits(n, in, out, W, W);
+}
+
+int gpu_linear_residual(gpu_model *g, float *x, bf16 *xb, const unsigned long long *acc_in, const float *w, const float *b,
+                        unsigned long long *acc_out, const float *wn, const bf16 *a, const bf16 *W, const float *bias, int n,
+                        int in, int out, char *err)
+{
+    if (!gpu_linear_ln_fits(g, n, in, out, W) || ((uintptr_t)a & 15))
+        return err_set(err, "a residual inside a product of %d x %d -> %d: outside the skinny kernel's shapes", n, in, out);
+    sk_ln ln = {};
+    ln.acc_in = acc_in, ln.acc_out = acc_out, ln.w = w, ln.b = b, ln.wn = wn, ln.xb = xb;
+    ln.eps = (float)g->m->ln_eps, ln.d = out;
+    CU_TRY((skinny_launch<float, SK_RES>(g, x, a, W, bias, n, in, out, ln)), err, "skinny GEMM (residual out)");
+    return 0;
+}
+
+int gpu_linear_ln(gpu_model *g, bf16 *y, const bf16 *xb, const unsigned long long *acc_in, unsigned long long *acc_out,
+                  const float *s, const float *c, const bf16 *W, const float *bias, int n, int in, int out, char *err)
+{
+    if (!gpu_linear_ln_fits(g, n, in, out, W) || ((uintptr_t)xb & 15))
+        return err_set(err, "a LayerNorm inside a product of %d x %d -> %d: outside the skinny kernel's shapes", n, in, out);
+    sk_ln ln = {};
+    ln.acc_in = acc_in, ln.acc_out = acc_out, ln.s = s, ln.c = c;
+    ln.eps = (float)g->m->ln_eps, ln.d = in;
+    if (!acc_in)   /* (after the embedding: no LayerNorm to apply, the sums to zero all the same) */
+        CU_TRY((skinny_launch<bf16, SK_PLAIN>(g, y, xb, W, bias, n, in, out, ln)), err, "skinny GEMM");
+    else
+        CU_TRY((skinny_launch<bf16, SK_LNF>(g, y, xb, W, bias, n, in, out, ln)), err, "skinny GEMM (LayerNorm in)");
+    return 0;
+}
+
+/* S[o] = sum_k W[o][k] w[k], C[o] = sum_k W[o][k] b[k] (W in bf16 as the
+ * products read it; in double, a warp an output, the same order every time) */
+__global__ static void ln_fold_kernel(float *S, float *C, const bf16 *W, const float *w, const float *b, int in, int out)
+{
+    const int o = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (o >= out) return;
+    double s = 0.0, c = 0.0;
+    for (int k = lane; k < in; k += 32) {
+        const double v = (double)__bfloat162float(W[(size_t)o * in + k]);
+        s += v * (double)w[k];
+        c += v * (double)b[k];
+    }
+    for (int m = 16; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m), c += __shfl_xor_sync(0xffffffffu, c, m);
+    if (lane == 0) S[o] = (float)s, C[o] = (float)c;
+}
+
+int gpu_ln_fold(gpu_model *g, float *s, float *c, const bf16 *W, const float *w, const float *b, int in, int out, char *err)
+{
+    ln_fold_kernel<<<(unsigned)((out + 7) / 8), 256, 0, g->stream>>>(s, c, W, w, b, in, out);
+    LAUNCH_TRY(err, "folding a LayerNorm into a product");
+    return 0;
+}
 int gpu_linear(gpu_model *g, float *y, const float *x, const float *W, int n, int in, int out, char *err)
 {
     const float one = 1.0f, zero = 0.0f;

@@ -594,8 +594,20 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     if (dec_only) {
         if (strcmp(dec_only, "64") == 0) {   /* =64: also 64 sessions (graphs), with their profile */
             row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
-            printf("%-13s %-5s %s decode 64: %.0f tok/s (%.3f ms a step)\n", name, mode, gpu_precision_name(prec),
-                   row->dec64, 64e3 / row->dec64);
+            const long carried = gpu_decode_ln_fuse_steps(g);
+            printf("%-13s %-5s %s decode 64: %.0f tok/s (%.3f ms a step; LayerNorms carried in the products: %s)\n", name,
+                   mode, gpu_precision_name(prec), row->dec64, 64e3 / row->dec64, carried ? "yes" : "no");
+            if (carried) {   /* against the LayerNorms' own launches, alternated in this process */
+                double off[2], on = 0;
+                for (int k = 0; k < 2; k++) {
+                    gpu_decode_ln_fuse(g, 0);
+                    off[k] = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
+                    gpu_decode_ln_fuse(g, 1);
+                    if (k == 0) on = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
+                }
+                printf("  decode 64, the LayerNorms launched (SPANSERVE_GPU_LN_FUSE=0): %.0f / %.0f tok/s; carried "
+                       "again between them: %.0f\n", off[0], off[1], on);
+            }
             profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
             fflush(stdout);
         }

@@ -115,6 +115,10 @@ typedef struct {
     int P;   /* persistent vectors a head (all-attention layers: no feed-forward); 0: none */
 } rm_aspan;
 
+/* added to every LayerNorm bias rm_write_aspan writes (0: none): rows of a
+ * large mean against their spread */
+static float rm_ln_shift;
+
 static int rm_write_aspan(const char *path, const rm_aspan *c, uint64_t seed, char *err)
 {
     rm_file *f = rm_open(seed);
@@ -153,7 +157,7 @@ static int rm_write_aspan(const char *path, const rm_aspan *c, uint64_t seed, ch
             snprintf(name, sizeof name, "layers.%d.norm%d.weight", l, k);
             bad = rm_add(f, name, 1, H, 0, 0, 0.1f, 1.0f, NULL);
             snprintf(name, sizeof name, "layers.%d.norm%d.bias", l, k);
-            bad = bad || rm_add(f, name, 1, H, 0, 0, 0.1f, 0, NULL);
+            bad = bad || rm_add(f, name, 1, H, 0, 0, 0.1f, rm_ln_shift, NULL);
         }
         snprintf(name, sizeof name, "layers.%d.ff.fc1.weight", l);
         bad = bad || rm_add(f, name, 2, I, H, 0, sh, 0, NULL);

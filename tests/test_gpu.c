@@ -1133,7 +1133,10 @@ static void check_random_models(void)
  * skinny_kernel for their products (9 to 64 rows). NS streams from three
  * positions (the last past the window or the memory), so that a window
  * splits over many blocks. */
-static void check_decode_bw_model(const model_t *m, const char *label, int NS, int far, uint64_t seed, int tiles)
+/* LNF: whether the decode kernels' step carries its LayerNorms in its
+ * products (gpu_decode_ln_fuse); the steps must take it where the model's
+ * shapes allow (post-LN, inputs of a multiple of 512, 9 to 64 streams) */
+static void check_decode_bw_model(const model_t *m, const char *label, int NS, int far, uint64_t seed, int tiles, int lnf)
 {
     char err[ERR_LEN];
     const int V = m->V, pre[3] = {0, 37, far};
@@ -1163,7 +1166,7 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
         if (!g[k]) continue;
         gpu_decode_kernel(g[k], GPU_DECODE_GRAPHS);
         if (k) gpu_tiles(g[k], 0);
-        else gpu_decode_attn_tiles(g[k], tiles);
+        else gpu_decode_attn_tiles(g[k], tiles), gpu_decode_ln_fuse(g[k], lnf);
         for (int s = 0; s < NS; s++) {
             gm[k][s] = gpu_mem_new(g[k], err);
             CHECK(gm[k][s] && gpu_mem_upload(gm[k][s], base[s % 3], err) == 0, "%s", err);
@@ -1197,8 +1200,12 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
                                                  memcmp(back[s]->len, cm[s]->len, (size_t)m->n_layers * sizeof(int)) == 0),
                   "%s: stream %d's position or lengths differ from the CPU's", label, s);
         }
-    printf("%s: logprobs %.2e from the CPU (the per-query kernel %.2e, the two %.2e apart), memories %.2e (%.2e)\n", label,
-           d[0], d[1], apart, dm[0], dm[1]);
+    const int carried = lnf && !m->pre_lnorm && m->d_model % 512 == 0 && NS > 8 && NS <= 64;
+    const long took = g[0] ? gpu_decode_ln_fuse_steps(g[0]) : -1;
+    printf("%s, LayerNorms %s: logprobs %.2e from the CPU (the per-query kernel %.2e, the two %.2e apart), memories %.2e "
+           "(%.2e)\n", label, lnf ? "carried where they can be" : "launched", d[0], d[1], apart, dm[0], dm[1]);
+    CHECK(took == (carried ? 12 : 0), "%s: %ld of 12 steps carried their LayerNorms in the products (expected %d)", label,
+          took, carried ? 12 : 0);
     CHECK(d[0] <= 1.5 * d[1] + 0.01, "%s: logprobs %.3g from the CPU, the per-query kernel %.3g", label, d[0], d[1]);
     CHECK(dm[0] <= 1.5 * dm[1] + 1e-3, "%s: memories %.3g from the CPU, the per-query kernel's %.3g", label, dm[0], dm[1]);
     CHECK(d[1] <= 0.5, "%s: the per-query kernel's logprobs %.3g from the CPU", label, d[1]);
@@ -1223,42 +1230,58 @@ static void check_decode_bw(void)
     close(fd);
     /* adaptive-span: spans of the whole window, none (a zero mask) and short ones, both memory modes; heads of
      * 64 (a window of 24 tiles, a block a tile), heads of 32 (71 tiles and 64 streams, a tile a block, then three
-     * (gpu_decode_attn_tiles): a block's loop over its tiles) */
-    const struct { int H, K, I, S, NS; } as[3] = {{128, 2, 64, 3000, 12}, {64, 2, 64, 9000, 64}, {512, 8, 2048, 1000, 24}};
-    for (int k = 0; k < 3; k++) {
-        float zf[16] = {1.0f, 0.0f, 0.4f, 0.02f, 0.1f, 0.7f, 0.0f, 0.3f, 0.05f, 1.0f, 0.2f, 0.0f, 0.6f, 0.01f, 0.9f, 0.3f};
-        rm_aspan a = {40, as[k].H, as[k].K, as[k].I, 2, as[k].S, 64, 32, zf, 0};
+     * (gpu_decode_attn_tiles): a block's loop over its tiles); widths of 512 (the LayerNorms carried in the
+     * products, and launched) and 1,024 (the products' two chunks of inputs a warp), 9 streams (one m-tile, 7 rows
+     * of it empty); LayerNorm biases of 2 against weights of 1 (rows whose mean is twice their spread: the
+     * carried LayerNorm subtracts the mean after its product) */
+    const struct { int H, K, I, S, NS; float shift; } as[5] = {{128, 2, 64, 3000, 12, 0},
+                                                             {64, 2, 64, 9000, 64, 0},
+                                                             {512, 8, 2048, 1000, 24, 0},
+                                                             {1024, 16, 1024, 300, 9, 0},
+                                                             {512, 8, 512, 200, 32, 2.0f}};
+    for (int k = 0; k < 5; k++) {
+        float zf[32];
+        const float z0[16] = {1.0f, 0.0f, 0.4f, 0.02f, 0.1f, 0.7f, 0.0f, 0.3f, 0.05f, 1.0f, 0.2f, 0.0f, 0.6f, 0.01f, 0.9f, 0.3f};
+        for (int i = 0; i < 32; i++) zf[i] = z0[(i * 7) % 16];
+        rm_aspan a = {40, as[k].H, as[k].K, as[k].I, 2, as[k].S, 64, 32, k < 3 || k == 4 ? z0 : zf, 0};
+        rm_ln_shift = as[k].shift;
         CHECK(rm_write_aspan(p, &a, 31 + k, err) == 0, "%s", err);
+        rm_ln_shift = 0;
         for (int mode = 0; mode < 2; mode++) {
             model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
             CHECK(m != NULL, "decode attention: %s", err);
-            snprintf(label, sizeof label, "bf16 decode, %d streams (aspan, width %d, heads of %d, window %d, %s memory)",
-                     as[k].NS, as[k].H, as[k].H / as[k].K, as[k].S, mode ? "span" : "exact");
-            if (m) check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 131 + k, 1);
+            snprintf(label, sizeof label, "bf16 decode, %d streams (aspan, width %d, heads of %d, window %d, %s memory%s)",
+                     as[k].NS, as[k].H, as[k].H / as[k].K, as[k].S, mode ? "span" : "exact",
+                     as[k].shift ? ", LayerNorm biases + 2" : "");
+            if (m) check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 131 + k, 1, 1);
+            if (m && (k == 2 || k == 4)) check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 131 + k, 1, 0);
             if (m && k == 1) {
                 snprintf(label, sizeof label, "bf16 decode, 64 streams (aspan, heads of 32, window 9000, %s memory, three "
                          "tiles a block)", mode ? "span" : "exact");
-                check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 231, 3);
+                check_decode_bw_model(m, label, as[k].NS, as[k].S + 100, 231, 3, 1);
             }
             model_free(m);
         }
     }
     /* PAR: memories of 700 (6 tiles) and 300, heads of 64 and 32, skip and feed-forward blocks, tied and own
-     * output layers; streams with an empty memory, a part-full one and a full one */
-    const rm_par ps[3] = {{40, 128, 2, 64, 64, 700, 64, 1, "afa"},
+     * output layers; streams with an empty memory, a part-full one and a full one; at width 512 the LayerNorms
+     * carried (and launched), a feed-forward first (after the embedding), 64 streams (four full m-tiles) */
+    const rm_par ps[4] = {{40, 128, 2, 64, 64, 700, 64, 1, "afa"},
                           {40, 64, 2, 32, 64, 300, 64, 0, "asfa"},
-                          {40, 512, 8, 64, 2048, 200, 64, 0, "afsfa"}};
-    const int pns[3] = {12, 64, 40};
-    for (int k = 0; k < 3; k++) {
+                          {40, 512, 8, 64, 2048, 200, 64, 0, "afsfa"},
+                          {40, 512, 8, 64, 512, 100, 64, 1, "fasf"}};
+    const int pns[4] = {12, 64, 40, 64};
+    for (int k = 0; k < 4; k++) {
         CHECK(rm_write_par(p, &ps[k], 33 + k, err) == 0, "%s", err);
         model_t *m = model_load(p, err);
         CHECK(m != NULL, "decode attention: %s", err);
-        snprintf(label, sizeof label, "bf16 decode, %d streams (par, width %d, heads of %d, mem_len %d)", pns[k],
-                 ps[k].D, ps[k].dh, ps[k].mem_len);
-        if (m) check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 141 + k, 1);
+        snprintf(label, sizeof label, "bf16 decode, %d streams (par %s, width %d, heads of %d, mem_len %d)", pns[k],
+                 ps[k].arch, ps[k].D, ps[k].dh, ps[k].mem_len);
+        if (m) check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 141 + k, 1, 1);
+        if (m && k == 2) check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 141 + k, 1, 0);
         if (m && k == 0) {   /* 6 tiles: splits of 4 tiles, a block's loop */
             snprintf(label, sizeof label, "bf16 decode, 12 streams (par, mem_len 700, four tiles a block)");
-            check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 241, 4);
+            check_decode_bw_model(m, label, pns[k], ps[k].mem_len + 100, 241, 4, 1);
         }
         model_free(m);
     }
