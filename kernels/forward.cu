@@ -28,6 +28,11 @@
  * output in bfloat16 for the residual's LayerNorm (out_bf16); the other
  * outputs, the residual stream, the softmaxes and LayerNorm stay float32.
  *
+ * A bf16 post-LN decode step of 9 to 64 streams carries its LayerNorms in
+ * the products around them instead (run_layers_carried, matmul.cu's
+ * skinny modes): Wo and fc2 add the residual and sum its rows, QKV and fc1
+ * apply the LayerNorm after their product.
+ *
  * Decode steps (M = 1) are launch-bound: about ten launches a layer of a few
  * microseconds each. The first step of B streams is captured as a CUDA graph
  * (everything between the input transfer and the logprobs' copy: the
