@@ -220,18 +220,22 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS)
  * each head's splits (one for a head of zero reach) for every stream, of
  * dec_tiles_per_block's tiles each. The first tile's loads (the rings hold
  * earlier steps' rows) go out before the kernel ahead has ended
- * (pdl_launch), the query after. */
+ * (pdl_launch), the query after. A layer whose widest window is 32 or 64
+ * keys (the short spans of aspan-enwik8's first five layers: 32) takes
+ * blocks of 1 or 2 warps (NW), so that its items, one block each, fit the
+ * device at once (64 streams x 8 heads in blocks of 4 warps, 3 an SM, took
+ * two rounds). */
 #define DBW_WARPS 4
-#define DBW_TILE (32 * DBW_WARPS)   /* distances a block takes a round */
+#define DBW_TILE (32 * DBW_WARPS)   /* distances a block of DBW_WARPS takes a round */
 
-template <int DH>
-__global__ static void __launch_bounds__(32 * DBW_WARPS)
+template <int DH, int NW>
+__global__ static void __launch_bounds__(32 * NW)
     aspan_decode_bw_kernel(bf16 *attb, const bf16 *qkv, const bf16 *pe_h, const int *krows, const int *reach,
                            const int64_t *mask_off, const float *derived, const int64_t *off, bf16 *const *ring,
                            const int64_t *pos, int K, int items, int chunk, int nsplit, float *part)
 {
     constexpr int LPK = DH / 8, KPI = 32 / LPK, R = 32 / KPI;
-    __shared__ float wst[DBW_WARPS][4 + DH];
+    __shared__ float wst[NW][4 + DH];
     /* the block's item: stream b, then the heads' splits in order (a head of zero reach one, else one a chunk of
      * its keys) */
     const int b = blockIdx.x / items, H = K * DH;
@@ -308,20 +312,20 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
     };
     if (d0 <= dhi) {
         tile();
-        for (d0 += DBW_TILE; d0 <= dhi; d0 += DBW_TILE) {
+        for (d0 += 32 * NW; d0 <= dhi; d0 += 32 * NW) {
             load(d0);
             tile();
         }
     }
     /* the warp's key groups, then the warps, met (and the block's reads are done) */
-    float M2, Z, W, ev[DBW_WARPS];
-    dec_meet<LPK, DBW_WARPS, DH>(wst, mx, z, w, acc, M2, Z, W, ev);
+    float M2, Z, W, ev[NW];
+    dec_meet<LPK, NW, DH>(wst, mx, z, w, acc, M2, Z, W, ev);
     float *rec = part ? part + (((size_t)b * K + h) * nsplit + sp) * (DH + 4) : NULL;
     if (rec && threadIdx.x == 0) rec[0] = M2, rec[1] = Z, rec[2] = W;
     const float wz = W / Z + 1e-8f;
     for (int x = threadIdx.x; x < DH; x += blockDim.x) {
         float o = 0.0f;
-        for (int v = 0; v < DBW_WARPS; v++) o += wst[v][4 + x] * ev[v];
+        for (int v = 0; v < NW; v++) o += wst[v][4 + x] * ev[v];
         if (rec) rec[4 + x] = o;
         else attb[oo + x] = __float2bfloat16(o / Z / wz);
         if (wk) kr[(size_t)kslot * DH + x] = __ldcg(kb + x);
@@ -332,25 +336,25 @@ __global__ static void __launch_bounds__(32 * DBW_WARPS)
 /* aspan_decode_bw_kernel's launch: splits of whole tiles, as many as
  * g->part holds records for (gpu_aspan_part_recs), each split of each head
  * a block (a grid of the layer's items, no block without keys) */
-template <int DH> static int dec_bw_launch(gpu_model *g, int l, int B, int lw, char *err)
+template <int DH, int NW> static int dec_bw_launch(gpu_model *g, int l, int B, int lw, char *err)
 {
     const model_t *m = g->m;
-    const int K = m->n_head;
-    const int64_t pairs = (int64_t)B * K, tiles = (lw + DBW_TILE - 1) / DBW_TILE;
+    const int K = m->n_head, T = 32 * NW;
+    const int64_t pairs = (int64_t)B * K, tiles = (lw + T - 1) / T;
     int64_t work = 0;
     for (int h = 0; h < K; h++)
-        if (m->layers[l].reach[h] > 0) work += (m->layers[l].krows[h] + DBW_TILE - 1) / DBW_TILE;
+        if (m->layers[l].reach[h] > 0) work += (m->layers[l].krows[h] + T - 1) / T;
     int64_t per = dec_tiles_per_block(g, work * B);   /* tiles a split */
     const int64_t least = (pairs * tiles + (int64_t)g->part_recs - 1) / (int64_t)g->part_recs;
     if (per < least) per = least;
-    const int chunk = (int)(per * DBW_TILE), nsplit = lw > 0 ? (lw + chunk - 1) / chunk : 1;
+    const int chunk = (int)(per * T), nsplit = lw > 0 ? (lw + chunk - 1) / chunk : 1;
     int items = 0;
     for (int h = 0; h < K; h++) {
         const int kh = m->layers[l].krows[h];
         items += m->layers[l].reach[h] == 0 || kh == 0 ? 1 : (kh + chunk - 1) / chunk;
     }
     float *part = nsplit > 1 ? g->part : NULL;
-    CU_TRY(pdl_launch(g, aspan_decode_bw_kernel<DH>, dim3((unsigned)(B * items)), dim3(32 * DBW_WARPS), 0, g->attb,
+    CU_TRY(pdl_launch(g, aspan_decode_bw_kernel<DH, NW>, dim3((unsigned)(B * items)), dim3(32 * NW), 0, g->attb,
                       (const bf16 *)g->qkvb, (const bf16 *)g->pe_h, (const int *)(g->krows + (size_t)l * K),
                       (const int *)(g->reach + (size_t)l * K), (const int64_t *)(g->mask_off + (size_t)l * K),
                       (const float *)g->derived, (const int64_t *)(g->d_off + (size_t)l * K),
@@ -408,8 +412,14 @@ int gpu_aspan_decode(gpu_model *g, int l, int B, int M, char *err)
     if (chunk < 32) chunk = 32;
     nsplit = (lw + chunk - 1) / chunk;
     if (nsplit < 1) nsplit = 1;
-    if (g->prec == GPU_BF16 && M == 1 && g->pe_h && D != 128)   /* decode: aspan_decode_bw_kernel */
-        return D == 32 ? dec_bw_launch<32>(g, l, B, lw, err) : dec_bw_launch<64>(g, l, B, lw, err);
+    if (g->prec == GPU_BF16 && M == 1 && g->pe_h && D != 128) {   /* decode: aspan_decode_bw_kernel */
+        /* (blocks of 1 or 2 warps for windows of up to 32 or 64 keys; SPANSERVE_GPU_DECODE_NARROW=0: 4) */
+        if (g->dec_narrow && lw <= 32)
+            return D == 32 ? dec_bw_launch<32, 1>(g, l, B, lw, err) : dec_bw_launch<64, 1>(g, l, B, lw, err);
+        if (g->dec_narrow && lw <= 64)
+            return D == 32 ? dec_bw_launch<32, 2>(g, l, B, lw, err) : dec_bw_launch<64, 2>(g, l, B, lw, err);
+        return D == 32 ? dec_bw_launch<32, DBW_WARPS>(g, l, B, lw, err) : dec_bw_launch<64, DBW_WARPS>(g, l, B, lw, err);
+    }
     if (g->prec == GPU_BF16) {
         bf16 *const *ring = (bf16 *const *)stage_ring(g, g->d_stage);
         switch (D) {

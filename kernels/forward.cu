@@ -490,7 +490,9 @@ static int step_end(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, 
         cudaEventElapsedTime(&ms, g->prof_ev[i], g->prof_ev[i + 1]);
         g->prof_ms[g->prof_op[i]] += ms;
         g->prof_calls[g->prof_op[i]]++;
+        g->prof_last[i] = ms;
     }
+    if (g->prof_on) g->prof_last_n = g->prof_n;
     for (int b = 0; b < B; b++) {
         gpu_mem *s = mems[b];
         for (int l = 0; l < g->m->n_layers; l++) s->len[l] = (int)mem_held_rows(g->m, l, s->pos + M);

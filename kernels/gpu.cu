@@ -444,6 +444,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->gemv_on = !(gv && strcmp(gv, "0") == 0);
     const char *pdl = getenv("SPANSERVE_GPU_PDL");
     g->pdl_on = !(pdl && strcmp(pdl, "0") == 0);
+    const char *nar = getenv("SPANSERVE_GPU_DECODE_NARROW");
+    g->dec_narrow = !(nar && strcmp(nar, "0") == 0);
     const char *spk = getenv("SPANSERVE_GPU_SPLITK");
     g->sk_split = !(spk && strcmp(spk, "0") == 0);
     const char *lnf = getenv("SPANSERVE_GPU_LN_FUSE");
@@ -760,6 +762,13 @@ int gpu_profile_read(gpu_model *g, const char **names, double *ms, long *calls, 
     }
     memset(g->prof_ms, 0, sizeof g->prof_ms);
     memset(g->prof_calls, 0, sizeof g->prof_calls);
+    return n;
+}
+
+int gpu_profile_last(const gpu_model *g, const char **names, double *ms, int cap)
+{
+    const int n = g->prof_last_n < cap ? g->prof_last_n : cap;
+    for (int i = 0; i < n; i++) names[i] = op_names[g->prof_op[i]], ms[i] = g->prof_last[i];
     return n;
 }
 

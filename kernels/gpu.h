@@ -230,6 +230,9 @@ const float *gpu_logprobs_device(const gpu_model *g);
  * how many. */
 int gpu_profile(gpu_model *g, int on, char *err);
 int gpu_profile_read(gpu_model *g, const char **names, double *ms, long *calls, int cap);
+/* The last profiled step's operations in the order they ran, up to CAP,
+ * with their milliseconds (a layer's attention, products ...): how many */
+int gpu_profile_last(const gpu_model *g, const char **names, double *ms, int cap);
 
 /* Starts (ON) or stops the profiler's capture (cudaProfilerStart/Stop:
  * `ncu --profile-from-start off` then profiles only the kernels between). */

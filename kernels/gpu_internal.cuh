@@ -257,6 +257,8 @@ struct gpu_model {
     int dec_tiles;                /* gpu_decode_attn_tiles: the decode attentions' tiles a block at least */
     int pdl_on;                   /* the decode path's kernels launch before the one ahead ends (pdl_launch;
                                    * SPANSERVE_GPU_PDL=0: plain launches) */
+    int dec_narrow;               /* aspan_decode_bw_kernel's blocks of 1 or 2 warps for layers of windows of
+                                   * up to 32 or 64 keys (SPANSERVE_GPU_DECODE_NARROW=0: 4 warps) */
     int sk_split;                 /* skinny products of 1,024 inputs or more split them over a cluster of two
                                    * blocks (matmul.cu; SPANSERVE_GPU_SPLITK=0: one block an output tile) */
     int lnf_on;                   /* a post-LN decode step of 9 to 64 streams carries its LayerNorms in the
@@ -368,6 +370,8 @@ struct gpu_model {
     int prof_op[GPU_PROF_EVENTS];
     double prof_ms[OP_N];
     long prof_calls[OP_N];
+    float prof_last[GPU_PROF_EVENTS];   /* the last profiled step's operations' milliseconds, in order */
+    int prof_last_n;
 };
 
 /* Step inputs, on the device. */

@@ -468,6 +468,14 @@ static void profile(gpu_model *g, gpu_mem **mems, int B, int M, int steps, const
         ms[best] = -1;
     }
     printf("\n");
+    if (strcmp(what, "decode 64") == 0) {   /* the last step's operations by layer: where the attention's time goes */
+        const char *on[256];
+        double om[256];
+        const int k = gpu_profile_last(g, on, om, 256);
+        printf("  the last step's operations, us (launched one by one):");
+        for (int i = 0; i < k; i++) printf(" %s%s %.1f", strcmp(on[i], "qkv") == 0 ? "| " : "", on[i], om[i] * 1e3);
+        printf("\n");
+    }
 }
 
 /* Tokens/s of 1 stream scored in blocks of LONG_BLOCK, on a gpu_model of

@@ -1221,6 +1221,62 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
     ws_free(ws);
 }
 
+/* Layers of short windows only (span memory: every head of layer 0 has
+ * reach 31, of layer 1 about 51) take aspan_decode_bw_kernel's blocks of 1
+ * and 2 warps: the same bits as blocks of 4 (SPANSERVE_GPU_DECODE_NARROW=0),
+ * and as close to the CPU as the per-query path (check_decode_bw_model) */
+static void check_decode_narrow(const char *p)
+{
+    char err[ERR_LEN];
+    float zf[16];
+    for (int i = 0; i < 16; i++) zf[i] = i < 8 ? 0.0f : 0.02f;
+    rm_aspan a = {40, 512, 8, 512, 2, 1000, 64, 32, zf, 0};
+    CHECK(rm_write_aspan(p, &a, 77, err) == 0, "%s", err);
+    model_t *m = model_load_mode(p, MEM_SPAN, err);
+    CHECK(m != NULL, "narrow decode: %s", err);
+    if (!m) return;
+    CHECK(m->layers[0].krows[0] <= 32 && m->layers[1].krows[0] > 32 && m->layers[1].krows[0] <= 64,
+          "narrow decode: windows of %d and %d keys, not 32 and 64 or fewer", m->layers[0].krows[0], m->layers[1].krows[0]);
+    check_decode_bw_model(m, "bf16 decode, 48 streams (aspan, width 512, windows of 31 and 51 keys: blocks of 1 and 2 "
+                          "warps, span memory)", 48, 300, 151, 1, 1);
+    enum { NS = 48 };
+    gpu_model *g[2];
+    gpu_mem *gm[2][NS];
+    float *lp[2] = {malloc(sizeof(float) * NS * 40), malloc(sizeof(float) * NS * 40)};
+    const char *was = getenv("SPANSERVE_GPU_DECODE_NARROW");
+    char *keep = was ? strdup(was) : NULL;
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv("SPANSERVE_GPU_DECODE_NARROW", "0", 1);
+        else unsetenv("SPANSERVE_GPU_DECODE_NARROW");
+        g[k] = gpu_model_new(m, NS, 1, GPU_BF16, err);
+        CHECK(g[k] != NULL, "narrow decode: %s", err);
+        if (!g[k]) continue;
+        gpu_decode_kernel(g[k], GPU_DECODE_GRAPHS);
+        for (int s = 0; s < NS; s++) gm[k][s] = gpu_mem_new(g[k], err);
+    }
+    if (keep) setenv("SPANSERVE_GPU_DECODE_NARROW", keep, 1);
+    else unsetenv("SPANSERVE_GPU_DECODE_NARROW");
+    int same = 1, steps = 0;
+    int32_t tok[NS];
+    for (int step = 0; step < 70 && g[0] && g[1]; step++, steps++) {   /* (past both windows: the rings wrap) */
+        for (int i = 0; i < NS; i++) tok[i] = (int32_t)((step * 13 + i * 7) % 40);
+        const int B = step < 35 ? NS : 16;
+        for (int k = 0; k < 2; k++)
+            CHECK(gpu_forward(g[k], gm[k], B, tok, 1, lp[k], err) == 0, "narrow decode: %s", err);
+        if (memcmp(lp[0], lp[1], sizeof(float) * (size_t)B * 40)) same = 0;
+    }
+    printf("bf16 decode of windows of 31 and 51 keys, blocks of 1 and 2 warps against 4: %d steps, %s\n", steps,
+           same ? "the same bits" : "DIFFERENT");
+    CHECK(same, "narrow decode: blocks of 1 and 2 warps gave other logprobs than blocks of 4");
+    for (int k = 0; k < 2; k++) {
+        for (int s = 0; g[k] && s < NS; s++) gpu_mem_free(gm[k][s]);
+        gpu_model_free(g[k]);
+        free(lp[k]);
+    }
+    free(keep);
+    model_free(m);
+}
+
 static void check_decode_bw(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX", label[128];
@@ -1285,6 +1341,7 @@ static void check_decode_bw(void)
         }
         model_free(m);
     }
+    check_decode_narrow(p);
     unlink(p);
 }
 

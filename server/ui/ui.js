@@ -711,6 +711,8 @@ function resetHistory(family) {
   if (hist.timer) clearTimeout(hist.timer);
   hist = { family: family || "", train: [], vals: [], playing: null, steps: 0, timer: null, top: 1 };
   $("curves").hidden = true;
+  $("loss-chart").replaceChildren();   /* (no curve of the job followed before stays behind, hidden) */
+  $("bpc-chart").replaceChildren();
   $("anim").hidden = true;
   $("anim-step").max = "0";
   $("anim-step").value = "0";
@@ -742,6 +744,8 @@ async function follow(id) {
   const log = $("follow-log"), status = $("follow-status"), prog = $("follow-progress");
   log.textContent = "";
   delete log.dataset.ended;
+  status.textContent = "connecting";   /* (not the job followed before's status until this one's first event) */
+  prog.value = 0;
   resetHistory("");
   $("follow-model").hidden = true;
   let last = null;
@@ -766,6 +770,7 @@ async function follow(id) {
   };
   const r = await api("/v1/jobs/" + encodeURIComponent(id) + "/events?stream=true", { signal: ctl.signal });
   await readSse(r, (ev, data) => {
+    if (ctl.signal.aborted) return;   /* (a job followed before this one: its last buffered events) */
     const d = JSON.parse(data);
     if (ev === "job") { show(d); return; }
     log.textContent += data + "\n";
