@@ -336,7 +336,7 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
 #pragma unroll
         for (int i = 0; i < EPT; i++) {
             const int e = threadIdx.x + i * 32 * SK_WARPS, r = e / NT;
-            if (r >= SK_MAX_ROWS || (MODE == SK_LNF && r >= n)) break;   /* (SK_RES: every lane to the shuffles) */
+            if (MODE == SK_LNF && r >= n) break;   /* (SK_RES: every lane goes on to the shuffles) */
             float v = sk_sum<KS, NT>(red, rem, e);
             if constexpr (MODE == SK_RES) {
                 /* as layernorm.cu's input: x' + (the product rounded to bf16 + the bias) */
