@@ -116,7 +116,7 @@ static int gemv(gpu_model *g, OT *y, const T *x, const T *W, int n, int in, int 
  *   SK_RES  (Wo, fc2) h = x' + (bf16(a W^T) + bias) into x in place, the
  *           residual stream before the LayerNorm that follows, and
  *           bf16(w h) into xb for the product after it. x' is x, or where x
- *           still waits for the LayerNorm before (lnr.acc set) that one
+ *           still waits for the LayerNorm before (acc_in set) that one
  *           applied by its rows' statistics. Each row's sum and sum of
  *           squares of h go out as 64-bit integers in units of 2^-24
  *           (red.add: the same sums in any order, so a step gives the same
@@ -189,14 +189,6 @@ static __device__ __forceinline__ void sk_mma(float (&acc)[4][NB][4], const sk_c
 #pragma unroll
             for (int j = 0; j < NB; j++) mma16816(acc[t][j], a, u4w(c.b[j], 2 * s), u4w(c.b[j], 2 * s + 1));
         }
-}
-
-template <int NB> static __device__ __forceinline__ void sk_zero(float (&acc)[4][NB][4])
-{
-#pragma unroll
-    for (int t = 0; t < 4; t++)
-#pragma unroll
-        for (int j = 0; j < NB; j++) acc[t][j][0] = acc[t][j][1] = acc[t][j][2] = acc[t][j][3] = 0.0f;
 }
 
 /* The LayerNorm the SK_LNF and SK_RES modes carry (matmul.cu, forward.cu) */
