@@ -181,7 +181,8 @@ int gpu_ln_carry_plan(gpu_model *g, char *err)
     const int Dm = m->d_model, A = m->n_head * m->d_head, I = m->d_inner;
     g->lnf_ok = 0;
     if (g->prec != GPU_BF16 || m->pre_lnorm || m->tf_attn || g->fam->step || !g->xb || g->max_batch <= 8 ||
-        ((uintptr_t)g->x | (uintptr_t)g->xb | (uintptr_t)g->tmp) % 16 || (size_t)g->step_rows * Dm < 4 * 64 * 2)
+        ((uintptr_t)g->x | (uintptr_t)g->xb | (uintptr_t)g->tmp) % 16 ||
+        (size_t)g->step_rows * Dm * sizeof(float) < 2 * LNC_ACC_U64 * sizeof(unsigned long long))
         return 0;
     /* every linear layer within skinny_kernel's shapes, every LayerNorm with its weight and bias */
     size_t n = 0;
@@ -234,7 +235,7 @@ static int run_layers_carried(gpu_model *g, int N, char *err)
 {
     const model_t *m = g->m;
     const int Dm = m->d_model, A = m->n_head * m->d_head, I = m->d_inner;
-    unsigned long long *acc[2] = {(unsigned long long *)g->tmp, (unsigned long long *)g->tmp + 2 * 64};
+    unsigned long long *acc[2] = {(unsigned long long *)g->tmp, (unsigned long long *)g->tmp + LNC_ACC_U64};
     const float *pw = NULL, *pb = NULL;
     int k = 0;   /* the products that added to the residual so far */
     for (int l = 0; l < m->n_layers; l++) {

@@ -456,6 +456,12 @@ static cudaError_t pdl_launch_cluster(const gpu_model *g, void (*kern)(K...), di
     return cudaLaunchKernelEx(&cfg, kern, ((K)args)...);
 }
 
+/* matmul.cu's skinny_kernel: the most rows of a product; a carried
+ * LayerNorm's buffer of row sums holds two 64-bit sums a row (the sum and
+ * the sum of squares: forward.cu's run_layers_carried keeps two) */
+#define SK_MAX_ROWS 64
+#define LNC_ACC_U64 (2 * SK_MAX_ROWS)
+
 /* Tiles of 128 keys a thread block of the decode attentions takes
  * (aspan_decode.cu, rel_decode.cu), from WORK, the tiles of a layer's keys
  * over every stream and head: the blocks about twice what the device holds

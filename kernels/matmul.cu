@@ -130,7 +130,6 @@ static int gemv(gpu_model *g, OT *y, const T *x, const T *W, int n, int in, int 
  * more of bf16's digits than rounding LN(h) did (tests/test_gpu.c compares
  * both paths with the CPU). */
 #define SK_WARPS 8
-#define SK_MAX_ROWS 64
 #define SK_KCHUNK 64
 #define SK_PLAIN 0
 #define SK_RES 1
