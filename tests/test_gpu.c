@@ -1221,6 +1221,71 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
     ws_free(ws);
 }
 
+/* NS streams decoded on the graphs for 70 steps (35 of NS, then 16), by a
+ * model made with ENV unset and by one made with ENV=0, TILES tiles a block
+ * (0: the default), the streams' memories first those of 0, 37 and FAR
+ * random tokens in turn (the CPU's): 1 if every step gave the same logprobs
+ * to the bit */
+static int decode_same_bits(const model_t *m, int NS, int far, const char *env, int tiles, const char *what)
+{
+    char err[ERR_LEN];
+    const int V = m->V, pre[3] = {0, 37, far};
+    rm_rng rng = {far};
+    fwd_ws *ws = ws_new();
+    mem_t *base[3];
+    int32_t *ptok = malloc(sizeof(int32_t) * (size_t)(far > 37 ? far : 37));
+    for (int s = 0; s < 3; s++) {
+        base[s] = mem_new(m);
+        for (int i = 0; i < pre[s]; i++) ptok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        for (int at = 0; at < pre[s]; at += m->block_len) {
+            const int k = pre[s] - at < m->block_len ? pre[s] - at : m->block_len;
+            CHECK(model_forward(m, &base[s], 1, ptok + at, k, NULL, ws, err) == 0, "%s", err);
+        }
+    }
+    gpu_model *g[2];
+    gpu_mem **gm[2] = {calloc((size_t)NS, sizeof(gpu_mem *)), calloc((size_t)NS, sizeof(gpu_mem *))};
+    float *lp[2] = {malloc(sizeof(float) * (size_t)NS * V), malloc(sizeof(float) * (size_t)NS * V)};
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)NS);
+    const char *was = getenv(env);
+    char *keep = was ? strdup(was) : NULL;
+    for (int k = 0; k < 2; k++) {
+        if (k) setenv(env, "0", 1);
+        else unsetenv(env);
+        g[k] = gpu_model_new(m, NS, 1, GPU_BF16, err);
+        CHECK(g[k] != NULL, "%s: %s", what, err);
+        if (!g[k]) continue;
+        gpu_decode_kernel(g[k], GPU_DECODE_GRAPHS);
+        if (tiles) gpu_decode_attn_tiles(g[k], tiles);
+        for (int s = 0; s < NS; s++) {
+            gm[k][s] = gpu_mem_new(g[k], err);
+            CHECK(gm[k][s] && gpu_mem_upload(gm[k][s], base[s % 3], err) == 0, "%s: %s", what, err);
+        }
+    }
+    if (keep) setenv(env, keep, 1);
+    else unsetenv(env);
+    int same = 1, steps = 0;
+    for (int step = 0; step < 70 && g[0] && g[1]; step++, steps++) {   /* (past the windows: the rings wrap) */
+        for (int i = 0; i < NS; i++) tok[i] = (int32_t)((step * 13 + i * 7) % V);
+        const int B = step < 35 ? NS : 16;
+        for (int k = 0; k < 2; k++)
+            CHECK(gpu_forward(g[k], gm[k], B, tok, 1, lp[k], err) == 0, "%s: %s", what, err);
+        if (memcmp(lp[0], lp[1], sizeof(float) * (size_t)B * V)) same = 0;
+    }
+    printf("%s: %d steps, %s\n", what, steps, same ? "the same bits" : "DIFFERENT");
+    for (int k = 0; k < 2; k++) {
+        for (int s = 0; g[k] && s < NS; s++) gpu_mem_free(gm[k][s]);
+        gpu_model_free(g[k]);
+        free(lp[k]);
+        free(gm[k]);
+    }
+    for (int s = 0; s < 3; s++) mem_free(base[s]);
+    free(tok);
+    free(ptok);
+    free(keep);
+    ws_free(ws);
+    return same;
+}
+
 /* Layers of short windows only (span memory: every head of layer 0 has
  * reach 31, of layer 1 about 51) take aspan_decode_bw_kernel's blocks of 1
  * and 2 warps: the same bits as blocks of 4 (SPANSERVE_GPU_DECODE_NARROW=0),
@@ -1239,41 +1304,9 @@ static void check_decode_narrow(const char *p)
           "narrow decode: windows of %d and %d keys, not 32 and 64 or fewer", m->layers[0].krows[0], m->layers[1].krows[0]);
     check_decode_bw_model(m, "bf16 decode, 48 streams (aspan, width 512, windows of 31 and 51 keys: blocks of 1 and 2 "
                           "warps, span memory)", 48, 300, 151, 1, 1);
-    enum { NS = 48 };
-    gpu_model *g[2];
-    gpu_mem *gm[2][NS];
-    float *lp[2] = {malloc(sizeof(float) * NS * 40), malloc(sizeof(float) * NS * 40)};
-    const char *was = getenv("SPANSERVE_GPU_DECODE_NARROW");
-    char *keep = was ? strdup(was) : NULL;
-    for (int k = 0; k < 2; k++) {
-        if (k) setenv("SPANSERVE_GPU_DECODE_NARROW", "0", 1);
-        else unsetenv("SPANSERVE_GPU_DECODE_NARROW");
-        g[k] = gpu_model_new(m, NS, 1, GPU_BF16, err);
-        CHECK(g[k] != NULL, "narrow decode: %s", err);
-        if (!g[k]) continue;
-        gpu_decode_kernel(g[k], GPU_DECODE_GRAPHS);
-        for (int s = 0; s < NS; s++) gm[k][s] = gpu_mem_new(g[k], err);
-    }
-    if (keep) setenv("SPANSERVE_GPU_DECODE_NARROW", keep, 1);
-    else unsetenv("SPANSERVE_GPU_DECODE_NARROW");
-    int same = 1, steps = 0;
-    int32_t tok[NS];
-    for (int step = 0; step < 70 && g[0] && g[1]; step++, steps++) {   /* (past both windows: the rings wrap) */
-        for (int i = 0; i < NS; i++) tok[i] = (int32_t)((step * 13 + i * 7) % 40);
-        const int B = step < 35 ? NS : 16;
-        for (int k = 0; k < 2; k++)
-            CHECK(gpu_forward(g[k], gm[k], B, tok, 1, lp[k], err) == 0, "narrow decode: %s", err);
-        if (memcmp(lp[0], lp[1], sizeof(float) * (size_t)B * 40)) same = 0;
-    }
-    printf("bf16 decode of windows of 31 and 51 keys, blocks of 1 and 2 warps against 4: %d steps, %s\n", steps,
-           same ? "the same bits" : "DIFFERENT");
-    CHECK(same, "narrow decode: blocks of 1 and 2 warps gave other logprobs than blocks of 4");
-    for (int k = 0; k < 2; k++) {
-        for (int s = 0; g[k] && s < NS; s++) gpu_mem_free(gm[k][s]);
-        gpu_model_free(g[k]);
-        free(lp[k]);
-    }
-    free(keep);
+    CHECK(decode_same_bits(m, 48, 300, "SPANSERVE_GPU_DECODE_NARROW", 0,
+                           "bf16 decode of windows of 31 and 51 keys, blocks of 1 and 2 warps against 4"),
+          "narrow decode: blocks of 1 and 2 warps gave other logprobs than blocks of 4");
     model_free(m);
 }
 
