@@ -228,17 +228,13 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS)
 #define DBW_WARPS 4
 #define DBW_TILE (32 * DBW_WARPS)   /* distances a block of DBW_WARPS takes a round */
 
-/* PIPE: a warp's next tile is copied into its stage in shared memory
- * (DEC_STAGE_U4) while it works on the tile in its registers, which it
- * took from there */
-template <int DH, int NW, bool PIPE>
+template <int DH, int NW>
 __global__ static void __launch_bounds__(32 * NW)
     aspan_decode_bw_kernel(bf16 *attb, const bf16 *qkv, const bf16 *pe_h, const int *krows, const int *reach,
                            const int64_t *mask_off, const float *derived, const int64_t *off, bf16 *const *ring,
                            const int64_t *pos, int K, int items, int chunk, int nsplit, float *part)
 {
     constexpr int LPK = DH / 8, KPI = 32 / LPK, R = 32 / KPI;
-    static_assert(R == DH / 8, "DEC_STAGE_U4's R");
     __shared__ float wst[NW][4 + DH];
     /* the block's item: stream b, then the heads' splits in order (a head of zero reach one, else one a chunk of
      * its keys) */
@@ -289,44 +285,8 @@ __global__ static void __launch_bounds__(32 * NW)
             mw[i] = vok ? __ldg(mask + d - 1) : 0.0f;
         }
     };
-    /* (PIPE) the warp's stage: R x 32 pieces of keys, of key_pe rows, of values, then R x 32 mask weights */
-    extern __shared__ uint4 dbw_stage[];
-    uint4 *const sk = dbw_stage + (size_t)warp * DEC_STAGE_U4(DH), *const spe = sk + 32 * R, *const sv = spe + 32 * R;
-    float *const sm = (float *)(sv + 32 * R);
-    /* (PIPE) a tile's copies into the stage: the same pieces as load's, zeros where load has them */
-    const auto issue = [&](int d0) {
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int d = d0 + KPI * i + grp;
-            const bool ok = d <= dhi, vok = ok && d <= r;
-            const int ks = kslot - d < 0 ? kslot - d + kw : kslot - d, vs = vslot - d < 0 ? vslot - d + r : vslot - d;
-            dec_cp16z<false>(sk + 32 * i + lane, ok ? (const uint4 *)(kr + (size_t)ks * DH) + c : (const uint4 *)kr, ok);
-            dec_cp16z<true>(spe + 32 * i + lane, ok ? (const uint4 *)(pe_h + (size_t)d * DH) + c : (const uint4 *)pe_h,
-                            ok);
-            dec_cp16z<false>(sv + 32 * i + lane, vok ? (const uint4 *)(vr + (size_t)vs * DH) + c : (const uint4 *)vr,
-                             vok);
-            dec_cp4z(sm + 32 * i + lane, vok ? mask + d - 1 : mask, vok);
-        }
-        dec_cp_commit();
-    };
-    /* (PIPE) the tile's copies landed: into the registers load fills (each lane reads only its own pieces) */
-    const auto fetch = [&](int d0) {
-        dec_cp_wait_all();
-        okm = 0;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            okm |= d0 + KPI * i + grp <= dhi ? 1u << i : 0u;
-            kk[i] = sk[32 * i + lane];
-            pp[i] = spe[32 * i + lane];
-            vv[i] = sv[32 * i + lane];
-            mw[i] = sm[32 * i + lane];
-        }
-    };
     int d0 = dlo + 32 * warp;
-    if (d0 <= dhi) {
-        if (PIPE) issue(d0);
-        else load(d0);
-    }
+    if (d0 <= dhi) load(d0);
     pdl_wait();
     float q[8];
     unpack_bf8(__ldcg((const uint4 *)(qb + 8 * c)), q);
@@ -350,16 +310,7 @@ __global__ static void __launch_bounds__(32 * NW)
         for (int i = 0; i < R; i++) sc[i] = okm >> i & 1u ? sc[i] / sqrtf((float)DH) : -INFINITY;
         dec_softmax<LPK, R, true>(sc, mw, vv, mx, z, w, acc);
     };
-    if (PIPE && d0 <= dhi) {   /* the next tile's copies go out before this one's work */
-        fetch(d0);
-        for (;;) {
-            const int dn = d0 + 32 * NW;
-            if (dn <= dhi) issue(dn);
-            tile();
-            if ((d0 = dn) > dhi) break;
-            fetch(d0);
-        }
-    } else if (d0 <= dhi) {
+    if (d0 <= dhi) {
         tile();
         for (d0 += 32 * NW; d0 <= dhi; d0 += 32 * NW) {
             load(d0);
@@ -403,14 +354,7 @@ template <int DH, int NW> static int dec_bw_launch(gpu_model *g, int l, int B, i
         items += m->layers[l].reach[h] == 0 || kh == 0 ? 1 : (kh + chunk - 1) / chunk;
     }
     float *part = nsplit > 1 ? g->part : NULL;
-    /* (splits of more than one tile a warp: the next tile copied while a warp works on one) */
-    const bool pipe = NW == DBW_WARPS && g->dec_pipe && chunk > T;
-    auto kern = pipe ? aspan_decode_bw_kernel<DH, NW, NW == DBW_WARPS> : aspan_decode_bw_kernel<DH, NW, false>;
-    const size_t smem = pipe ? (size_t)NW * DEC_STAGE_U4(DH) * sizeof(uint4) : 0;
-    if (pipe)
-        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
-               "aspan_decode (bf16): shared memory");
-    CU_TRY(pdl_launch(g, kern, dim3((unsigned)(B * items)), dim3(32 * NW), smem, g->attb,
+    CU_TRY(pdl_launch(g, aspan_decode_bw_kernel<DH, NW>, dim3((unsigned)(B * items)), dim3(32 * NW), 0, g->attb,
                       (const bf16 *)g->qkvb, (const bf16 *)g->pe_h, (const int *)(g->krows + (size_t)l * K),
                       (const int *)(g->reach + (size_t)l * K), (const int64_t *)(g->mask_off + (size_t)l * K),
                       (const float *)g->derived, (const int64_t *)(g->d_off + (size_t)l * K),

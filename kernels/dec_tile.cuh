@@ -12,34 +12,6 @@
 #ifndef SPANSERVE_DEC_TILE_CUH
 #define SPANSERVE_DEC_TILE_CUH
 
-/* A warp's stage of one tile for the pipelined loops (aspan_decode.cu,
- * rel_decode.cu): R = DH / 8 rounds of 32 lanes' 16-byte pieces of key
- * rows, of position rows and of value rows, then R x 32 floats (mask
- * weights or v . r), in 16-byte units. Each lane copies (cp.async) and
- * later reads only its own pieces: no barrier. */
-#define DEC_STAGE_U4(DH) (104 * ((DH) / 8))
-
-/* 16 bytes from global memory into shared memory, asynchronously
- * (cp.async): through L2 only (.cg) or also L1 (.ca); OK false writes 16
- * zero bytes and reads nothing (G must still be a valid address) */
-template <bool L1>
-static __device__ __forceinline__ void dec_cp16z(void *s, const void *g, bool ok)
-{
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(s), n = ok ? 16u : 0u;
-    if (L1) asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(g), "r"(n) : "memory");
-    else asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(sa), "l"(g), "r"(n) : "memory");
-}
-
-/* 4 bytes the same way (OK false: a zero) */
-static __device__ __forceinline__ void dec_cp4z(void *s, const void *g, bool ok)
-{
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(s), n = ok ? 4u : 0u;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(sa), "l"(g), "r"(n) : "memory");
-}
-
-static __device__ __forceinline__ void dec_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-static __device__ __forceinline__ void dec_cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
 /* 8 bf16 (16 bytes) as floats */
 static __device__ __forceinline__ void unpack_bf8(const uint4 &v, float *o)
 {

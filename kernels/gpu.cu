@@ -103,13 +103,6 @@ void gpu_decode_ln_fuse(gpu_model *g, int on)
 
 long gpu_decode_ln_fuse_steps(const gpu_model *g) { return g->lnf_steps; }
 
-void gpu_decode_pipe(gpu_model *g, int on)
-{
-    on = on != 0;
-    if (on != g->dec_pipe) drop_graphs(g);   /* a graph keeps the kernels of its capture */
-    g->dec_pipe = on;
-}
-
 void gpu_tiles(gpu_model *g, int on)
 {
     if (on != g->tile_on) drop_graphs(g);   /* a graph keeps the kernels of its capture */
@@ -451,8 +444,6 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->gemv_on = !(gv && strcmp(gv, "0") == 0);
     const char *pdl = getenv("SPANSERVE_GPU_PDL");
     g->pdl_on = !(pdl && strcmp(pdl, "0") == 0);
-    const char *pip = getenv("SPANSERVE_GPU_DECODE_PIPE");
-    g->dec_pipe = !(pip && strcmp(pip, "0") == 0);
     const char *nar = getenv("SPANSERVE_GPU_DECODE_NARROW");
     g->dec_narrow = !(nar && strcmp(nar, "0") == 0);
     const char *spk = getenv("SPANSERVE_GPU_SPLITK");

@@ -113,13 +113,6 @@ void gpu_decode_attn_tiles(gpu_model *g, int tiles);
  * steps that took it. */
 void gpu_decode_ln_fuse(gpu_model *g, int on);
 long gpu_decode_ln_fuse_steps(const gpu_model *g);
-/* The adaptive-span decode attention of many streams (bf16, heads of 32 or
- * 64, windows of more than 64 keys): ON 1 (the default;
- * SPANSERVE_GPU_DECODE_PIPE=0 at load turns it off) copies each warp's
- * next tile of keys, positions, values and mask into shared memory
- * (cp.async) while the warp works on the one before; 0 loads a tile into
- * registers after the work on the one before. The same bits either way. */
-void gpu_decode_pipe(gpu_model *g, int on);
 /* In GPU_BF16, the attention of blocks of 16 queries or more (heads of 32
  * or 64 dims) runs its products (q.k, q.position, p.v) on tensor cores
  * (kernels/attn_mma.cu: mma.sync, bf16 inputs, fp32 sums, an online softmax

@@ -257,8 +257,6 @@ struct gpu_model {
     int dec_tiles;                /* gpu_decode_attn_tiles: the decode attentions' tiles a block at least */
     int pdl_on;                   /* the decode path's kernels launch before the one ahead ends (pdl_launch;
                                    * SPANSERVE_GPU_PDL=0: plain launches) */
-    int dec_pipe;                 /* aspan_decode_bw_kernel copies a warp's next tile while it works on one
-                                   * (SPANSERVE_GPU_DECODE_PIPE=0: loads after the work, into registers) */
     int dec_narrow;               /* aspan_decode_bw_kernel's blocks of 1 or 2 warps for layers of windows of
                                    * up to 32 or 64 keys (SPANSERVE_GPU_DECODE_NARROW=0: 4 warps) */
     int sk_split;                 /* skinny products of 1,024 inputs or more split them over a cluster of two

@@ -46,11 +46,9 @@ struct rdec_args {
     float scale;
 };
 
-template <int DH, bool PIPE>
-__global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) rel_decode_kernel(const rdec_args a)
+template <int DH> __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) rel_decode_kernel(const rdec_args a)
 {
     constexpr int LPK = DH / 8, KPI = 32 / LPK, R = 32 / KPI;
-    static_assert(R == DH / 8, "DEC_STAGE_U4's R");
     __shared__ float wst[RDEC_WARPS][4 + DH];
     const int b = blockIdx.x, h = blockIdx.y, K = gridDim.y, A = K * DH, sp = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = lane % LPK, grp = lane / LPK;
@@ -95,47 +93,9 @@ __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) rel_decode_kernel(c
             mw[i] = ok ? __ldg(a.vr + (size_t)t * K + h) : 0.0f;
         }
     };
-    /* (PIPE) the warp's stage: R x 32 pieces of keys, of r rows, of values, then R x 32 v . r */
-    extern __shared__ uint4 rdec_stage[];
-    uint4 *const sk = rdec_stage + (size_t)warp * DEC_STAGE_U4(DH), *const spe = sk + 32 * R, *const sv = spe + 32 * R;
-    float *const sm = (float *)(sv + 32 * R);
-    /* (PIPE) a tile's copies into the stage: the same pieces as load's, zeros where load has them */
-    const auto issue = [&](int j0, bool own) {
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int j = j0 + KPI * i + grp;
-            const bool ok = j < jend && j >= jlo, mem = j < mlen, kv = ok && (mem || own);
-            const int sl = mslot + j >= ML ? mslot + j - ML : mslot + j, t = roff + mlen - j;
-            const bf16 *kp = mem ? kr + (size_t)sl * A : kb, *vp = mem ? vring + (size_t)sl * A : vb;
-            dec_cp16z<false>(sk + 32 * i + lane, (const uint4 *)(kv ? kp : kb) + c, kv);
-            dec_cp16z<false>(sv + 32 * i + lane, (const uint4 *)(kv ? vp : vb) + c, kv);
-            dec_cp16z<true>(spe + 32 * i + lane,
-                            ok ? (const uint4 *)(a.rk + (size_t)t * A + (size_t)h * DH) + c : (const uint4 *)a.rk, ok);
-            dec_cp4z(sm + 32 * i + lane, ok ? a.vr + (size_t)t * K + h : a.vr, ok);
-        }
-        dec_cp_commit();
-    };
-    /* (PIPE) the tile's copies landed: into the registers load fills (each lane reads only its own pieces) */
-    const auto fetch = [&](int j0) {
-        dec_cp_wait_all();
-        okm = 0;
-#pragma unroll
-        for (int i = 0; i < R; i++) {
-            const int j = j0 + KPI * i + grp;
-            okm |= j < jend && j >= jlo ? 1u << i : 0u;
-            kk[i] = sk[32 * i + lane];
-            pp[i] = spe[32 * i + lane];
-            vv[i] = sv[32 * i + lane];
-            mw[i] = sm[32 * i + lane];
-        }
-    };
     int j0 = jbeg + 32 * warp;
-    if (j0 < jend) {
-        if (PIPE) issue(j0, false);
-        else load(j0, false);
-    }
+    if (j0 < jend) load(j0, false);
     pdl_wait();
-    if (PIPE && j0 < jend) fetch(j0);
     float q[8], qu[8];
     unpack_bf8(__ldcg((const uint4 *)qb + c), q);
 #pragma unroll
@@ -168,15 +128,7 @@ __global__ static void __launch_bounds__(32 * RDEC_WARPS, 3) rel_decode_kernel(c
         for (int i = 0; i < R; i++) sc[i] = okm >> i & 1u ? fmaf(sc[i], a.scale, mw[i]) : -INFINITY;
         dec_softmax<LPK, R, false>(sc, mw, vv, mx, z, w, acc);
     };
-    if (PIPE && j0 < jend) {   /* the next tile's copies go out before this one's work */
-        for (;;) {
-            const int jn = j0 + RDEC_TILE;
-            if (jn < jend) issue(jn, true);
-            tile();
-            if ((j0 = jn) >= jend) break;
-            fetch(j0);
-        }
-    } else if (j0 < jend) {
+    if (j0 < jend) {
         tile();
         for (j0 += RDEC_TILE; j0 < jend; j0 += RDEC_TILE) {
             load(j0, true);
@@ -261,15 +213,8 @@ int gpu_rel_decode(gpu_model *g, int l, int B, int M, char *err)
     a.chunk = chunk;
     a.scale = gpu_rel_scale(m);
     const dim3 grid((unsigned)B, (unsigned)K, (unsigned)nsplit);
-    /* (a memory of more than one tile a warp: the next tile copied while a warp works on one) */
-    const bool pipe = g->dec_pipe && chunk > RDEC_TILE;
-    void (*kern)(const rdec_args) = D == 64 ? (pipe ? rel_decode_kernel<64, true> : rel_decode_kernel<64, false>)
-                                            : (pipe ? rel_decode_kernel<32, true> : rel_decode_kernel<32, false>);
-    const size_t smem = pipe ? (size_t)RDEC_WARPS * DEC_STAGE_U4(D) * sizeof(uint4) : 0;
-    if (pipe)
-        CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
-               "rel_decode: shared memory");
-    CU_TRY(pdl_launch(g, kern, grid, dim3(32 * RDEC_WARPS), smem, a), err, "rel_decode");
+    CU_TRY(pdl_launch(g, D == 64 ? rel_decode_kernel<64> : rel_decode_kernel<32>, grid, dim3(32 * RDEC_WARPS), 0, a), err,
+           "rel_decode");
     if (a.part)
         CU_TRY(pdl_launch(g, rel_combine_kernel, dim3((unsigned)B, (unsigned)K), dim3(64), 0, g->attb, (const float *)g->tpart,
                           D, nsplit),

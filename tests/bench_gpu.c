@@ -616,17 +616,6 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
                 printf("  decode 64, the LayerNorms launched (SPANSERVE_GPU_LN_FUSE=0): %.0f / %.0f tok/s; carried "
                        "again between them: %.0f\n", off[0], off[1], on);
             }
-            {   /* the attention's next tile copied while a warp works, against loaded after the work */
-                double off[2], on = 0;
-                for (int k = 0; k < 2; k++) {
-                    gpu_decode_pipe(g, 0);
-                    off[k] = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
-                    gpu_decode_pipe(g, 1);
-                    if (k == 0) on = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
-                }
-                printf("  decode 64, the attention's tiles loaded after the work (SPANSERVE_GPU_DECODE_PIPE=0): "
-                       "%.0f / %.0f tok/s; copied during it again between them: %.0f\n", off[0], off[1], on);
-            }
             profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
             fflush(stdout);
         }

@@ -1310,48 +1310,6 @@ static void check_decode_narrow(const char *p)
     model_free(m);
 }
 
-/* aspan_decode_bw_kernel's next tile copied into shared memory while a warp
- * works on one (the default) against its loads after the work
- * (SPANSERVE_GPU_DECODE_PIPE=0): the same bits, heads of 64 and 32, both
- * memories, windows of 2 to 24 tiles a warp, blocks of 1 to 8 tiles and
- * the rings wrapping; closeness to the CPU is check_decode_bw_model's */
-static void check_decode_pipe(const char *p)
-{
-    char err[ERR_LEN];
-    const float z0[16] = {1.0f, 0.0f, 0.4f, 0.02f, 0.1f, 0.7f, 0.0f, 0.3f, 0.05f, 1.0f, 0.2f, 0.0f, 0.6f, 0.01f, 0.9f, 0.3f};
-    const struct { int H, K, S, NS, tiles; } as[3] = {{128, 2, 3000, 24, 8}, {128, 4, 700, 40, 3}, {512, 8, 200, 24, 2}};
-    for (int k = 0; k < 3; k++) {
-        rm_aspan a = {40, as[k].H, as[k].K, 2 * as[k].H, 2, as[k].S, 64, 32, z0, 0};
-        CHECK(rm_write_aspan(p, &a, 91 + k, err) == 0, "%s", err);
-        for (int mode = 0; mode < 2; mode++) {
-            model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
-            CHECK(m != NULL, "pipelined decode: %s", err);
-            if (!m) continue;
-            char what[160];
-            snprintf(what, sizeof what, "bf16 decode, %d streams (heads of %d, window %d, %s memory, %s tiles a block), "
-                     "the next tile copied while a warp works against loaded after", as[k].NS, as[k].H / as[k].K,
-                     as[k].S, mode ? "span" : "exact", as[k].tiles == 8 ? "8" : as[k].tiles == 3 ? "3" : "2");
-            CHECK(decode_same_bits(m, as[k].NS, as[k].S + 100, "SPANSERVE_GPU_DECODE_PIPE", as[k].tiles, what),
-                  "pipelined decode: other logprobs than the loads after the work (%s)", what);
-            model_free(m);
-        }
-    }
-    /* PAR (rel_decode.cu): memories of 700 and 300 keys, heads of 64 and 32, 4 and 2 tiles a block */
-    const rm_par ps[2] = {{40, 128, 2, 64, 64, 700, 64, 1, "afa"}, {40, 64, 2, 32, 64, 300, 64, 0, "asfa"}};
-    for (int k = 0; k < 2; k++) {
-        CHECK(rm_write_par(p, &ps[k], 95 + k, err) == 0, "%s", err);
-        model_t *m = model_load(p, err);
-        CHECK(m != NULL, "pipelined decode: %s", err);
-        if (!m) continue;
-        char what[160];
-        snprintf(what, sizeof what, "bf16 decode, 24 streams (par, heads of %d, mem_len %d, %d tiles a block), the next "
-                 "tile copied while a warp works against loaded after", ps[k].dh, ps[k].mem_len, k ? 2 : 4);
-        CHECK(decode_same_bits(m, 24, ps[k].mem_len + 100, "SPANSERVE_GPU_DECODE_PIPE", k ? 2 : 4, what),
-              "pipelined decode: other logprobs than the loads after the work (%s)", what);
-        model_free(m);
-    }
-}
-
 static void check_decode_bw(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX", label[128];
@@ -1417,7 +1375,6 @@ static void check_decode_bw(void)
         model_free(m);
     }
     check_decode_narrow(p);
-    check_decode_pipe(p);
     unlink(p);
 }
 
