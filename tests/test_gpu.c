@@ -1120,6 +1120,25 @@ static void check_random_models(void)
     unlink(p);
 }
 
+/* The CPU's memories of 0, 37 and FAR random tokens (from RNG) in BASE, fed
+ * a block at a time: the streams' starting points of the decode checks
+ * below */
+static void cpu_bases(const model_t *m, int far, rm_rng *rng, fwd_ws *ws, mem_t *base[3])
+{
+    char err[ERR_LEN];
+    const int pre[3] = {0, 37, far};
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(far > 37 ? far : 37));
+    for (int s = 0; s < 3; s++) {
+        base[s] = mem_new(m);
+        for (int i = 0; i < pre[s]; i++) tok[i] = (int32_t)(rm_next(rng) % (uint64_t)m->V);
+        for (int at = 0; at < pre[s]; at += m->block_len) {
+            const int k = pre[s] - at < m->block_len ? pre[s] - at : m->block_len;
+            CHECK(model_forward(m, &base[s], 1, tok + at, k, NULL, ws, err) == 0, "%s", err);
+        }
+    }
+    free(tok);
+}
+
 /* Decode steps of many streams in bf16 on the graphs (more than the decode
  * kernel takes): the attention of one token a stream (aspan_decode.cu's
  * aspan_decode_bw_kernel, rel_decode.cu: a key's rows by DH / 8 lanes,
@@ -1139,19 +1158,12 @@ static void check_random_models(void)
 static void check_decode_bw_model(const model_t *m, const char *label, int NS, int far, uint64_t seed, int tiles, int lnf)
 {
     char err[ERR_LEN];
-    const int V = m->V, pre[3] = {0, 37, far};
+    const int V = m->V;
     rm_rng rng = {seed};
     fwd_ws *ws = ws_new();
     mem_t *base[3], **cm = calloc((size_t)NS, sizeof *cm), **back = calloc((size_t)NS, sizeof *back);
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(far > NS ? far : NS));
-    for (int s = 0; s < 3; s++) {
-        base[s] = mem_new(m);
-        for (int i = 0; i < pre[s]; i++) tok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
-        for (int at = 0; at < pre[s]; at += m->block_len) {
-            const int k = pre[s] - at < m->block_len ? pre[s] - at : m->block_len;
-            CHECK(model_forward(m, &base[s], 1, tok + at, k, NULL, ws, err) == 0, "%s", err);
-        }
-    }
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)NS);
+    cpu_bases(m, far, &rng, ws, base);
     gpu_model *g[2];
     gpu_mem **gm[2];
     const char *gv = getenv("SPANSERVE_GPU_GEMV");
@@ -1229,19 +1241,11 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
 static int decode_same_bits(const model_t *m, int NS, int far, const char *env, int tiles, const char *what)
 {
     char err[ERR_LEN];
-    const int V = m->V, pre[3] = {0, 37, far};
+    const int V = m->V;
     rm_rng rng = {far};
     fwd_ws *ws = ws_new();
     mem_t *base[3];
-    int32_t *ptok = malloc(sizeof(int32_t) * (size_t)(far > 37 ? far : 37));
-    for (int s = 0; s < 3; s++) {
-        base[s] = mem_new(m);
-        for (int i = 0; i < pre[s]; i++) ptok[i] = (int32_t)(rm_next(&rng) % (uint64_t)V);
-        for (int at = 0; at < pre[s]; at += m->block_len) {
-            const int k = pre[s] - at < m->block_len ? pre[s] - at : m->block_len;
-            CHECK(model_forward(m, &base[s], 1, ptok + at, k, NULL, ws, err) == 0, "%s", err);
-        }
-    }
+    cpu_bases(m, far, &rng, ws, base);
     gpu_model *g[2];
     gpu_mem **gm[2] = {calloc((size_t)NS, sizeof(gpu_mem *)), calloc((size_t)NS, sizeof(gpu_mem *))};
     float *lp[2] = {malloc(sizeof(float) * (size_t)NS * V), malloc(sizeof(float) * (size_t)NS * V)};
@@ -1280,7 +1284,6 @@ static int decode_same_bits(const model_t *m, int NS, int far, const char *env, 
     }
     for (int s = 0; s < 3; s++) mem_free(base[s]);
     free(tok);
-    free(ptok);
     free(keep);
     ws_free(ws);
     return same;
