@@ -1234,11 +1234,10 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
 }
 
 /* NS streams decoded on the graphs for 70 steps (35 of NS, then 16), by a
- * model made with ENV unset and by one made with ENV=0, TILES tiles a block
- * (0: the default), the streams' memories first those of 0, 37 and FAR
- * random tokens in turn (the CPU's): 1 if every step gave the same logprobs
- * to the bit */
-static int decode_same_bits(const model_t *m, int NS, int far, const char *env, int tiles, const char *what)
+ * model made with ENV unset and by one made with ENV=0, the streams'
+ * memories first those of 0, 37 and FAR random tokens in turn (the CPU's):
+ * 1 if every step gave the same logprobs to the bit */
+static int decode_same_bits(const model_t *m, int NS, int far, const char *env, const char *what)
 {
     char err[ERR_LEN];
     const int V = m->V;
@@ -1259,7 +1258,6 @@ static int decode_same_bits(const model_t *m, int NS, int far, const char *env, 
         CHECK(g[k] != NULL, "%s: %s", what, err);
         if (!g[k]) continue;
         gpu_decode_kernel(g[k], GPU_DECODE_GRAPHS);
-        if (tiles) gpu_decode_attn_tiles(g[k], tiles);
         for (int s = 0; s < NS; s++) {
             gm[k][s] = gpu_mem_new(g[k], err);
             CHECK(gm[k][s] && gpu_mem_upload(gm[k][s], base[s % 3], err) == 0, "%s: %s", what, err);
@@ -1307,7 +1305,7 @@ static void check_decode_narrow(const char *p)
           "narrow decode: windows of %d and %d keys, not 32 and 64 or fewer", m->layers[0].krows[0], m->layers[1].krows[0]);
     check_decode_bw_model(m, "bf16 decode, 48 streams (aspan, width 512, windows of 31 and 51 keys: blocks of 1 and 2 "
                           "warps, span memory)", 48, 300, 151, 1, 1);
-    CHECK(decode_same_bits(m, 48, 300, "SPANSERVE_GPU_DECODE_NARROW", 0,
+    CHECK(decode_same_bits(m, 48, 300, "SPANSERVE_GPU_DECODE_NARROW",
                            "bf16 decode of windows of 31 and 51 keys, blocks of 1 and 2 warps against 4"),
           "narrow decode: blocks of 1 and 2 warps gave other logprobs than blocks of 4");
     model_free(m);
