@@ -527,6 +527,41 @@ static double decode_floor_bytes(const model_t *m, const gpu_model *g, int prec,
     return n * w + B * (D * 4 + (double)gpu_mem_bytes(g));
 }
 
+/* SPANSERVE_BENCH_DECODE_ONLY=64 (and =64only): 64 sessions' decode on the
+ * graphs, alternated with the LayerNorms launched where it carries them,
+ * and the profile of a step launched one by one */
+static void bench_decode64(gpu_model *g, gpu_timer *t, gpu_mem **mems, const char *name, const char *mode, int prec,
+                           rm_rng *rng, row_t *row)
+{
+    row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
+    const long carried = gpu_decode_ln_fuse_steps(g);
+    printf("%-13s %-5s %s decode 64: %.0f tok/s (%.3f ms a step; LayerNorms carried in the products: %s)\n", name,
+           mode, gpu_precision_name(prec), row->dec64, 64e3 / row->dec64, carried ? "yes" : "no");
+    if (carried) {   /* against the LayerNorms' own launches, alternated in this process */
+        double off[2], on = 0;
+        for (int k = 0; k < 2; k++) {
+            gpu_decode_ln_fuse(g, 0);
+            off[k] = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
+            gpu_decode_ln_fuse(g, 1);
+            if (k == 0) on = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
+        }
+        printf("  decode 64, the LayerNorms launched (SPANSERVE_GPU_LN_FUSE=0): %.0f / %.0f tok/s; carried "
+               "again between them: %.0f\n", off[0], off[1], on);
+    }
+    profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
+    fflush(stdout);
+}
+
+/* bench_model's model, timer, sessions and logprobs freed: 0 */
+static int bench_release(gpu_model *g, gpu_timer *t, gpu_mem **mems, float *lp)
+{
+    free(lp);
+    for (int s = 0; s < SESSIONS; s++) gpu_mem_free(mems[s]);
+    gpu_timer_free(t);
+    gpu_model_free(g);
+    return 0;
+}
+
 static int bench_model(const model_t *m, const char *name, const char *mode, int prec, int long_block, double peak,
                        row_t *row)
 {
@@ -544,6 +579,12 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     row->name = name;
     row->mode = mode;
     row->prec = prec;
+    const char *dec_only = getenv("SPANSERVE_BENCH_DECODE_ONLY");
+    if (dec_only && strcmp(dec_only, "64only") == 0) {   /* the 64 sessions first and alone (a profiler's launches) */
+        gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
+        bench_decode64(g, t, mems, name, mode, prec, &rng, row);
+        return bench_release(g, t, mems, lp);
+    }
     gpu_decode_kernel(g, GPU_DECODE_GRAPHS);   /* the graphs, then decode_step.cu's one kernel */
     row->dec1 = rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, &row->ms1);
     row->dec1_lp = rate(g, t, mems, 1, 1, 200, 20, lp, NULL, &rng, NULL);
@@ -598,32 +639,9 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
             printf("  decode %d, one traced step: %s\n", B, rep);
     }
     gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
-    const char *dec_only = getenv("SPANSERVE_BENCH_DECODE_ONLY");
     if (dec_only) {
-        if (strcmp(dec_only, "64") == 0) {   /* =64: also 64 sessions (graphs), with their profile */
-            row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
-            const long carried = gpu_decode_ln_fuse_steps(g);
-            printf("%-13s %-5s %s decode 64: %.0f tok/s (%.3f ms a step; LayerNorms carried in the products: %s)\n", name,
-                   mode, gpu_precision_name(prec), row->dec64, 64e3 / row->dec64, carried ? "yes" : "no");
-            if (carried) {   /* against the LayerNorms' own launches, alternated in this process */
-                double off[2], on = 0;
-                for (int k = 0; k < 2; k++) {
-                    gpu_decode_ln_fuse(g, 0);
-                    off[k] = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
-                    gpu_decode_ln_fuse(g, 1);
-                    if (k == 0) on = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
-                }
-                printf("  decode 64, the LayerNorms launched (SPANSERVE_GPU_LN_FUSE=0): %.0f / %.0f tok/s; carried "
-                       "again between them: %.0f\n", off[0], off[1], on);
-            }
-            profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
-            fflush(stdout);
-        }
-        free(lp);
-        for (int s = 0; s < SESSIONS; s++) gpu_mem_free(mems[s]);
-        gpu_timer_free(t);
-        gpu_model_free(g);
-        return 0;
+        if (strcmp(dec_only, "64") == 0) bench_decode64(g, t, mems, name, mode, prec, &rng, row);
+        return bench_release(g, t, mems, lp);
     }
     row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);
     row->sc1 = rate(g, t, mems, 1, BLOCK, 10, 2, NULL, NULL, &rng, NULL);
@@ -696,7 +714,9 @@ static int bench_main(int argc, char **argv)
     int nrows = 0;
     char txl_rows[2][512] = {"", ""};
     /* SPANSERVE_BENCH_DECODE_ONLY=1: the bf16 decode figures of aspan-enwik8 and par-base alone (=64: with 64
-     * sessions on the graphs too) */
+     * sessions on the graphs too; =64only: the 64 sessions' figures alone, first after each session's first block,
+     * so that a profiler's --launch-skip counts their steps); SPANSERVE_BENCH_MEMORY=span or exact: aspan-enwik8 in
+     * that memory mode alone */
     const int dec_only = getenv("SPANSERVE_BENCH_DECODE_ONLY") != NULL;
     if (!dec_only) {
         const char *pt = "/tmp/spanserve-bench-txl-wt103.safetensors";
@@ -726,7 +746,13 @@ static int bench_main(int argc, char **argv)
     }
     const char *pa = "/tmp/spanserve-bench-aspan-enwik8.safetensors", *pp = "/tmp/spanserve-bench-par-base.safetensors";
     if (write_aspan_enwik8(pa, err)) { printf("FAIL: %s\n", err); return 1; }
+    const char *only_mem = getenv("SPANSERVE_BENCH_MEMORY");   /* exact or span: aspan-enwik8 in that mode alone */
+    int want = 3;
     for (int mode = 0; mode < 2; mode++) {
+        if (only_mem && strcmp(only_mem, mode ? "span" : "exact") != 0) {
+            want--;
+            continue;
+        }
         model_t *m = model_load_mode(pa, mode ? MEM_SPAN : MEM_EXACT, err);
         if (!m) { printf("FAIL: %s\n", err); return 1; }
         for (int prec = dec_only ? GPU_BF16 : GPU_FP32; prec <= GPU_BF16; prec++)
@@ -742,7 +768,7 @@ static int bench_main(int argc, char **argv)
         if (bench_model(m, "par-base", "-", prec, 0, peak, &rows[nrows]) == 0) nrows++;
     model_free(m);
     unlink(pp);
-    if (dec_only) return nrows == 3 ? 0 : 1;
+    if (dec_only) return nrows == want ? 0 : 1;
 
     printf("\ncard: %s; float32: %s; tokens/s (median of %d runs, CUDA events, after warm-up); TFLOP/s (MFU) of the "
            "model FLOPs of bench_gpu.c's header, MFU of ", card, math, RUNS);
