@@ -747,6 +747,11 @@ static int bench_main(int argc, char **argv)
     const char *pa = "/tmp/spanserve-bench-aspan-enwik8.safetensors", *pp = "/tmp/spanserve-bench-par-base.safetensors";
     if (write_aspan_enwik8(pa, err)) { printf("FAIL: %s\n", err); return 1; }
     const char *only_mem = getenv("SPANSERVE_BENCH_MEMORY");   /* exact or span: aspan-enwik8 in that mode alone */
+    if (only_mem && strcmp(only_mem, "span") != 0 && strcmp(only_mem, "exact") != 0) {
+        printf("FAIL: SPANSERVE_BENCH_MEMORY=%s: span or exact\n", only_mem);
+        unlink(pa);
+        return 1;
+    }
     int want = 3;
     for (int mode = 0; mode < 2; mode++) {
         if (only_mem && strcmp(only_mem, mode ? "span" : "exact") != 0) {
