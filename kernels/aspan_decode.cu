@@ -228,22 +228,45 @@ __global__ static void __launch_bounds__(32 * DEC_WARPS)
 #define DBW_WARPS 4
 #define DBW_TILE (32 * DBW_WARPS)   /* distances a block of DBW_WARPS takes a round */
 
+/* The order of a layer's items (a head's split each) in the grid, every
+ * stream's copy of an item together (g->split_order 1: longest first, so
+ * that the blocks that start last, blocks starting in about the order of
+ * their index, are short ones; 2: in head order); n 0: stream by stream,
+ * each stream's heads and splits in order. A kernel parameter: a block
+ * finds its item in one read. */
+#define DBW_ORDER_MAX 320
+struct dbw_order {
+    int n;
+    unsigned short sp[DBW_ORDER_MAX];
+    unsigned char h[DBW_ORDER_MAX];
+};
+
 template <int DH, int NW>
 __global__ static void __launch_bounds__(32 * NW)
     aspan_decode_bw_kernel(bf16 *attb, const bf16 *qkv, const bf16 *pe_h, const int *krows, const int *reach,
                            const int64_t *mask_off, const float *derived, const int64_t *off, bf16 *const *ring,
-                           const int64_t *pos, int K, int items, int chunk, int nsplit, float *part)
+                           const int64_t *pos, int K, int items, int chunk, int nsplit, float *part,
+                           const __grid_constant__ dbw_order ord)
 {
     constexpr int LPK = DH / 8, KPI = 32 / LPK, R = 32 / KPI;
-    __shared__ float wst[NW][4 + DH];
-    /* the block's item: stream b, then the heads' splits in order (a head of zero reach one, else one a chunk of
-     * its keys) */
-    const int b = blockIdx.x / items, H = K * DH;
-    int h = 0, sp = blockIdx.x % items;
-    for (;; h++) {
-        const int kh = __ldg(krows + h), nh = __ldg(reach + h) == 0 || kh == 0 ? 1 : (kh + chunk - 1) / chunk;
-        if (sp < nh || h == K - 1) break;
-        sp -= nh;
+    __shared__ __align__(16) float wst[NW][4 + DH];   /* (dec_meet stores float4 rows) */
+    /* the block's item: ORD's, or stream b's heads' splits in order (a head of zero reach one, else one a chunk
+     * of its keys) */
+    const int H = K * DH;
+    int b, h = 0, sp;
+    if (ord.n) {
+        const int nb = (int)gridDim.x / ord.n, it = (int)blockIdx.x / nb;
+        b = (int)blockIdx.x % nb;
+        h = ord.h[it];
+        sp = ord.sp[it];
+    } else {
+        b = blockIdx.x / items;
+        sp = blockIdx.x % items;
+        for (;; h++) {
+            const int kh = __ldg(krows + h), nh = __ldg(reach + h) == 0 || kh == 0 ? 1 : (kh + chunk - 1) / chunk;
+            if (sp < nh || h == K - 1) break;
+            sp -= nh;
+        }
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c = lane % LPK, grp = lane / LPK;
     const int kw = krows[h], r = reach[h];
@@ -353,13 +376,32 @@ template <int DH, int NW> static int dec_bw_launch(gpu_model *g, int l, int B, i
         const int kh = m->layers[l].krows[h];
         items += m->layers[l].reach[h] == 0 || kh == 0 ? 1 : (kh + chunk - 1) / chunk;
     }
+    /* g->split_order's order of the items (longest first: by their keys, ties in head and split order), where
+     * there are few enough */
+    dbw_order ord;
+    ord.n = 0;
+    if (g->split_order && items > 1 && items <= DBW_ORDER_MAX && K <= 256) {
+        int keys[DBW_ORDER_MAX];
+        for (int h = 0; h < K; h++) {
+            const int kh = m->layers[l].krows[h], zero = m->layers[l].reach[h] == 0 || kh == 0;
+            for (int sp = 0; sp < (zero ? 1 : (kh + chunk - 1) / chunk); sp++) {
+                int i = ord.n++;
+                const int k = zero ? 0 : (kh - sp * chunk < chunk ? kh - sp * chunk : chunk);
+                for (; g->split_order == 1 && i > 0 && keys[i - 1] < k; i--)
+                    keys[i] = keys[i - 1], ord.h[i] = ord.h[i - 1], ord.sp[i] = ord.sp[i - 1];
+                keys[i] = k;
+                ord.h[i] = (unsigned char)h;
+                ord.sp[i] = (unsigned short)sp;
+            }
+        }
+    }
     float *part = nsplit > 1 ? g->part : NULL;
     CU_TRY(pdl_launch(g, aspan_decode_bw_kernel<DH, NW>, dim3((unsigned)(B * items)), dim3(32 * NW), 0, g->attb,
                       (const bf16 *)g->qkvb, (const bf16 *)g->pe_h, (const int *)(g->krows + (size_t)l * K),
                       (const int *)(g->reach + (size_t)l * K), (const int64_t *)(g->mask_off + (size_t)l * K),
                       (const float *)g->derived, (const int64_t *)(g->d_off + (size_t)l * K),
                       (bf16 *const *)stage_ring(g, g->d_stage), (const int64_t *)stage_pos(g, g->d_stage), K, items,
-                      chunk, nsplit, part),
+                      chunk, nsplit, part, ord),
            err, "aspan_decode (bf16)");
     if (part && gpu_aspan_combine(g, l, B, 1, chunk, nsplit, NULL, g->attb, err)) return -1;
     return 1;

@@ -94,6 +94,13 @@ void gpu_decode_attn_tiles(gpu_model *g, int tiles)
     g->dec_tiles = tiles;
 }
 
+void gpu_decode_split_order(gpu_model *g, int order)
+{
+    order = order < 0 || order > 2 ? 1 : order;
+    if (order != g->split_order) drop_graphs(g);
+    g->split_order = order;
+}
+
 void gpu_decode_ln_fuse(gpu_model *g, int on)
 {
     on = on != 0;
@@ -446,6 +453,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->pdl_on = !(pdl && strcmp(pdl, "0") == 0);
     const char *nar = getenv("SPANSERVE_GPU_DECODE_NARROW");
     g->dec_narrow = !(nar && strcmp(nar, "0") == 0);
+    const char *sor = getenv("SPANSERVE_GPU_SPLIT_ORDER");
+    g->split_order = sor && (strcmp(sor, "0") == 0 || strcmp(sor, "2") == 0) ? sor[0] - '0' : 1;
     const char *spk = getenv("SPANSERVE_GPU_SPLITK");
     g->sk_split = !(spk && strcmp(spk, "0") == 0);
     const char *lnf = getenv("SPANSERVE_GPU_LN_FUSE");

@@ -259,6 +259,9 @@ struct gpu_model {
                                    * SPANSERVE_GPU_PDL=0: plain launches) */
     int dec_narrow;               /* aspan_decode_bw_kernel's blocks of 1 or 2 warps for layers of windows of
                                    * up to 32 or 64 keys (SPANSERVE_GPU_DECODE_NARROW=0: 4 warps) */
+    int split_order;              /* aspan_decode_bw_kernel's grid (gpu_decode_split_order): 1 a layer's items
+                                   * longest first, 2 in head order, each with every stream's copy together;
+                                   * 0 (SPANSERVE_GPU_SPLIT_ORDER=0) stream by stream */
     int sk_split;                 /* skinny products of 1,024 inputs or more split them over a cluster of two
                                    * blocks (matmul.cu; SPANSERVE_GPU_SPLITK=0: one block an output tile) */
     int lnf_on;                   /* a post-LN decode step of 9 to 64 streams carries its LayerNorms in the

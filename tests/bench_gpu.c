@@ -527,9 +527,27 @@ static double decode_floor_bytes(const model_t *m, const gpu_model *g, int prec,
     return n * w + B * (D * 4 + (double)gpu_mem_bytes(g));
 }
 
+/* 64 sessions' decode with a setting SET at 0, ON, 0, alternated in this
+ * process (left at ON): "  decode 64, OFF_WHAT (ENV=0): a / b tok/s;
+ * ON_WHAT again between them: c" */
+static void bench_toggle(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, void (*set)(gpu_model *, int),
+                         int on, const char *off_what, const char *env, const char *on_what)
+{
+    double off[2], at = 0;
+    for (int k = 0; k < 2; k++) {
+        set(g, 0);
+        off[k] = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
+        set(g, on);
+        if (k == 0) at = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
+    }
+    printf("  decode 64, %s (%s=0): %.0f / %.0f tok/s; %s again between them: %.0f\n", off_what, env, off[0], off[1],
+           on_what, at);
+}
+
 /* SPANSERVE_BENCH_DECODE_ONLY=64 (and =64only): 64 sessions' decode on the
- * graphs, alternated with the LayerNorms launched where it carries them,
- * and the profile of a step launched one by one */
+ * graphs, alternated with the LayerNorms launched where it carries them and
+ * with the attention's splits in each other order, and the profile of a
+ * step launched one by one */
 static void bench_decode64(gpu_model *g, gpu_timer *t, gpu_mem **mems, const char *name, const char *mode, int prec,
                            rm_rng *rng, row_t *row)
 {
@@ -537,17 +555,13 @@ static void bench_decode64(gpu_model *g, gpu_timer *t, gpu_mem **mems, const cha
     const long carried = gpu_decode_ln_fuse_steps(g);
     printf("%-13s %-5s %s decode 64: %.0f tok/s (%.3f ms a step; LayerNorms carried in the products: %s)\n", name,
            mode, gpu_precision_name(prec), row->dec64, 64e3 / row->dec64, carried ? "yes" : "no");
-    if (carried) {   /* against the LayerNorms' own launches, alternated in this process */
-        double off[2], on = 0;
-        for (int k = 0; k < 2; k++) {
-            gpu_decode_ln_fuse(g, 0);
-            off[k] = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
-            gpu_decode_ln_fuse(g, 1);
-            if (k == 0) on = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
-        }
-        printf("  decode 64, the LayerNorms launched (SPANSERVE_GPU_LN_FUSE=0): %.0f / %.0f tok/s; carried "
-               "again between them: %.0f\n", off[0], off[1], on);
-    }
+    if (carried)
+        bench_toggle(g, t, mems, rng, gpu_decode_ln_fuse, 1, "the LayerNorms launched", "SPANSERVE_GPU_LN_FUSE",
+                     "carried");
+    bench_toggle(g, t, mems, rng, gpu_decode_split_order, 2, "the splits stream by stream", "SPANSERVE_GPU_SPLIT_ORDER",
+                 "every stream's copy of a split together, in head order (2)");
+    bench_toggle(g, t, mems, rng, gpu_decode_split_order, 1, "the splits stream by stream", "SPANSERVE_GPU_SPLIT_ORDER",
+                 "longest first (1)");
     profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
     fflush(stdout);
 }

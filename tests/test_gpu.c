@@ -1234,10 +1234,11 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
 }
 
 /* NS streams decoded on the graphs for 70 steps (35 of NS, then 16), by a
- * model made with ENV unset and by one made with ENV=0, the streams'
- * memories first those of 0, 37 and FAR random tokens in turn (the CPU's):
- * 1 if every step gave the same logprobs to the bit */
-static int decode_same_bits(const model_t *m, int NS, int far, const char *env, const char *what)
+ * model made with ENV=V0 (NULL: unset) and by one made with ENV=V1, the
+ * streams' memories first those of 0, 37 and FAR random tokens in turn (the
+ * CPU's): 1 if every step gave the same logprobs to the bit */
+static int decode_same_bits_as(const model_t *m, int NS, int far, const char *env, const char *v0, const char *v1,
+                               const char *what)
 {
     char err[ERR_LEN];
     const int V = m->V;
@@ -1252,7 +1253,8 @@ static int decode_same_bits(const model_t *m, int NS, int far, const char *env, 
     const char *was = getenv(env);
     char *keep = was ? strdup(was) : NULL;
     for (int k = 0; k < 2; k++) {
-        if (k) setenv(env, "0", 1);
+        const char *v = k ? v1 : v0;
+        if (v) setenv(env, v, 1);
         else unsetenv(env);
         g[k] = gpu_model_new(m, NS, 1, GPU_BF16, err);
         CHECK(g[k] != NULL, "%s: %s", what, err);
@@ -1287,6 +1289,12 @@ static int decode_same_bits(const model_t *m, int NS, int far, const char *env, 
     return same;
 }
 
+/* decode_same_bits_as with ENV unset against ENV=0 */
+static int decode_same_bits(const model_t *m, int NS, int far, const char *env, const char *what)
+{
+    return decode_same_bits_as(m, NS, far, env, NULL, "0", what);
+}
+
 /* Layers of short windows only (span memory: every head of layer 0 has
  * reach 31, of layer 1 about 51) take aspan_decode_bw_kernel's blocks of 1
  * and 2 warps: the same bits as blocks of 4 (SPANSERVE_GPU_DECODE_NARROW=0),
@@ -1309,6 +1317,36 @@ static void check_decode_narrow(const char *p)
                            "bf16 decode of windows of 31 and 51 keys, blocks of 1 and 2 warps against 4"),
           "narrow decode: blocks of 1 and 2 warps gave other logprobs than blocks of 4");
     model_free(m);
+}
+
+/* aspan_decode_bw_kernel's blocks in the three orders of
+ * gpu_decode_split_order (the splits longest first, in head order, stream by
+ * stream) give the same bits: heads of 64 (spans of the whole window, none
+ * and short ones) and of 32, both memories */
+static void check_decode_split_order(const char *p)
+{
+    char err[ERR_LEN], label[200];
+    const float z0[16] = {1.0f, 0.0f, 0.4f, 0.02f, 0.1f, 0.7f, 0.0f, 0.3f, 0.05f, 1.0f, 0.2f, 0.0f, 0.6f, 0.01f, 0.9f, 0.3f};
+    const struct { int H, K, S, NS; } as[2] = {{512, 8, 1000, 24}, {64, 2, 3000, 64}};
+    const char *pairs[2][3] = {{NULL, "0", "longest first against stream by stream"},
+                               {"2", "0", "in head order against stream by stream"}};
+    for (int k = 0; k < 2; k++) {
+        rm_aspan a = {40, as[k].H, as[k].K, 2 * as[k].H, 2, as[k].S, 64, 32, z0, 0};
+        CHECK(rm_write_aspan(p, &a, 61 + k, err) == 0, "%s", err);
+        for (int mode = 0; mode < 2; mode++) {
+            model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
+            CHECK(m != NULL, "split order: %s", err);
+            if (!m) continue;
+            for (int o = 0; o < 2; o++) {
+                snprintf(label, sizeof label, "bf16 decode of %d streams (aspan, heads of %d, window %d, %s memory), "
+                         "the splits %s", as[k].NS, as[k].H / as[k].K, as[k].S, mode ? "span" : "exact", pairs[o][2]);
+                CHECK(decode_same_bits_as(m, as[k].NS, as[k].S + 100, "SPANSERVE_GPU_SPLIT_ORDER", pairs[o][0],
+                                          pairs[o][1], label),
+                      "%s: other logprobs", label);
+            }
+            model_free(m);
+        }
+    }
 }
 
 static void check_decode_bw(void)
@@ -1376,6 +1414,7 @@ static void check_decode_bw(void)
         model_free(m);
     }
     check_decode_narrow(p);
+    check_decode_split_order(p);
     unlink(p);
 }
 
