@@ -105,11 +105,12 @@ void gpu_tiles(gpu_model *g, int on);
 void gpu_decode_attn_tiles(gpu_model *g, int tiles);
 /* The order of the blocks of a decode attention of many streams
  * (aspan_decode.cu's bf16 kernel), one a (stream, head, split of the
- * head's keys): ORDER 1 (the default) puts every stream's copy of a split
- * together and the splits longest first, so that the blocks that start
- * last are short; 2 every stream's copy together, in head order; 0
- * (SPANSERVE_GPU_SPLIT_ORDER=0 or 2 at load) stream by stream, each
- * stream's heads and splits in order. The same bits in every order. */
+ * head's keys): ORDER 1 (the default, and for any other value) puts every
+ * stream's copy of a split together and the splits longest first, so that
+ * the blocks that start last are short; 2 every stream's copy together, in
+ * head order; 0 stream by stream, each stream's heads and splits in order.
+ * SPANSERVE_GPU_SPLIT_ORDER=0 or 2 at load sets it. The same bits in every
+ * order. */
 void gpu_decode_split_order(gpu_model *g, int order);
 /* A bf16 decode step of 9 to 64 streams on the graphs, of a post-LN model
  * whose linear layers take 512 inputs or a multiple (the skinny products):
