@@ -231,6 +231,9 @@ static bool ln_carried(const gpu_model *g, int B, int M)
  * rows into acc[k % 2]; the product before it zeroed that buffer, and the
  * one after reads it. The last LayerNorm runs on its own, for the output
  * layer. */
+/* CALL, and again where gpu_decode_twice asks for operation T twice (a diagnostic) */
+#define TWICE(t, call) ((call) != 0 || ((g->twice & (t)) && (call) != 0))
+
 static int run_layers_carried(gpu_model *g, int N, char *err)
 {
     const model_t *m = g->m;
@@ -243,19 +246,19 @@ static int run_layers_carried(gpu_model *g, int N, char *err)
         const int sub = g->fam->sublayers(m, l);
         const unsigned long long *in = pw ? acc[(k + 1) & 1] : NULL;
         if (sub & GPU_SUB_ATTN) {
-            if (OP(OP_QKV, gpu_linear_ln(g, g->qkvb, g->xb, in, acc[k & 1], d->qkv_s, d->qkv_c, d->wqkv_h, NULL, N, Dm,
-                                         3 * A, err)) ||
-                g->fam->attend(g, l, N, 1, err) ||
-                OP(OP_WO, gpu_linear_residual(g, g->x, g->xb, in, pw, pb, acc[k & 1], d->ln1_w, g->attb, d->wo_h, d->wo_b,
-                                              N, A, Dm, err)))
+            if (OP(OP_QKV, TWICE(GPU_TWICE_QKV, gpu_linear_ln(g, g->qkvb, g->xb, in, acc[k & 1], d->qkv_s, d->qkv_c,
+                                                              d->wqkv_h, NULL, N, Dm, 3 * A, err))) ||
+                TWICE(GPU_TWICE_ATTN, g->fam->attend(g, l, N, 1, err)) ||
+                OP(OP_WO, TWICE(GPU_TWICE_WO, gpu_linear_residual(g, g->x, g->xb, in, pw, pb, acc[k & 1], d->ln1_w, g->attb,
+                                                                  d->wo_h, d->wo_b, N, A, Dm, err))))
                 return -1;
             pw = d->ln1_w, pb = d->ln1_b, in = acc[k & 1], k++;
         }
         if (sub & GPU_SUB_FFN) {
-            if (OP(OP_FC1, gpu_linear_ln(g, g->ffb, g->xb, in, acc[k & 1], d->fc1_s, d->fc1_c, d->fc1_h, d->fc1_b, N, Dm, I,
-                                         err)) ||
-                OP(OP_FC2, gpu_linear_residual(g, g->x, g->xb, in, pw, pb, acc[k & 1], d->ln2_w, g->ffb, d->fc2_h, d->fc2_b,
-                                               N, I, Dm, err)))
+            if (OP(OP_FC1, TWICE(GPU_TWICE_FC1, gpu_linear_ln(g, g->ffb, g->xb, in, acc[k & 1], d->fc1_s, d->fc1_c,
+                                                              d->fc1_h, d->fc1_b, N, Dm, I, err))) ||
+                OP(OP_FC2, TWICE(GPU_TWICE_FC2, gpu_linear_residual(g, g->x, g->xb, in, pw, pb, acc[k & 1], d->ln2_w,
+                                                                    g->ffb, d->fc2_h, d->fc2_b, N, I, Dm, err))))
                 return -1;
             pw = d->ln2_w, pb = d->ln2_b, k++;
         }

@@ -101,6 +101,19 @@ void gpu_decode_split_order(gpu_model *g, int order)
     g->split_order = order;
 }
 
+void gpu_decode_splitk(gpu_model *g, int mode)
+{
+    mode = mode < 0 || mode > 2 ? 2 : mode;
+    if (mode != g->sk_split) drop_graphs(g);
+    g->sk_split = mode;
+}
+
+void gpu_decode_twice(gpu_model *g, unsigned ops)
+{
+    if (ops != g->twice) drop_graphs(g);
+    g->twice = ops;
+}
+
 void gpu_decode_ln_fuse(gpu_model *g, int on)
 {
     on = on != 0;
@@ -456,7 +469,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     const char *sor = getenv("SPANSERVE_GPU_SPLIT_ORDER");
     g->split_order = sor && (strcmp(sor, "0") == 0 || strcmp(sor, "2") == 0) ? sor[0] - '0' : 1;
     const char *spk = getenv("SPANSERVE_GPU_SPLITK");
-    g->sk_split = !(spk && strcmp(spk, "0") == 0);
+    g->sk_split = spk && (strcmp(spk, "0") == 0 || strcmp(spk, "1") == 0) ? spk[0] - '0' : 2;
     const char *lnf = getenv("SPANSERVE_GPU_LN_FUSE");
     g->lnf_on = !(lnf && strcmp(lnf, "0") == 0);
     g->tile_on = 1;

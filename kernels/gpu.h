@@ -112,6 +112,22 @@ void gpu_decode_attn_tiles(gpu_model *g, int tiles);
  * SPANSERVE_GPU_SPLIT_ORDER=0 or 2 at load sets it. The same bits in every
  * order. */
 void gpu_decode_split_order(gpu_model *g, int order);
+/* The skinny products (bf16, 9 to 64 rows: decode steps of many streams) of
+ * 1,024 inputs or more whose tiles fill no more than half the SMs (fc2):
+ * MODE 2 (the default) takes a cluster of two blocks a tile, half the
+ * inputs each, the second storing its sums into the first's shared memory
+ * and arriving on its mbarrier; 1 the same cluster meeting at two cluster
+ * barriers (the same bits); 0 a block a tile. SPANSERVE_GPU_SPLITK=0 or 1
+ * at load sets it. */
+void gpu_decode_splitk(gpu_model *g, int mode);
+/* A diagnostic for the benchmark: a decode step that carries its
+ * LayerNorms (below) launches the operations in OPS (GPU_TWICE_ bits) twice
+ * each, so that a step's time less the plain step's is what those
+ * operations cost inside the graph, overlaps included. The results are
+ * then wrong (the residual is added twice, the rings written twice): for
+ * timing only. 0, the default, launches each once. */
+enum { GPU_TWICE_QKV = 1, GPU_TWICE_ATTN = 2, GPU_TWICE_WO = 4, GPU_TWICE_FC1 = 8, GPU_TWICE_FC2 = 16 };
+void gpu_decode_twice(gpu_model *g, unsigned ops);
 /* A bf16 decode step of 9 to 64 streams on the graphs, of a post-LN model
  * whose linear layers take 512 inputs or a multiple (the skinny products):
  * ON 1 (the default; SPANSERVE_GPU_LN_FUSE=0 at load turns it off) carries

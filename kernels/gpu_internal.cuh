@@ -263,7 +263,10 @@ struct gpu_model {
                                    * longest first, 2 in head order, each with every stream's copy together;
                                    * 0 (SPANSERVE_GPU_SPLIT_ORDER=0) stream by stream */
     int sk_split;                 /* skinny products of 1,024 inputs or more split them over a cluster of two
-                                   * blocks (matmul.cu; SPANSERVE_GPU_SPLITK=0: one block an output tile) */
+                                   * blocks (matmul.cu; gpu_decode_splitk: 2 the second pushes its sums to
+                                   * the first, 1 two cluster barriers, 0 one block an output tile) */
+    unsigned twice;               /* a diagnostic (gpu_decode_twice): the GPU_TWICE_ operations a carried decode
+                                   * step launches twice */
     int lnf_on;                   /* a post-LN decode step of 9 to 64 streams carries its LayerNorms in the
                                    * products around them (forward.cu; gpu_decode_ln_fuse, SPANSERVE_GPU_LN_FUSE) */
     long lnf_steps;               /* the steps that did */

@@ -240,12 +240,59 @@ static __device__ __forceinline__ float sk_sum(const float (&red)[SK_WARPS][SK_M
     return v;
 }
 
-template <typename OT, int NB, int MODE, int KS>
+/* KS 2 with PUSH (gpu_decode_splitk 2): the cluster's second block stores
+ * its warps' sums straight into the first block's shared memory and
+ * arrives on the first block's mbarrier (release at the cluster's scope);
+ * the first waits on it (acquire) and meets the sums as before, in the
+ * same order: the same bits as the two cluster barriers, but the second
+ * block never waits for the first to finish. A cluster barrier split in
+ * two (arrived at the kernel's start, waited before the stores) makes sure
+ * the first block has started and initialised its mbarrier. */
+static __device__ __forceinline__ unsigned sk_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+static __device__ __forceinline__ unsigned sk_mapa(unsigned a, unsigned rank)
+{
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+
+static __device__ __forceinline__ void sk_mbar_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n\tfence.mbarrier_init.release.cluster;" ::"r"(bar), "r"(count)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void sk_cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+static __device__ __forceinline__ void sk_cluster_wait() { asm volatile("barrier.cluster.wait.aligned;" ::: "memory"); }
+
+static __device__ __forceinline__ void sk_st_remote2(unsigned a, float x, float y)
+{
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(a), "f"(x), "f"(y) : "memory");
+}
+
+static __device__ __forceinline__ void sk_arrive_remote(unsigned bar)
+{
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+static __device__ __forceinline__ void sk_mbar_wait(unsigned bar, unsigned parity)
+{
+    asm volatile("{\n\t.reg .pred p;\n\tSK_WAIT:\n\t"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n\t"
+                 "@!p bra SK_WAIT;\n\t}" ::"r"(bar), "r"(parity)
+                 : "memory");
+}
+
+template <typename OT, int NB, int MODE, int KS, bool PUSH>
 __global__ static void __launch_bounds__(32 * SK_WARPS)
     skinny_kernel(OT *y, const bf16 *x, const bf16 *W, const float *bias, int n, int in, int out, sk_ln ln)
 {
     constexpr int NT = 8 * NB, EPT = SK_MAX_ROWS * NT / (32 * SK_WARPS);
     __shared__ float red[SK_WARPS][SK_MAX_ROWS * NT];
+    /* KS 2 with PUSH: the second block's sums (pushed by it) and the mbarrier they arrive on */
+    __shared__ float red1[PUSH ? SK_WARPS : 1][PUSH ? SK_MAX_ROWS * NT : 1];
+    __shared__ unsigned long long pbar;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
     /* KS 2: a cluster of two blocks an output tile, each half of the inputs; the first meets the sums */
     const int kr = KS > 1 ? (int)blockIdx.x % KS : 0;
@@ -263,6 +310,10 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
     float cb = 0.0f, cw = 1.0f, cbb = 0.0f, cwn = 1.0f, px[EPT];
     __shared__ float2 rowst[SK_MAX_ROWS];   /* SK_RES, SK_LNF: the rows' mean and rstd (of acc_in) */
     unsigned long long rs = 0, rq = 0;       /* thread r < n: row r's sums, loaded after the wait */
+    if constexpr (PUSH) {
+        if (kr == 0 && threadIdx.x == 0) sk_mbar_init(sk_smem(&pbar), 32 * SK_WARPS);
+        sk_cluster_arrive();
+    }
     pdl_next();
     sk_load_w(cur, W, in, o0, k0, g);   /* (the weights: before the kernel ahead has ended) */
     if constexpr (MODE == SK_RES) {
@@ -291,6 +342,24 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
     sk_mma(acc, cur, mt);
     /* (the rows' statistics, once a row, their loads long arrived) */
     if (MODE != SK_PLAIN && ln.acc_in && (int)threadIdx.x < n) rowst[threadIdx.x] = sk_stats(rs, rq, ln.d, ln.eps);
+    if constexpr (PUSH) {
+        if (kr) {   /* the second block: its sums into the first's red1, then its arrival; done */
+            sk_cluster_wait();
+            const unsigned base = sk_mapa(sk_smem(&red1[warp][0]), 0);
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                if (t >= mt) break;
+#pragma unroll
+                for (int j = 0; j < NB; j++) {
+                    const unsigned e = (unsigned)(((16 * t + g) * NT + 8 * j + 2 * q) * 4);
+                    sk_st_remote2(base + e, acc[t][j][0], acc[t][j][1]);
+                    sk_st_remote2(base + e + 8 * NT * 4, acc[t][j][2], acc[t][j][3]);
+                }
+            }
+            sk_arrive_remote(sk_mapa(sk_smem(&pbar), 0));
+            return;
+        }
+    }
     /* C fragment: rows g and g + 8 of the m-tile, outputs 2q and 2q + 1 of the n-tile */
 #pragma unroll
     for (int t = 0; t < 4; t++) {
@@ -302,7 +371,12 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
         }
     }
     const float *rem = NULL;   /* KS 2: the other block's sums (distributed shared memory) */
-    if constexpr (KS > 1) {
+    if constexpr (PUSH) {
+        __syncthreads();
+        sk_cluster_wait();   /* (pairs this block's arrival; the second block arrived at its start) */
+        sk_mbar_wait(sk_smem(&pbar), 0);
+        rem = &red1[0][0];
+    } else if constexpr (KS > 1) {
         cg::cluster_group cl = cg::this_cluster();
         cl.sync();
         if (kr) {
@@ -353,7 +427,7 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
             }
         }
     }
-    if constexpr (KS > 1) cg::this_cluster().sync();
+    if constexpr (KS > 1 && !PUSH) cg::this_cluster().sync();
 }
 
 /* Whether skinny_kernel takes a product of N rows of IN -> OUT (x and W
@@ -371,13 +445,17 @@ static cudaError_t skinny_launch(gpu_model *g, OT *y, const bf16 *x, const bf16 
                                  int out, sk_ln ln)
 {
     if (out % 16 == 0 && out / 16 >= g->n_sm / 2)
-        return pdl_launch(g, skinny_kernel<OT, 2, MODE, 1>, dim3((unsigned)(out / 16)), dim3(32 * SK_WARPS), 0, y, x, W,
+        return pdl_launch(g, skinny_kernel<OT, 2, MODE, 1, false>, dim3((unsigned)(out / 16)), dim3(32 * SK_WARPS), 0, y, x, W,
                           bias, n, in, out, ln);
     /* long inputs and few tiles (fc2): two blocks a tile, half the inputs each, so that more SMs read x */
-    if (g->sk_split && in >= 2 * SK_WARPS * SK_KCHUNK && in % (2 * SK_WARPS * SK_KCHUNK) == 0 && out / 8 * 2 <= g->n_sm)
-        return pdl_launch_cluster(g, skinny_kernel<OT, 1, MODE, 2>, dim3((unsigned)(out / 8 * 2)), dim3(32 * SK_WARPS), 2u,
-                                  y, x, W, bias, n, in, out, ln);
-    return pdl_launch(g, skinny_kernel<OT, 1, MODE, 1>, dim3((unsigned)(out / 8)), dim3(32 * SK_WARPS), 0, y, x, W, bias, n,
+    if (g->sk_split && in >= 2 * SK_WARPS * SK_KCHUNK && in % (2 * SK_WARPS * SK_KCHUNK) == 0 && out / 8 * 2 <= g->n_sm) {
+        if (g->sk_split == 2)
+            return pdl_launch_cluster(g, skinny_kernel<OT, 1, MODE, 2, true>, dim3((unsigned)(out / 8 * 2)),
+                                      dim3(32 * SK_WARPS), 2u, y, x, W, bias, n, in, out, ln);
+        return pdl_launch_cluster(g, skinny_kernel<OT, 1, MODE, 2, false>, dim3((unsigned)(out / 8 * 2)),
+                                  dim3(32 * SK_WARPS), 2u, y, x, W, bias, n, in, out, ln);
+    }
+    return pdl_launch(g, skinny_kernel<OT, 1, MODE, 1, false>, dim3((unsigned)(out / 8)), dim3(32 * SK_WARPS), 0, y, x, W, bias, n,
                       in, out, ln);
 }
 

@@ -530,18 +530,47 @@ static double decode_floor_bytes(const model_t *m, const gpu_model *g, int prec,
 /* 64 sessions' decode with a setting SET at 0, ON, 0, alternated in this
  * process (left at ON): "  decode 64, OFF_WHAT (ENV=0): a / b tok/s;
  * ON_WHAT again between them: c" */
-static void bench_toggle(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, void (*set)(gpu_model *, int),
-                         int on, const char *off_what, const char *env, const char *on_what)
+static void bench_toggle_from(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, void (*set)(gpu_model *, int),
+                              int off_v, int on, const char *off_what, const char *env, const char *on_what)
 {
     double off[2], at = 0;
     for (int k = 0; k < 2; k++) {
-        set(g, 0);
+        set(g, off_v);
         off[k] = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
         set(g, on);
         if (k == 0) at = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
     }
-    printf("  decode 64, %s (%s=0): %.0f / %.0f tok/s; %s again between them: %.0f\n", off_what, env, off[0], off[1],
-           on_what, at);
+    printf("  decode 64, %s (%s=%d): %.0f / %.0f tok/s; %s again between them: %.0f\n", off_what, env, off_v, off[0],
+           off[1], on_what, at);
+}
+
+static void bench_toggle(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, void (*set)(gpu_model *, int),
+                         int on, const char *off_what, const char *env, const char *on_what)
+{
+    bench_toggle_from(g, t, mems, rng, set, 0, on, off_what, env, on_what);
+}
+
+/* SPANSERVE_BENCH_TWICE=1 with SPANSERVE_BENCH_DECODE_ONLY=64: what each
+ * kind of operation costs inside a step of 64 sessions on the graphs, as
+ * the step's time with those operations launched twice (gpu_decode_twice)
+ * less the plain step's, each alternated with a plain step in one process */
+static void bench_twice(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, int layers)
+{
+    static const struct { unsigned ops; const char *what; } k[] = {
+        {GPU_TWICE_QKV, "QKV"}, {GPU_TWICE_ATTN, "the attention (with its combine)"}, {GPU_TWICE_WO, "Wo"},
+        {GPU_TWICE_FC1, "fc1"}, {GPU_TWICE_FC2, "fc2"}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+        double us[2][2];
+        for (int r = 0; r < 2; r++)
+            for (int tw = 0; tw < 2; tw++) {
+                gpu_decode_twice(g, tw ? k[i].ops : 0);
+                us[tw][r] = 64e6 / rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
+            }
+        printf("  decode 64, every %s twice: a step %.1f / %.1f us against %.1f / %.1f: %.1f us a step (%.2f a layer of %d)\n",
+               k[i].what, us[1][0], us[1][1], us[0][0], us[0][1], (us[1][0] + us[1][1] - us[0][0] - us[0][1]) / 2,
+               (us[1][0] + us[1][1] - us[0][0] - us[0][1]) / 2 / layers, layers);
+    }
+    gpu_decode_twice(g, 0);
 }
 
 /* SPANSERVE_BENCH_DECODE_ONLY=64 (and =64only): 64 sessions' decode on the
@@ -549,7 +578,7 @@ static void bench_toggle(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng
  * with the attention's splits in each other order, and the profile of a
  * step launched one by one */
 static void bench_decode64(gpu_model *g, gpu_timer *t, gpu_mem **mems, const char *name, const char *mode, int prec,
-                           rm_rng *rng, row_t *row)
+                           rm_rng *rng, row_t *row, int layers)
 {
     row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
     const long carried = gpu_decode_ln_fuse_steps(g);
@@ -562,6 +591,12 @@ static void bench_decode64(gpu_model *g, gpu_timer *t, gpu_mem **mems, const cha
                  "every stream's copy of a split together, in head order (2)");
     bench_toggle(g, t, mems, rng, gpu_decode_split_order, 1, "the splits stream by stream", "SPANSERVE_GPU_SPLIT_ORDER",
                  "longest first (1)");
+    bench_toggle_from(g, t, mems, rng, gpu_decode_splitk, 1, 2, "fc2's cluster meeting at two cluster barriers",
+                      "SPANSERVE_GPU_SPLITK", "the second block's sums pushed to the first (2)");
+    bench_toggle(g, t, mems, rng, gpu_decode_splitk, 2, "a block a product's tile", "SPANSERVE_GPU_SPLITK",
+                 "the cluster, pushed (2)");
+    const char *tw = getenv("SPANSERVE_BENCH_TWICE");
+    if (tw && strcmp(tw, "1") == 0) bench_twice(g, t, mems, rng, layers);
     profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
     fflush(stdout);
 }
@@ -596,7 +631,7 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     const char *dec_only = getenv("SPANSERVE_BENCH_DECODE_ONLY");
     if (dec_only && strcmp(dec_only, "64only") == 0) {   /* the 64 sessions first and alone (a profiler's launches) */
         gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
-        bench_decode64(g, t, mems, name, mode, prec, &rng, row);
+        bench_decode64(g, t, mems, name, mode, prec, &rng, row, m->n_layers);
         return bench_release(g, t, mems, lp);
     }
     gpu_decode_kernel(g, GPU_DECODE_GRAPHS);   /* the graphs, then decode_step.cu's one kernel */
@@ -654,7 +689,7 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     }
     gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
     if (dec_only) {
-        if (strcmp(dec_only, "64") == 0) bench_decode64(g, t, mems, name, mode, prec, &rng, row);
+        if (strcmp(dec_only, "64") == 0) bench_decode64(g, t, mems, name, mode, prec, &rng, row, m->n_layers);
         return bench_release(g, t, mems, lp);
     }
     row->dec64 = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, &rng, NULL);

@@ -1349,6 +1349,40 @@ static void check_decode_split_order(const char *p)
     }
 }
 
+/* fc2 (2,048 inputs) on a cluster of two blocks a tile: the second block's
+ * sums pushed into the first's shared memory (gpu_decode_splitk 2, the
+ * default) give the same bits as the two cluster barriers (1):
+ * adaptive-span of width 512 in both memories at 24 and 64 streams, PAR
+ * (afsfa) at 40 */
+static void check_decode_splitk(const char *p)
+{
+    char err[ERR_LEN], label[200];
+    const float z0[16] = {1.0f, 0.0f, 0.4f, 0.02f, 0.1f, 0.7f, 0.0f, 0.3f, 0.05f, 1.0f, 0.2f, 0.0f, 0.6f, 0.01f, 0.9f, 0.3f};
+    rm_aspan a = {40, 512, 8, 2048, 2, 1000, 64, 32, z0, 0};
+    CHECK(rm_write_aspan(p, &a, 71, err) == 0, "%s", err);
+    for (int mode = 0; mode < 2; mode++) {
+        model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
+        CHECK(m != NULL, "splitk: %s", err);
+        if (!m) continue;
+        for (int ns = 24; ns <= 64; ns += 40) {
+            snprintf(label, sizeof label, "bf16 decode of %d streams (aspan, width 512, inner 2048, %s memory), fc2's "
+                     "cluster pushed against two cluster barriers", ns, mode ? "span" : "exact");
+            CHECK(decode_same_bits_as(m, ns, 1100, "SPANSERVE_GPU_SPLITK", NULL, "1", label), "%s: other logprobs", label);
+        }
+        model_free(m);
+    }
+    const rm_par pp = {40, 512, 8, 64, 2048, 200, 64, 0, "afsfa"};
+    CHECK(rm_write_par(p, &pp, 72, err) == 0, "%s", err);
+    model_t *m = model_load(p, err);
+    CHECK(m != NULL, "splitk: %s", err);
+    if (m) {
+        snprintf(label, sizeof label, "bf16 decode of 40 streams (PAR afsfa, width 512, inner 2048), fc2's cluster pushed "
+                 "against two cluster barriers");
+        CHECK(decode_same_bits_as(m, 40, 300, "SPANSERVE_GPU_SPLITK", NULL, "1", label), "%s: other logprobs", label);
+        model_free(m);
+    }
+}
+
 static void check_decode_bw(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX", label[128];
@@ -1415,6 +1449,7 @@ static void check_decode_bw(void)
     }
     check_decode_narrow(p);
     check_decode_split_order(p);
+    check_decode_splitk(p);
     unlink(p);
 }
 
