@@ -284,6 +284,98 @@ __global__ static void aspan_combine_kernel(float *att, bf16 *attb, const float 
     }
 }
 
+/* The splits' records of a decode step (one token a stream, bf16 out) met
+ * as aspan_combine_kernel meets them, a warp a (stream, head): its lanes
+ * load the records' heads (m, Z, W) of 32 splits at once and the values of
+ * 8 splits at a time (a lane D / 32 dims), rather than one record after
+ * another; the sums over the splits in double, in another order (the
+ * lanes', then a butterfly over the warp). H the (stream, head) pairs. */
+#define ACW_WARPS 4
+template <int D>
+__global__ static void __launch_bounds__(32 * ACW_WARPS)
+    aspan_combine_warp_kernel(bf16 *attb, const float *part, int K, int H, int chunk, int nsplit, const int *krows,
+                              const int *reach)
+{
+    constexpr int C = D / 32, R = D + 4;   /* a lane's dims; a record's floats */
+    const int lane = threadIdx.x & 31, it = (int)blockIdx.x * ACW_WARPS + (int)(threadIdx.x >> 5);
+    const int h = it % K, n = it / K;
+    /* (the model's constants: before the kernel ahead has ended) */
+    const int r = it < H ? __ldg(reach + h) : 0, ns = it < H ? (__ldg(krows + h) + chunk - 1) / chunk : 0;
+    pdl_next();
+    pdl_wait();   /* (the records are the kernel ahead's) */
+    if (it >= H) return;
+    bf16 *out = attb + (size_t)it * D + C * lane;
+    if (r == 0) {
+#pragma unroll
+        for (int c = 0; c < C; c++) out[c] = __float2bfloat16(0.0f);
+        return;
+    }
+    const float *rec = part + ((size_t)n * K + h) * nsplit * R;
+    float M = -INFINITY;
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, __ldcg(rec + (size_t)s * R));
+    M = warp_max(M);
+    double Z = 0, W = 0, o[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) o[c] = 0;
+    for (int s0 = 0; s0 < ns; s0 += 32) {
+        float e = 0.0f;
+        if (s0 + lane < ns) {
+            const float *p = rec + (size_t)(s0 + lane) * R;
+            e = expf(__ldcg(p) - M);
+            Z += (double)__ldcg(p + 1) * (double)e;
+            W += (double)__ldcg(p + 2) * (double)e;
+        }
+        const int nr = ns - s0 < 32 ? ns - s0 : 32;
+        for (int j0 = 0; j0 < nr; j0 += 8) {
+            float v[8][C];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int c = 0; c < C; c++)
+                    v[j][c] = j0 + j < nr ? __ldcg(rec + (size_t)(s0 + j0 + j) * R + 4 + C * lane + c) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const double ej = (double)__shfl_sync(0xffffffffu, e, (j0 + j) & 31);
+#pragma unroll
+                for (int c = 0; c < C; c++) o[c] += (double)v[j][c] * ej;
+            }
+        }
+    }
+    Z = warp_sum(Z);
+    W = warp_sum(W);
+    const double inv = 1.0 / Z / (W / Z + 1e-8);
+#pragma unroll
+    for (int c = 0; c < C; c++) out[c] = __float2bfloat16((float)(o[c] * inv));
+}
+
+/* aspan_combine_kernel's meeting of a decode step of B streams into
+ * g->attb, by aspan_combine_warp_kernel (heads of 32 or 64; gpu_decode_combine) */
+static int combine_dec(gpu_model *g, int l, int B, int chunk, int nsplit, char *err)
+{
+    const int K = g->m->n_head, D = g->m->d_head, H = B * K;
+    const dim3 grid((unsigned)((H + ACW_WARPS - 1) / ACW_WARPS)), block(32 * ACW_WARPS);
+    const int *kr = g->krows + (size_t)l * K, *re = g->reach + (size_t)l * K;
+    if (D == 64)
+        CU_TRY(pdl_launch(g, aspan_combine_warp_kernel<64>, grid, block, 0, g->attb, (const float *)g->part, K, H, chunk,
+                          nsplit, kr, re),
+               err, "aspan_attn: combine (a warp a head)");
+    else
+        CU_TRY(pdl_launch(g, aspan_combine_warp_kernel<32>, grid, block, 0, g->attb, (const float *)g->part, K, H, chunk,
+                          nsplit, kr, re),
+               err, "aspan_attn: combine (a warp a head)");
+    return 0;
+}
+
+int gpu_aspan_combine_dec(gpu_model *g, int l, int B, int chunk, int nsplit, char *err)
+{
+    const int D = g->m->d_head;
+    for (int k = 0; k < ((g->twice & GPU_TWICE_COMBINE) ? 2 : 1); k++)
+        if (g->comb_warp && (D == 32 || D == 64) ? combine_dec(g, l, B, chunk, nsplit, err)
+                                                 : gpu_aspan_combine(g, l, B, 1, chunk, nsplit, NULL, g->attb, err))
+            return -1;
+    return 0;
+}
+
 int gpu_aspan_combine(gpu_model *g, int l, int B, int M, int chunk, int nsplit, float *att, bf16 *attb, char *err)
 {
     const int K = g->m->n_head;

@@ -403,7 +403,7 @@ template <int DH, int NW> static int dec_bw_launch(gpu_model *g, int l, int B, i
                       (bf16 *const *)stage_ring(g, g->d_stage), (const int64_t *)stage_pos(g, g->d_stage), K, items,
                       chunk, nsplit, part, ord),
            err, "aspan_decode (bf16)");
-    if (part && gpu_aspan_combine(g, l, B, 1, chunk, nsplit, NULL, g->attb, err)) return -1;
+    if (part && gpu_aspan_combine_dec(g, l, B, chunk, nsplit, err)) return -1;
     return 1;
 }
 

@@ -108,6 +108,13 @@ void gpu_decode_splitk(gpu_model *g, int mode)
     g->sk_split = mode;
 }
 
+void gpu_decode_combine(gpu_model *g, int on)
+{
+    on = on != 0;
+    if (on != g->comb_warp) drop_graphs(g);
+    g->comb_warp = on;
+}
+
 void gpu_decode_twice(gpu_model *g, unsigned ops)
 {
     if (ops != g->twice) drop_graphs(g);
@@ -470,6 +477,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->split_order = sor && (strcmp(sor, "0") == 0 || strcmp(sor, "2") == 0) ? sor[0] - '0' : 1;
     const char *spk = getenv("SPANSERVE_GPU_SPLITK");
     g->sk_split = spk && (strcmp(spk, "0") == 0 || strcmp(spk, "1") == 0) ? spk[0] - '0' : 2;
+    const char *cmb = getenv("SPANSERVE_GPU_COMBINE");
+    g->comb_warp = !(cmb && strcmp(cmb, "0") == 0);
     const char *lnf = getenv("SPANSERVE_GPU_LN_FUSE");
     g->lnf_on = !(lnf && strcmp(lnf, "0") == 0);
     g->tile_on = 1;

@@ -120,13 +120,20 @@ void gpu_decode_split_order(gpu_model *g, int order);
  * barriers (the same bits); 0 a block a tile. SPANSERVE_GPU_SPLITK=0 or 1
  * at load sets it. */
 void gpu_decode_splitk(gpu_model *g, int mode);
+/* How a bf16 decode step of many streams (the graphs) meets the splits of
+ * adaptive-span's attention: ON 1 (the default; SPANSERVE_GPU_COMBINE=0 at
+ * load turns it off) a warp a (stream, head), the records loaded at once;
+ * 0 a block a (stream, head) looping over the records one after another. */
+void gpu_decode_combine(gpu_model *g, int on);
 /* A diagnostic for the benchmark: a decode step that carries its
  * LayerNorms (below) launches the operations in OPS (GPU_TWICE_ bits) twice
  * each, so that a step's time less the plain step's is what those
- * operations cost inside the graph, overlaps included. The results are
+ * operations cost inside the graph, overlaps included (GPU_TWICE_ATTN: the
+ * attention and its splits' meeting; GPU_TWICE_COMBINE: adaptive-span's
+ * meeting alone). The results are
  * then wrong (the residual is added twice, the rings written twice): for
  * timing only. 0, the default, launches each once. */
-enum { GPU_TWICE_QKV = 1, GPU_TWICE_ATTN = 2, GPU_TWICE_WO = 4, GPU_TWICE_FC1 = 8, GPU_TWICE_FC2 = 16 };
+enum { GPU_TWICE_QKV = 1, GPU_TWICE_ATTN = 2, GPU_TWICE_WO = 4, GPU_TWICE_FC1 = 8, GPU_TWICE_FC2 = 16, GPU_TWICE_COMBINE = 32 };
 void gpu_decode_twice(gpu_model *g, unsigned ops);
 /* A bf16 decode step of 9 to 64 streams on the graphs, of a post-LN model
  * whose linear layers take 512 inputs or a multiple (the skinny products):

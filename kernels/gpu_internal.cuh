@@ -265,6 +265,8 @@ struct gpu_model {
     int sk_split;                 /* skinny products of 1,024 inputs or more split them over a cluster of two
                                    * blocks (matmul.cu; gpu_decode_splitk: 2 the second pushes its sums to
                                    * the first, 1 two cluster barriers, 0 one block an output tile) */
+    int comb_warp;                /* a decode step's splits met a warp a (stream, head) (gpu_decode_combine;
+                                   * SPANSERVE_GPU_COMBINE=0: aspan_combine_kernel's block and loops) */
     unsigned twice;               /* a diagnostic (gpu_decode_twice): the GPU_TWICE_ operations a carried decode
                                    * step launches twice */
     int lnf_on;                   /* a post-LN decode step of 9 to 64 streams carries its LayerNorms in the
@@ -619,6 +621,8 @@ int gpu_aspan_decode(gpu_model *g, int layer, int B, int M, char *err);
 size_t gpu_aspan_part_recs(const gpu_model *g);
 /* aspan_attn.cu: splits' partial states in g->part met into att or attb */
 int gpu_aspan_combine(gpu_model *g, int layer, int B, int M, int chunk, int nsplit, float *att, bf16 *attb, char *err);
+/* the same for a decode step's records (M 1, into g->attb): a warp a (stream, head) unless gpu_decode_combine is 0 */
+int gpu_aspan_combine_dec(gpu_model *g, int layer, int B, int chunk, int nsplit, char *err);
 /* rel_tile.cu: PAR's relative attention the same way (heads of 32 or 64
  * dims, blocks of at least REL_TILE_MIN_M queries) */
 #define REL_TILE_MIN_M 16

@@ -558,7 +558,7 @@ static void bench_twice(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng,
 {
     static const struct { unsigned ops; const char *what; } k[] = {
         {GPU_TWICE_QKV, "QKV"}, {GPU_TWICE_ATTN, "the attention (with its combine)"}, {GPU_TWICE_WO, "Wo"},
-        {GPU_TWICE_FC1, "fc1"}, {GPU_TWICE_FC2, "fc2"}};
+        {GPU_TWICE_FC1, "fc1"}, {GPU_TWICE_FC2, "fc2"}, {GPU_TWICE_COMBINE, "splits' meeting (adaptive-span)"}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         double us[2][2];
         for (int r = 0; r < 2; r++)
@@ -595,6 +595,8 @@ static void bench_decode64(gpu_model *g, gpu_timer *t, gpu_mem **mems, const cha
                       "SPANSERVE_GPU_SPLITK", "the second block's sums pushed to the first (2)");
     bench_toggle(g, t, mems, rng, gpu_decode_splitk, 2, "a block a product's tile", "SPANSERVE_GPU_SPLITK",
                  "the cluster, pushed (2)");
+    bench_toggle(g, t, mems, rng, gpu_decode_combine, 1, "the splits met by a block's loops", "SPANSERVE_GPU_COMBINE",
+                 "a warp a head (1)");
     const char *tw = getenv("SPANSERVE_BENCH_TWICE");
     if (tw && strcmp(tw, "1") == 0) bench_twice(g, t, mems, rng, layers);
     profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);

@@ -1237,8 +1237,18 @@ static void check_decode_bw_model(const model_t *m, const char *label, int NS, i
  * model made with ENV=V0 (NULL: unset) and by one made with ENV=V1, the
  * streams' memories first those of 0, 37 and FAR random tokens in turn (the
  * CPU's): 1 if every step gave the same logprobs to the bit */
+static int decode_same_bits_diff(const model_t *m, int NS, int far, const char *env, const char *v0, const char *v1,
+                                 const char *what, double *maxd);
+
 static int decode_same_bits_as(const model_t *m, int NS, int far, const char *env, const char *v0, const char *v1,
                                const char *what)
+{
+    return decode_same_bits_diff(m, NS, far, env, v0, v1, what, NULL);
+}
+
+/* decode_same_bits_as, and the largest difference of a logprob in MAXD */
+static int decode_same_bits_diff(const model_t *m, int NS, int far, const char *env, const char *v0, const char *v1,
+                                 const char *what, double *maxd)
 {
     char err[ERR_LEN];
     const int V = m->V;
@@ -1274,8 +1284,13 @@ static int decode_same_bits_as(const model_t *m, int NS, int far, const char *en
         for (int k = 0; k < 2; k++)
             CHECK(gpu_forward(g[k], gm[k], B, tok, 1, lp[k], err) == 0, "%s: %s", what, err);
         if (memcmp(lp[0], lp[1], sizeof(float) * (size_t)B * V)) same = 0;
+        for (size_t i = 0; maxd && i < (size_t)B * V; i++) {
+            const double d = fabs((double)lp[0][i] - (double)lp[1][i]);
+            if (!(d <= *maxd)) *maxd = d;   /* (a NaN stays) */
+        }
     }
-    printf("%s: %d steps, %s\n", what, steps, same ? "the same bits" : "DIFFERENT");
+    if (maxd) printf("%s: %d steps, %s, the largest difference %.3g\n", what, steps, same ? "the same bits" : "other bits", *maxd);
+    else printf("%s: %d steps, %s\n", what, steps, same ? "the same bits" : "DIFFERENT");
     for (int k = 0; k < 2; k++) {
         for (int s = 0; g[k] && s < NS; s++) gpu_mem_free(gm[k][s]);
         gpu_model_free(g[k]);
@@ -1383,6 +1398,34 @@ static void check_decode_splitk(const char *p)
     }
 }
 
+/* adaptive-span's splits met a warp a (stream, head) (gpu_decode_combine 1,
+ * the default) against a block looping over the records (0): the sums in
+ * double in another order, so the logprobs agree to float's rounding
+ * (within 1e-4 here), heads of 64 and 32, both memories, windows split in
+ * up to 59 and 71 tiles */
+static void check_decode_combine(const char *p)
+{
+    char err[ERR_LEN], label[200];
+    const float z0[16] = {1.0f, 0.0f, 0.4f, 0.02f, 0.1f, 0.7f, 0.0f, 0.3f, 0.05f, 1.0f, 0.2f, 0.0f, 0.6f, 0.01f, 0.9f, 0.3f};
+    const struct { int H, K, S, NS; } as[2] = {{512, 8, 7500, 24}, {64, 2, 9000, 64}};
+    for (int k = 0; k < 2; k++) {
+        rm_aspan a = {40, as[k].H, as[k].K, 2 * as[k].H, 2, as[k].S, 64, 32, z0, 0};
+        CHECK(rm_write_aspan(p, &a, 81 + k, err) == 0, "%s", err);
+        for (int mode = 0; mode < 2; mode++) {
+            model_t *m = model_load_mode(p, mode ? MEM_SPAN : MEM_EXACT, err);
+            CHECK(m != NULL, "combine: %s", err);
+            if (!m) continue;
+            snprintf(label, sizeof label, "bf16 decode of %d streams (aspan, heads of %d, window %d, %s memory), the "
+                     "splits met a warp a head against a block's loops", as[k].NS, as[k].H / as[k].K, as[k].S,
+                     mode ? "span" : "exact");
+            double d = 0;
+            decode_same_bits_diff(m, as[k].NS, as[k].S + 100, "SPANSERVE_GPU_COMBINE", NULL, "0", label, &d);
+            CHECK(d <= 1e-4, "%s: logprobs %.3g apart", label, d);
+            model_free(m);
+        }
+    }
+}
+
 static void check_decode_bw(void)
 {
     char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX", label[128];
@@ -1450,6 +1493,7 @@ static void check_decode_bw(void)
     check_decode_narrow(p);
     check_decode_split_order(p);
     check_decode_splitk(p);
+    check_decode_combine(p);
     unlink(p);
 }
 
