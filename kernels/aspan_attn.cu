@@ -369,7 +369,7 @@ static int combine_dec(gpu_model *g, int l, int B, int chunk, int nsplit, char *
 int gpu_aspan_combine_dec(gpu_model *g, int l, int B, int chunk, int nsplit, char *err)
 {
     const int D = g->m->d_head;
-    for (int k = 0; k < ((g->twice & GPU_TWICE_COMBINE) ? 2 : 1); k++)
+    for (int k = 0; k < (gpu_twice(g, GPU_TWICE_COMBINE, l) ? 2 : 1); k++)
         if (g->comb_warp && (D == 32 || D == 64) ? combine_dec(g, l, B, chunk, nsplit, err)
                                                  : gpu_aspan_combine(g, l, B, 1, chunk, nsplit, NULL, g->attb, err))
             return -1;

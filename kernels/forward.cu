@@ -232,7 +232,7 @@ static bool ln_carried(const gpu_model *g, int B, int M)
  * one after reads it. The last LayerNorm runs on its own, for the output
  * layer. */
 /* CALL, and again where gpu_decode_twice asks for operation T twice (a diagnostic) */
-#define TWICE(t, call) ((call) != 0 || ((g->twice & (t)) && (call) != 0))
+#define TWICE(t, call) ((call) != 0 || (gpu_twice(g, t, l) && (call) != 0))
 
 static int run_layers_carried(gpu_model *g, int N, char *err)
 {

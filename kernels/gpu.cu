@@ -115,10 +115,11 @@ void gpu_decode_combine(gpu_model *g, int on)
     g->comb_warp = on;
 }
 
-void gpu_decode_twice(gpu_model *g, unsigned ops)
+void gpu_decode_twice(gpu_model *g, unsigned ops, int layer)
 {
-    if (ops != g->twice) drop_graphs(g);
+    if (ops != g->twice || layer != g->twice_layer) drop_graphs(g);
     g->twice = ops;
+    g->twice_layer = layer < 0 ? -1 : layer;
 }
 
 void gpu_decode_ln_fuse(gpu_model *g, int on)

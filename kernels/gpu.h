@@ -132,9 +132,10 @@ void gpu_decode_combine(gpu_model *g, int on);
  * attention and its splits' meeting; GPU_TWICE_COMBINE: adaptive-span's
  * meeting alone). The results are
  * then wrong (the residual is added twice, the rings written twice): for
- * timing only. 0, the default, launches each once. */
+ * timing only. LAYER: in that layer alone, or (-1) in every layer. OPS 0,
+ * the default, launches each once. */
 enum { GPU_TWICE_QKV = 1, GPU_TWICE_ATTN = 2, GPU_TWICE_WO = 4, GPU_TWICE_FC1 = 8, GPU_TWICE_FC2 = 16, GPU_TWICE_COMBINE = 32 };
-void gpu_decode_twice(gpu_model *g, unsigned ops);
+void gpu_decode_twice(gpu_model *g, unsigned ops, int layer);
 /* A bf16 decode step of 9 to 64 streams on the graphs, of a post-LN model
  * whose linear layers take 512 inputs or a multiple (the skinny products):
  * ON 1 (the default; SPANSERVE_GPU_LN_FUSE=0 at load turns it off) carries

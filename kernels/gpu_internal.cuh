@@ -268,7 +268,8 @@ struct gpu_model {
     int comb_warp;                /* a decode step's splits met a warp a (stream, head) (gpu_decode_combine;
                                    * SPANSERVE_GPU_COMBINE=0: aspan_combine_kernel's block and loops) */
     unsigned twice;               /* a diagnostic (gpu_decode_twice): the GPU_TWICE_ operations a carried decode
-                                   * step launches twice */
+                                   * step launches twice, */
+    int twice_layer;              /* in every layer (-1) or in this one */
     int lnf_on;                   /* a post-LN decode step of 9 to 64 streams carries its LayerNorms in the
                                    * products around them (forward.cu; gpu_decode_ln_fuse, SPANSERVE_GPU_LN_FUSE) */
     long lnf_steps;               /* the steps that did */
@@ -623,6 +624,11 @@ size_t gpu_aspan_part_recs(const gpu_model *g);
 int gpu_aspan_combine(gpu_model *g, int layer, int B, int M, int chunk, int nsplit, float *att, bf16 *attb, char *err);
 /* the same for a decode step's records (M 1, into g->attb): a warp a (stream, head) unless gpu_decode_combine is 0 */
 int gpu_aspan_combine_dec(gpu_model *g, int layer, int B, int chunk, int nsplit, char *err);
+/* whether gpu_decode_twice asks for operation T (a GPU_TWICE_ bit) of layer L twice */
+static inline bool gpu_twice(const gpu_model *g, unsigned t, int l)
+{
+    return (g->twice & t) && (g->twice_layer < 0 || g->twice_layer == l);
+}
 /* rel_tile.cu: PAR's relative attention the same way (heads of 32 or 64
  * dims, blocks of at least REL_TILE_MIN_M queries) */
 #define REL_TILE_MIN_M 16

@@ -563,14 +563,26 @@ static void bench_twice(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng,
         double us[2][2];
         for (int r = 0; r < 2; r++)
             for (int tw = 0; tw < 2; tw++) {
-                gpu_decode_twice(g, tw ? k[i].ops : 0);
+                gpu_decode_twice(g, tw ? k[i].ops : 0, -1);
                 us[tw][r] = 64e6 / rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
             }
         printf("  decode 64, every %s twice: a step %.1f / %.1f us against %.1f / %.1f: %.1f us a step (%.2f a layer of %d)\n",
                k[i].what, us[1][0], us[1][1], us[0][0], us[0][1], (us[1][0] + us[1][1] - us[0][0] - us[0][1]) / 2,
                (us[1][0] + us[1][1] - us[0][0] - us[0][1]) / 2 / layers, layers);
     }
-    gpu_decode_twice(g, 0);
+    /* the attention (and its meeting) layer by layer */
+    printf("  decode 64, each layer's attention (with its meeting) twice, us a step more:");
+    for (int l = 0; l < layers; l++) {
+        double us[2][2];
+        for (int r = 0; r < 2; r++)
+            for (int tw = 0; tw < 2; tw++) {
+                gpu_decode_twice(g, tw ? GPU_TWICE_ATTN : 0, l);
+                us[tw][r] = 64e6 / rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
+            }
+        printf(" %d: %.1f;", l, (us[1][0] + us[1][1] - us[0][0] - us[0][1]) / 2);
+    }
+    printf("\n");
+    gpu_decode_twice(g, 0, -1);
 }
 
 /* SPANSERVE_BENCH_DECODE_ONLY=64 (and =64only): 64 sessions' decode on the
