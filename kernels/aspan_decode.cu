@@ -367,7 +367,7 @@ template <int DH, int NW> static int dec_bw_launch(gpu_model *g, int l, int B, i
     int64_t work = 0;
     for (int h = 0; h < K; h++)
         if (m->layers[l].reach[h] > 0) work += (m->layers[l].krows[h] + T - 1) / T;
-    int64_t per = dec_tiles_per_block(g, work * B);   /* tiles a split */
+    int64_t per = dec_tiles_per_block(g, work * B, g->dec_fill);   /* tiles a split */
     const int64_t least = (pairs * tiles + (int64_t)g->part_recs - 1) / (int64_t)g->part_recs;
     if (per < least) per = least;
     const int chunk = (int)(per * T), nsplit = lw > 0 ? (lw + chunk - 1) / chunk : 1;

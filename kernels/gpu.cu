@@ -94,6 +94,13 @@ void gpu_decode_attn_tiles(gpu_model *g, int tiles)
     g->dec_tiles = tiles;
 }
 
+void gpu_decode_attn_fill(gpu_model *g, int fill)
+{
+    fill = fill < 1 ? DEC_FILL_DEFAULT : fill > 64 ? 64 : fill;
+    if (fill != g->dec_fill) drop_graphs(g);
+    g->dec_fill = fill;
+}
+
 void gpu_decode_split_order(gpu_model *g, int order)
 {
     order = order < 0 || order > 2 ? 1 : order;
@@ -485,6 +492,7 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->tile_on = 1;
     g->tc_on = 1;
     g->dec_tiles = 1;
+    g->dec_fill = DEC_FILL_DEFAULT;
     g->graph = (cudaGraphExec_t *)calloc((size_t)max_batch, sizeof *g->graph);
     g->L = (gpu_layer *)calloc((size_t)m->n_layers, sizeof *g->L);
     const int slots = m->family->mem_slots(m);

@@ -103,6 +103,11 @@ void gpu_tiles(gpu_model *g, int on);
  * twice; more where the partial states' buffer needs it); more makes fewer
  * blocks, each looping over its tiles (for tests and comparisons). */
 void gpu_decode_attn_tiles(gpu_model *g, int tiles);
+/* ... and, in adaptive-span, chooses the tiles a block so that the blocks
+ * are about FILL times the SMs (1 to 64; 3, the default: one round of the
+ * kernel's blocks of 4 warps, 3 an SM. Relative attention keeps 6: two
+ * rounds) */
+void gpu_decode_attn_fill(gpu_model *g, int fill);
 /* The order of the blocks of a decode attention of many streams
  * (aspan_decode.cu's bf16 kernel), one a (stream, head, split of the
  * head's keys): ORDER 1 (the default, and for any other value) puts every

@@ -255,6 +255,7 @@ struct gpu_model {
     int prec;                     /* GPU_FP32 or GPU_BF16 */
     int gemv_on;                  /* a few rows go through matmul.cu's gemv_kernel (SPANSERVE_GPU_GEMV=0: cuBLAS) */
     int dec_tiles;                /* gpu_decode_attn_tiles: the decode attentions' tiles a block at least */
+    int dec_fill;                 /* gpu_decode_attn_fill: adaptive-span's blocks about this many times the SMs */
     int pdl_on;                   /* the decode path's kernels launch before the one ahead ends (pdl_launch;
                                    * SPANSERVE_GPU_PDL=0: plain launches) */
     int dec_narrow;               /* aspan_decode_bw_kernel's blocks of 1 or 2 warps for layers of windows of
@@ -473,14 +474,22 @@ static cudaError_t pdl_launch_cluster(const gpu_model *g, void (*kern)(K...), di
 
 /* Tiles of 128 keys a thread block of the decode attentions takes
  * (aspan_decode.cu, rel_decode.cu), from WORK, the tiles of a layer's keys
- * over every stream and head: the blocks about twice what the device holds
- * at once (3 an SM), at most 8 tiles a block, at least gpu_decode_attn_tiles'.
+ * over every stream and head: the blocks about FILL times the SMs (the
+ * device holds 3 an SM: adaptive-span one round, DEC_FILL_DEFAULT, since
+ * the splits are met a warp a head; relative attention two), at most 8
+ * tiles a block, at least gpu_decode_attn_tiles'. (H100, 64 streams, in one
+ * process, 2026-12-07: adaptive-span's fill 3 against 6: aspan-enwik8
+ * 138,026 / 137,886 tokens/s against 135,039 in span memory, 76,127 /
+ * 76,118 against 76,143 in exact; relative attention's: par-base 166,472 /
+ * 166,707 against 168,960.)
  * (H200, 64 streams, tiles a block fixed: aspan-enwik8 1 / 2 / 4 / 8: span
  * memory 109,813 / 121,082 / 123,699 / 122,853 tokens/s, exact 51,863 /
  * 63,758 / 70,622 / 73,419; par-base 151,964 / 153,640 / 154,871 / 155,058) */
-static inline int dec_tiles_per_block(const gpu_model *g, int64_t work)
+#define DEC_FILL_DEFAULT 3   /* adaptive-span's (gpu_decode_attn_fill) */
+#define DEC_FILL_REL 6       /* relative attention's */
+static inline int dec_tiles_per_block(const gpu_model *g, int64_t work, int fill)
 {
-    int64_t per = work / (6 * (int64_t)g->n_sm);
+    int64_t per = work / ((int64_t)fill * g->n_sm);
     if (per > 8) per = 8;
     if (per < g->dec_tiles) per = g->dec_tiles;
     return per < 1 ? 1 : (int)per;

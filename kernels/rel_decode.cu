@@ -187,7 +187,7 @@ int gpu_rel_decode(gpu_model *g, int l, int B, int M, char *err)
         return 0;
     /* dec_tiles_per_block's tiles a block, as many blocks as g->tpart holds records for */
     const int keys = ML + 1;
-    const int tiles = (keys + RDEC_TILE - 1) / RDEC_TILE, per = dec_tiles_per_block(g, (int64_t)B * K * tiles);
+    const int tiles = (keys + RDEC_TILE - 1) / RDEC_TILE, per = dec_tiles_per_block(g, (int64_t)B * K * tiles, DEC_FILL_REL);
     int nsplit = (tiles + per - 1) / per;
     while (nsplit > 1 && (size_t)B * K * nsplit * (D + 4) > g->tpart_floats) nsplit--;
     int chunk = (keys + nsplit - 1) / nsplit;

@@ -609,6 +609,11 @@ static void bench_decode64(gpu_model *g, gpu_timer *t, gpu_mem **mems, const cha
                  "the cluster, pushed (2)");
     bench_toggle(g, t, mems, rng, gpu_decode_combine, 1, "the splits met by a block's loops", "SPANSERVE_GPU_COMBINE",
                  "a warp a head (1)");
+    const char *fl = getenv("SPANSERVE_BENCH_FILL");   /* the attention's blocks against the SMs (gpu_decode_attn_fill) */
+    if (fl && strcmp(fl, "1") == 0)
+        for (int i = 0; i < 5; i++)
+            bench_toggle_from(g, t, mems, rng, gpu_decode_attn_fill, (const int[]){2, 4, 6, 9, 12}[i], 3,
+                              "adaptive-span's attention's blocks against the SMs", "fill", "3 (the default)");
     const char *tw = getenv("SPANSERVE_BENCH_TWICE");
     if (tw && strcmp(tw, "1") == 0) bench_twice(g, t, mems, rng, layers);
     profile(g, mems, SESSIONS, 1, 5, "decode 64", NULL, NULL);
