@@ -355,14 +355,9 @@ static int combine_dec(gpu_model *g, int l, int B, int chunk, int nsplit, char *
     const int K = g->m->n_head, D = g->m->d_head, H = B * K;
     const dim3 grid((unsigned)((H + ACW_WARPS - 1) / ACW_WARPS)), block(32 * ACW_WARPS);
     const int *kr = g->krows + (size_t)l * K, *re = g->reach + (size_t)l * K;
-    if (D == 64)
-        CU_TRY(pdl_launch(g, aspan_combine_warp_kernel<64>, grid, block, 0, g->attb, (const float *)g->part, K, H, chunk,
-                          nsplit, kr, re),
-               err, "aspan_attn: combine (a warp a head)");
-    else
-        CU_TRY(pdl_launch(g, aspan_combine_warp_kernel<32>, grid, block, 0, g->attb, (const float *)g->part, K, H, chunk,
-                          nsplit, kr, re),
-               err, "aspan_attn: combine (a warp a head)");
+    CU_TRY(pdl_launch(g, D == 64 ? aspan_combine_warp_kernel<64> : aspan_combine_warp_kernel<32>, grid, block, 0, g->attb,
+                      (const float *)g->part, K, H, chunk, nsplit, kr, re),
+           err, "aspan_attn: combine (a warp a head)");
     return 0;
 }
 

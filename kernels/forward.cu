@@ -225,15 +225,15 @@ static bool ln_carried(const gpu_model *g, int B, int M)
     return g->lnf_on && g->lnf_ok && g->gemv_on && M == 1 && B > 8 && B <= 64;
 }
 
+/* CALL, and again where gpu_decode_twice asks for operation T twice (a diagnostic) */
+#define TWICE(t, call) ((call) != 0 || (gpu_twice(g, t, l) && (call) != 0))
+
 /* The layers of a step that carries its LayerNorms: x holds the residual
  * stream before the LayerNorm still to apply (after the embedding: x and
  * xb as they are). The k-th product that adds to the residual sums its
  * rows into acc[k % 2]; the product before it zeroed that buffer, and the
  * one after reads it. The last LayerNorm runs on its own, for the output
  * layer. */
-/* CALL, and again where gpu_decode_twice asks for operation T twice (a diagnostic) */
-#define TWICE(t, call) ((call) != 0 || (gpu_twice(g, t, l) && (call) != 0))
-
 static int run_layers_carried(gpu_model *g, int N, char *err)
 {
     const model_t *m = g->m;

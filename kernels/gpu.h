@@ -135,9 +135,9 @@ void gpu_decode_combine(gpu_model *g, int on);
  * each, so that a step's time less the plain step's is what those
  * operations cost inside the graph, overlaps included (GPU_TWICE_ATTN: the
  * attention and its splits' meeting; GPU_TWICE_COMBINE: adaptive-span's
- * meeting alone). The results are
- * then wrong (the residual is added twice, the rings written twice): for
- * timing only. LAYER: in that layer alone, or (-1) in every layer. OPS 0,
+ * meeting alone, in any decode step of many streams). The results are then
+ * wrong (the residual is added twice, the rings written twice): for timing
+ * only. LAYER: in that layer alone, or (-1) in every layer. OPS 0,
  * the default, launches each once. */
 enum { GPU_TWICE_QKV = 1, GPU_TWICE_ATTN = 2, GPU_TWICE_WO = 4, GPU_TWICE_FC1 = 8, GPU_TWICE_FC2 = 16, GPU_TWICE_COMBINE = 32 };
 void gpu_decode_twice(gpu_model *g, unsigned ops, int layer);
