@@ -196,10 +196,14 @@ int gpu_ln_carry_plan(gpu_model *g, char *err)
                                     !gpu_linear_ln_fits(g, 64, I, Dm, d->fc2_h)))
             return 0;
     }
-    walk_carried(g, [&](int, const bf16 *, int, int out, const float *pw, const float *, bool) {
+    const float *lw = NULL, *lb = NULL;   /* the last LayerNorm: into the output layer where it fits */
+    walk_carried(g, [&](int l, const bf16 *, int, int out, const float *pw, const float *, bool attn) {
         n += pw ? 2 * (size_t)out : 0;
+        lw = attn ? g->L[l].ln1_w : g->L[l].ln2_w, lb = attn ? g->L[l].ln1_b : g->L[l].ln2_b;
         return 0;
     });
+    const bool fold_out = lw && lb && !g->ada && g->out_h && gpu_linear_ln_fits(g, 64, Dm, m->V, g->out_h);
+    n += fold_out ? 2 * (size_t)m->V : 0;
     CU_TRY(cudaMalloc(&g->lnf_tab, (n ? n : 1) * sizeof(float)), err, "cudaMalloc (folded LayerNorms)");
     float *at = g->lnf_tab;
     if (walk_carried(g, [&](int l, const bf16 *W, int in, int out, const float *pw, const float *pb, bool attn) {
@@ -212,6 +216,10 @@ int gpu_ln_carry_plan(gpu_model *g, char *err)
             return rc;
         }))
         return -1;
+    if (fold_out) {
+        if (gpu_ln_fold(g, at, at + m->V, g->out_h, lw, lb, Dm, m->V, err)) return -1;
+        g->out_s = at, g->out_c = at + m->V;
+    }
     g->weight_bytes += n * sizeof(float);
     g->lnf_ok = 1;
     return 0;
@@ -232,8 +240,9 @@ static bool ln_carried(const gpu_model *g, int B, int M)
  * stream before the LayerNorm still to apply (after the embedding: x and
  * xb as they are). The k-th product that adds to the residual sums its
  * rows into acc[k % 2]; the product before it zeroed that buffer, and the
- * one after reads it. The last LayerNorm runs on its own, for the output
- * layer. */
+ * one after reads it. The last LayerNorm goes into the output layer's
+ * product (g->out_acc, launch_out; gpu_decode_out_fold), or runs on its
+ * own where that is off or the output layer does not allow it. */
 static int run_layers_carried(gpu_model *g, int N, char *err)
 {
     const model_t *m = g->m;
@@ -262,6 +271,11 @@ static int run_layers_carried(gpu_model *g, int N, char *err)
                 return -1;
             pw = d->ln2_w, pb = d->ln2_b, k++;
         }
+    }
+    /* the last LayerNorm: carried into the output layer (launch_out), or on its own */
+    if (pw && g->out_fold && g->out_s) {
+        g->out_acc = acc[(k + 1) & 1];
+        return 0;
     }
     return pw && OP(OP_LN, gpu_layernorm_keep(g, g->x, g->xb, pw, pb, N, Dm, err)) ? -1 : 0;
 }
@@ -299,6 +313,7 @@ static int launch_layers(gpu_model *g, int B, int M, char *err)
     const float scale = g->fam->embed_scale(m);
     /* with pre_lnorm xb holds the sublayers' LN(x): the output layer's bf16 input is made at the end */
     bf16 *xb = m->pre_lnorm ? NULL : g->xb;
+    g->out_acc = NULL;   /* (run_layers_carried may leave the last LayerNorm to the output layer) */
     /* the adaptive input where there is no table (par-tf's adaptive softmax follows a plain embedding) */
     if (!g->emb ? OP(OP_EMBED, gpu_ada_embed(g, g->x, xb, stage_tok(g, g->d_stage), N, err))
                 : OP(OP_EMBED, gpu_embed(g, g->x, xb, g->emb, stage_tok(g, g->d_stage), N, m->d_model, scale, err)))
@@ -317,7 +332,10 @@ static int launch_out(gpu_model *g, int N, int targets_only, char *err)
         return OP(OP_OUT, gpu_ada_logprobs(g, g->x, g->xb, N, targets_only ? stage_tgt(g, g->d_stage) : NULL,
                                            targets_only ? stage_tgt(g, g->h_stage) : NULL, g->tl, err))
                    ? -1 : 0;
-    if (OP(OP_OUT, linear(g, g->logits, g->x, g->xb, g->out_w, g->out_h, N, m->d_model, m->V, err)) ||
+    const unsigned long long *acc = g->out_acc;   /* (run_layers_carried left the last LayerNorm to it) */
+    g->out_acc = NULL;
+    if (OP(OP_OUT, acc ? gpu_linear_ln_f(g, g->logits, g->xb, acc, g->out_s, g->out_c, g->out_h, N, m->d_model, m->V, err)
+                       : linear(g, g->logits, g->x, g->xb, g->out_w, g->out_h, N, m->d_model, m->V, err)) ||
         OP(OP_LOGSOFTMAX, gpu_log_softmax(g, g->logits, g->out_b, N, m->V, err)))
         return -1;
     return 0;
@@ -389,6 +407,22 @@ static cudaGraphExec_t decode_graph(gpu_model *g, int B)
     cudaGraphExec_t exec = capture_graph(g, what, [&](char *err) { return launch_step(g, B, 1, 0, err); });
     if (!exec) return NULL;
     return g->graph[B - 1] = exec;
+}
+
+int gpu_decode_replay(gpu_model *g, int B, int k, char *err)
+{
+    if (B < 1 || B > g->max_batch || k < 1) return err_set(err, "replaying %d decode steps of %d streams", k, B);
+    for (int i = 0; i < k; i++) {
+        if (gpu_mk_takes(g, B, 1) && !g->prof_on) {
+            if (gpu_mk_step(g, B, err)) return -1;
+            continue;
+        }
+        cudaGraphExec_t gr = g->graphs_on && !g->prof_on && !g->fam->step ? decode_graph(g, B) : NULL;
+        if (!gr) return err_set(err, "no decode graph of %d streams to replay", B);
+        CU_TRY(cudaGraphLaunch(gr, g->stream), err, "launching the decode step's graph");
+    }
+    CU_TRY(cudaStreamSynchronize(g->stream), err, "the replayed steps failed on the device");
+    return 0;
 }
 
 int gpu_forward(gpu_model *g, gpu_mem **mems, int B, const int32_t *tokens, int M, float *logprobs, char *err)

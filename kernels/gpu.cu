@@ -115,6 +115,20 @@ void gpu_decode_splitk(gpu_model *g, int mode)
     g->sk_split = mode;
 }
 
+void gpu_decode_out_fold(gpu_model *g, int on)
+{
+    on = on != 0;
+    if (on != g->out_fold) drop_graphs(g);
+    g->out_fold = on;
+}
+
+void gpu_decode_msplit(gpu_model *g, int on)
+{
+    on = on != 0;
+    if (on != g->sk_msplit) drop_graphs(g);
+    g->sk_msplit = on;
+}
+
 void gpu_decode_combine(gpu_model *g, int on)
 {
     on = on != 0;
@@ -485,6 +499,10 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     g->split_order = sor && (strcmp(sor, "0") == 0 || strcmp(sor, "2") == 0) ? sor[0] - '0' : 1;
     const char *spk = getenv("SPANSERVE_GPU_SPLITK");
     g->sk_split = spk && (strcmp(spk, "0") == 0 || strcmp(spk, "1") == 0) ? spk[0] - '0' : 2;
+    const char *ofd = getenv("SPANSERVE_GPU_OUT_FOLD");
+    g->out_fold = !(ofd && strcmp(ofd, "0") == 0);
+    const char *msp = getenv("SPANSERVE_GPU_MSPLIT");
+    g->sk_msplit = !(msp && strcmp(msp, "0") == 0);
     const char *cmb = getenv("SPANSERVE_GPU_COMBINE");
     g->comb_warp = !(cmb && strcmp(cmb, "0") == 0);
     const char *lnf = getenv("SPANSERVE_GPU_LN_FUSE");

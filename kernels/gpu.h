@@ -125,6 +125,18 @@ void gpu_decode_split_order(gpu_model *g, int order);
  * barriers (the same bits); 0 a block a tile. SPANSERVE_GPU_SPLITK=0 or 1
  * at load sets it. */
 void gpu_decode_splitk(gpu_model *g, int mode);
+/* The skinny products (as above) whose tiles of 8 outputs fill no more
+ * than half the SMs (Wo of 512 outputs), in steps of more than 32 streams:
+ * ON 1 (the default) splits the rows over two blocks a tile (32 each, half
+ * of x's rows loaded a block; the same bits), 0 a block a tile.
+ * SPANSERVE_GPU_MSPLIT=0 at load turns it off. */
+void gpu_decode_msplit(gpu_model *g, int on);
+/* A decode step that carries its LayerNorms (below) with a plain output
+ * layer: ON 1 (the default) carries the last LayerNorm into the output
+ * layer's product too (its weight and bias folded in at load, as QKV's and
+ * fc1's), so it needs no launch of its own; 0 launches it.
+ * SPANSERVE_GPU_OUT_FOLD=0 at load turns it off. */
+void gpu_decode_out_fold(gpu_model *g, int on);
 /* How a bf16 decode step of many streams (the graphs) meets the splits of
  * adaptive-span's attention: ON 1 (the default; SPANSERVE_GPU_COMBINE=0 at
  * load turns it off) a warp a (stream, head), the records loaded at once;
@@ -141,13 +153,21 @@ void gpu_decode_combine(gpu_model *g, int on);
  * the default, launches each once. */
 enum { GPU_TWICE_QKV = 1, GPU_TWICE_ATTN = 2, GPU_TWICE_WO = 4, GPU_TWICE_FC1 = 8, GPU_TWICE_FC2 = 16, GPU_TWICE_COMBINE = 32 };
 void gpu_decode_twice(gpu_model *g, unsigned ops, int layer);
+/* A diagnostic for the benchmark: the last decode step of B streams (its
+ * inputs as they are on the device) launched again K times back to back,
+ * then one wait: a step's time on the device, without the host's part of
+ * each step (the inputs' copy, the launch, the wait). The memories are
+ * not advanced (each replay writes the same rows into the rings again):
+ * for timing only. 0, or -1 with ERR. */
+int gpu_decode_replay(gpu_model *g, int B, int k, char *err);
 /* A bf16 decode step of 9 to 64 streams on the graphs, of a post-LN model
  * whose linear layers take 512 inputs or a multiple (the skinny products):
  * ON 1 (the default; SPANSERVE_GPU_LN_FUSE=0 at load turns it off) carries
  * each residual's LayerNorm in the products around it: Wo or fc2 adds the
  * residual and sums each row, QKV or fc1 applies the LayerNorm after its
  * product (the LayerNorm's weight and bias folded into it at load), so the
- * step has no LayerNorm launch but its last; 0 launches them. _steps: the
+ * step has no LayerNorm launch but its last (none where the output layer
+ * carries that one: gpu_decode_out_fold); 0 launches them. _steps: the
  * steps that took it. */
 void gpu_decode_ln_fuse(gpu_model *g, int on);
 long gpu_decode_ln_fuse_steps(const gpu_model *g);

@@ -266,6 +266,8 @@ struct gpu_model {
     int sk_split;                 /* skinny products of 1,024 inputs or more split them over a cluster of two
                                    * blocks (matmul.cu; gpu_decode_splitk: 2 the second pushes its sums to
                                    * the first, 1 two cluster barriers, 0 one block an output tile) */
+    int sk_msplit;                /* skinny products of few tiles and more than 32 rows split the rows over two
+                                   * blocks a tile (matmul.cu; gpu_decode_msplit) */
     int comb_warp;                /* a decode step's splits met a warp a (stream, head) (gpu_decode_combine;
                                    * SPANSERVE_GPU_COMBINE=0: aspan_combine_kernel's block and loops) */
     unsigned twice;               /* a diagnostic (gpu_decode_twice): the GPU_TWICE_ operations a carried decode
@@ -275,7 +277,11 @@ struct gpu_model {
                                    * products around them (forward.cu; gpu_decode_ln_fuse, SPANSERVE_GPU_LN_FUSE) */
     long lnf_steps;               /* the steps that did */
     int lnf_ok;                   /* the model allows it (gpu_ln_carry_plan) */
-    float *lnf_tab;               /* the folded tables (gpu_layer's qkv_s .. fc1_c) */
+    float *lnf_tab;               /* the folded tables (gpu_layer's qkv_s .. fc1_c, out_s, out_c) */
+    const float *out_s, *out_c;   /* the output layer's, with the last LayerNorm folded in (NULL: none) */
+    int out_fold;                 /* the last LayerNorm carried into the output layer (gpu_decode_out_fold) */
+    const unsigned long long *out_acc; /* (while a step's launches are made: the rows' sums the output layer
+                                   * applies the last LayerNorm by, or NULL) */
     int tile_on;                  /* blocks of queries go through aspan_tile.cu (gpu_tiles) */
     int tc_on;                    /* bf16 tiles on tensor cores (gpu_tensor_cores) */
     int ring_fused;               /* the last relative attention wrote the step's keys and values into the
@@ -558,9 +564,13 @@ int gpu_linear_residual(gpu_model *g, float *x, bf16 *xb, const unsigned long lo
                         int in, int out, char *err);
 int gpu_linear_ln(gpu_model *g, bf16 *y, const bf16 *xb, const unsigned long long *acc_in, unsigned long long *acc_out,
                   const float *s, const float *c, const bf16 *W, const float *bias, int n, int in, int out, char *err);
+/* gpu_linear_ln with float out and ACC_IN set (the output layer's logits), ACC_OUT left alone */
+int gpu_linear_ln_f(gpu_model *g, float *y, const bf16 *xb, const unsigned long long *acc_in, const float *s,
+                    const float *c, const bf16 *W, int n, int in, int out, char *err);
 int gpu_ln_fold(gpu_model *g, float *s, float *c, const bf16 *W, const float *w, const float *b, int in, int out, char *err);
 /* forward.cu: the folded tables of the LayerNorms the products carry
- * (g->lnf_tab, the layers' qkv_s .. fc1_c), where the model allows it: at
+ * (g->lnf_tab, the layers' qkv_s .. fc1_c, and g->out_s, out_c where the
+ * output layer can carry the last one), where the model allows it: at
  * load. 0, or -1 on an error (a model that cannot is not one) */
 int gpu_ln_carry_plan(gpu_model *g, char *err);
 /* logsoftmax.cu: y = log_softmax(y + b), rows of d (b may be NULL) */

@@ -247,7 +247,12 @@ static __device__ __forceinline__ float sk_sum(const float (&red)[SK_WARPS][SK_M
  * same order: the same bits as the two cluster barriers, but the second
  * block never waits for the first to finish. A cluster barrier split in
  * two (arrived at the kernel's start, waited before the stores) makes sure
- * the first block has started and initialised its mbarrier. */
+ * the first block has started and initialised its mbarrier.
+ *
+ * Rows split (gridDim.y 2, gpu_decode_msplit): each block takes 32 of the
+ * rows (the first 32, or the rest), so a product of few tiles (Wo: 64)
+ * spreads over twice the blocks, each loading half of x. Every output's
+ * sum is the same as unsplit (the same bits). */
 static __device__ __forceinline__ unsigned sk_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 static __device__ __forceinline__ unsigned sk_mapa(unsigned a, unsigned rank)
@@ -294,6 +299,14 @@ __global__ static void __launch_bounds__(32 * SK_WARPS)
     __shared__ float red1[PUSH ? SK_WARPS : 1][PUSH ? SK_MAX_ROWS * NT : 1];
     __shared__ unsigned long long pbar;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    if (gridDim.y > 1) {   /* rows split: this block's 32 (the arguments shifted to them) */
+        const int r0 = 32 * (int)blockIdx.y;
+        x += (size_t)r0 * in, y += (size_t)r0 * out;
+        if (ln.acc_in) ln.acc_in += 2 * r0;
+        if (ln.acc_out) ln.acc_out += 2 * r0;
+        if (ln.xb) ln.xb += (size_t)r0 * out;
+        n = n - r0 < 32 ? n - r0 : 32;
+    }
     /* KS 2: a cluster of two blocks an output tile, each half of the inputs; the first meets the sums */
     const int kr = KS > 1 ? (int)blockIdx.x % KS : 0;
     const int o0 = (int)blockIdx.x / KS * NT, mt = (n + 15) / 16, per = in / (SK_WARPS * KS),
@@ -455,8 +468,10 @@ static cudaError_t skinny_launch(gpu_model *g, OT *y, const bf16 *x, const bf16 
         return pdl_launch_cluster(g, skinny_kernel<OT, 1, MODE, 2, false>, dim3((unsigned)(out / 8 * 2)),
                                   dim3(32 * SK_WARPS), 2u, y, x, W, bias, n, in, out, ln);
     }
-    return pdl_launch(g, skinny_kernel<OT, 1, MODE, 1, false>, dim3((unsigned)(out / 8)), dim3(32 * SK_WARPS), 0, y, x, W, bias, n,
-                      in, out, ln);
+    /* few tiles (Wo: 64) and more than 32 rows: the rows split over two blocks a tile (gpu_decode_msplit) */
+    const unsigned ys = g->sk_msplit && n > 32 && out / 8 * 2 <= g->n_sm ? 2u : 1u;
+    return pdl_launch(g, skinny_kernel<OT, 1, MODE, 1, false>, dim3((unsigned)(out / 8), ys), dim3(32 * SK_WARPS), 0, y, x, W,
+                      bias, n, in, out, ln);
 }
 
 /* y = x W^T (+ bias, ReLU) by skinny_kernel where the shapes allow it: 1 if
@@ -501,6 +516,18 @@ int gpu_linear_ln(gpu_model *g, bf16 *y, const bf16 *xb, const unsigned long lon
         CU_TRY((skinny_launch<bf16, SK_PLAIN>(g, y, xb, W, bias, n, in, out, ln)), err, "skinny GEMM");
     else
         CU_TRY((skinny_launch<bf16, SK_LNF>(g, y, xb, W, bias, n, in, out, ln)), err, "skinny GEMM (LayerNorm in)");
+    return 0;
+}
+
+int gpu_linear_ln_f(gpu_model *g, float *y, const bf16 *xb, const unsigned long long *acc_in, const float *s,
+                    const float *c, const bf16 *W, int n, int in, int out, char *err)
+{
+    if (!gpu_linear_ln_fits(g, n, in, out, W) || ((uintptr_t)xb & 15) || !acc_in)
+        return err_set(err, "a LayerNorm inside a product of %d x %d -> %d: outside the skinny kernel's shapes", n, in, out);
+    sk_ln ln = {};
+    ln.acc_in = acc_in, ln.s = s, ln.c = c;
+    ln.eps = (float)g->m->ln_eps, ln.d = in;
+    CU_TRY((skinny_launch<float, SK_LNF>(g, y, xb, W, NULL, n, in, out, ln)), err, "skinny GEMM (LayerNorm in, float out)");
     return 0;
 }
 

@@ -544,6 +544,39 @@ static void bench_toggle_from(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng
            off[1], on_what, at);
 }
 
+/* 64 sessions with SET(DEF) (the default) and SET(ALT), alternated twice in one process, the default left set */
+static void bench_ab(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, void (*set)(gpu_model *, int), int def,
+                     int alt, const char *env, const char *def_what, const char *alt_what)
+{
+    double r[2][2];
+    for (int k = 0; k < 2; k++)
+        for (int a = 0; a < 2; a++) {
+            set(g, a ? alt : def);
+            r[a][k] = rate(g, t, mems, SESSIONS, 1, 50, 10, NULL, NULL, rng, NULL);
+        }
+    set(g, def);
+    printf("  decode 64, %s (%s=%d): %.0f / %.0f tok/s against %s (%d, the default): %.0f / %.0f\n", alt_what, env, alt,
+           r[1][0], r[1][1], def_what, def, r[0][0], r[0][1]);
+}
+
+/* A step of B sessions replayed on the device (gpu_decode_replay: no host between the steps) against the
+ * step with the host's part, after a rate() of B sessions */
+static void bench_replay(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, int B, const char *what)
+{
+    char err[ERR_LEN];
+    const int K = B > 8 ? 50 : 200;
+    double with[2], dev[2];
+    for (int k = 0; k < 2; k++) {
+        with[k] = 1e6 * B / rate(g, t, mems, B, 1, K, 10, NULL, NULL, rng, NULL);
+        gpu_timer_start(t);
+        if (gpu_decode_replay(g, B, K, err)) { printf("FAIL replay: %s\n", err); return; }
+        dev[k] = 1e3 * gpu_timer_stop_ms(t) / K;
+    }
+    printf("  decode %d (%s), the step replayed on the device: %.1f / %.1f us a step against %.1f / %.1f us with the "
+           "host's part (its inputs' copy, launch and wait): %.1f us a step\n", B, what, dev[0], dev[1], with[0], with[1],
+           (with[0] + with[1] - dev[0] - dev[1]) / 2);
+}
+
 static void bench_toggle(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, void (*set)(gpu_model *, int),
                          int on, const char *off_what, const char *env, const char *on_what)
 {
@@ -609,6 +642,11 @@ static void bench_decode64(gpu_model *g, gpu_timer *t, gpu_mem **mems, const cha
                  "the cluster, pushed (2)");
     bench_toggle(g, t, mems, rng, gpu_decode_combine, 1, "the splits met by a block's loops", "SPANSERVE_GPU_COMBINE",
                  "a warp a head (1)");
+    bench_ab(g, t, mems, rng, gpu_decode_msplit, 1, 0, "SPANSERVE_GPU_MSPLIT", "Wo's rows split over two blocks a tile",
+             "a block a tile");
+    bench_ab(g, t, mems, rng, gpu_decode_out_fold, 1, 0, "SPANSERVE_GPU_OUT_FOLD",
+             "the last LayerNorm carried into the output layer", "the last LayerNorm launched");
+    bench_replay(g, t, mems, rng, SESSIONS, "the graphs");
     const char *fl = getenv("SPANSERVE_BENCH_FILL");   /* the attention's blocks against the SMs (gpu_decode_attn_fill) */
     if (fl && strcmp(fl, "1") == 0)
         for (int i = 0; i < 5; i++)
@@ -672,6 +710,7 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     row->dec1_mk = mk ? rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, &rng, &ms_mk) : 0;
     row->dec1_pick = mk ? rate(g, t, mems, 1, 1, 200, 20, NULL, &top_p, &rng, NULL) : 0;
     row->dec8 = mk ? rate(g, t, mems, 8, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
+    if (mk) bench_replay(g, t, mems, &rng, 1, "one kernel a step");
     row->dec4 = mk ? rate(g, t, mems, 4, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
     const double dec2 = mk ? rate(g, t, mems, 2, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
     const char *ffn_why = "";

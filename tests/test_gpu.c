@@ -1364,11 +1364,28 @@ static void check_decode_split_order(const char *p)
     }
 }
 
+/* check_decode_bw_model with ENV=V at the models' load */
+static void check_decode_bw_env(const model_t *m, const char *env, const char *v, const char *label, int NS, int far,
+                                uint64_t seed)
+{
+    const char *was = getenv(env);
+    char *keep = was ? strdup(was) : NULL;
+    setenv(env, v, 1);
+    check_decode_bw_model(m, label, NS, far, seed, 1, 1);
+    if (keep) setenv(env, keep, 1);
+    else unsetenv(env);
+    free(keep);
+}
+
 /* fc2 (2,048 inputs) on a cluster of two blocks a tile: the second block's
  * sums pushed into the first's shared memory (gpu_decode_splitk 2, the
- * default) give the same bits as the two cluster barriers (1):
- * adaptive-span of width 512 in both memories at 24 and 64 streams, PAR
- * (afsfa) at 40 */
+ * default) give the same bits as the two cluster barriers (1). Wo's rows
+ * split over two blocks a tile (gpu_decode_msplit 1, the default) give the
+ * same bits as a block a tile (at 24 streams neither splits). The last
+ * LayerNorm launched on its own (gpu_decode_out_fold 0) is as close to the
+ * CPU as the per-query path (check_decode_bw_model), as the default, which
+ * carries it into the output layer, is everywhere else. Adaptive-span of
+ * width 512 in both memories at 24 and 64 streams, PAR (afsfa) at 40 */
 static void check_decode_splitk(const char *p)
 {
     char err[ERR_LEN], label[200];
@@ -1382,7 +1399,13 @@ static void check_decode_splitk(const char *p)
         for (int ns = 24; ns <= 64; ns += 40) {
             snprintf(label, sizeof label, "bf16 decode of %d streams (aspan, width 512, inner 2048, %s memory), fc2's "
                      "cluster pushed against two cluster barriers", ns, mode ? "span" : "exact");
-            CHECK(decode_same_bits_as(m, ns, 1100, "SPANSERVE_GPU_SPLITK", NULL, "1", label), "%s: other logprobs", label);
+            CHECK(decode_same_bits_as(m, ns, 1100, "SPANSERVE_GPU_SPLITK", "2", "1", label), "%s: other logprobs", label);
+            snprintf(label, sizeof label, "bf16 decode, %d streams (aspan, width 512, inner 2048, %s memory, the last "
+                     "LayerNorm launched on its own)", ns, mode ? "span" : "exact");
+            check_decode_bw_env(m, "SPANSERVE_GPU_OUT_FOLD", "0", label, ns, 1100, 181 + ns);
+            snprintf(label, sizeof label, "bf16 decode of %d streams (aspan, width 512, inner 2048, %s memory), Wo's rows "
+                     "split over two blocks against one", ns, mode ? "span" : "exact");
+            CHECK(decode_same_bits_as(m, ns, 1100, "SPANSERVE_GPU_MSPLIT", "1", "0", label), "%s: other logprobs", label);
         }
         model_free(m);
     }
@@ -1393,7 +1416,12 @@ static void check_decode_splitk(const char *p)
     if (m) {
         snprintf(label, sizeof label, "bf16 decode of 40 streams (PAR afsfa, width 512, inner 2048), fc2's cluster pushed "
                  "against two cluster barriers");
-        CHECK(decode_same_bits_as(m, 40, 300, "SPANSERVE_GPU_SPLITK", NULL, "1", label), "%s: other logprobs", label);
+        CHECK(decode_same_bits_as(m, 40, 300, "SPANSERVE_GPU_SPLITK", "2", "1", label), "%s: other logprobs", label);
+        check_decode_bw_env(m, "SPANSERVE_GPU_OUT_FOLD", "0", "bf16 decode, 40 streams (PAR afsfa, width 512, inner 2048, "
+                            "the last LayerNorm launched on its own)", 40, 300, 173);
+        snprintf(label, sizeof label, "bf16 decode of 40 streams (PAR afsfa, width 512, inner 2048), Wo's rows split over "
+                 "two blocks against one");
+        CHECK(decode_same_bits_as(m, 40, 300, "SPANSERVE_GPU_MSPLIT", "1", "0", label), "%s: other logprobs", label);
         model_free(m);
     }
 }
