@@ -247,12 +247,7 @@ static __device__ __forceinline__ float sk_sum(const float (&red)[SK_WARPS][SK_M
  * same order: the same bits as the two cluster barriers, but the second
  * block never waits for the first to finish. A cluster barrier split in
  * two (arrived at the kernel's start, waited before the stores) makes sure
- * the first block has started and initialised its mbarrier.
- *
- * Rows split (gridDim.y 2, gpu_decode_msplit): each block takes 32 of the
- * rows (the first 32, or the rest), so a product of few tiles (Wo: 64)
- * spreads over twice the blocks, each loading half of x. Every output's
- * sum is the same as unsplit (the same bits). */
+ * the first block has started and initialised its mbarrier. */
 static __device__ __forceinline__ unsigned sk_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 static __device__ __forceinline__ unsigned sk_mapa(unsigned a, unsigned rank)
@@ -289,6 +284,10 @@ static __device__ __forceinline__ void sk_mbar_wait(unsigned bar, unsigned parit
                  : "memory");
 }
 
+/* Rows split (gridDim.y 2, gpu_decode_msplit): each block takes 32 of the
+ * rows (the first 32, or the rest), so a product of few tiles (Wo: 64)
+ * spreads over twice the blocks, each loading half of x. Every output's
+ * sum is the same as unsplit (the same bits). */
 template <typename OT, int NB, int MODE, int KS, bool PUSH>
 __global__ static void __launch_bounds__(32 * SK_WARPS)
     skinny_kernel(OT *y, const bf16 *x, const bf16 *W, const float *bias, int n, int in, int out, sk_ln ln)
