@@ -85,14 +85,48 @@ def find_browser():
 
 
 def start_browser(webdriver, chrome, driver, width=1280, height=1000):
+    """Chromium (headless) with a profile directory of its own, by which
+    close_browser finds its processes if it will not quit."""
+    import tempfile
     from selenium.webdriver.chrome.service import Service
+    profile = tempfile.mkdtemp(prefix="spanserve-chromium-")
     o = webdriver.ChromeOptions()
     o.binary_location = chrome
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              f"--window-size={width},{height}", "--no-first-run", "--disable-extensions"):
+              f"--window-size={width},{height}", "--no-first-run", "--disable-extensions", f"--user-data-dir={profile}"):
         o.add_argument(a)
     o.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver), options=o)
+    try:
+        drv = webdriver.Chrome(service=Service(driver), options=o)
+    except Exception:
+        shutil.rmtree(profile, ignore_errors=True)
+        raise
+    drv.spanserve_profile = profile
+    return drv
+
+
+def close_browser(drv):
+    """Quits DRV after the page's requests end; a browser that does not
+    answer (a page stuck in its script) is killed, with every process of
+    its profile, so that no test leaves one running."""
+    import signal
+    try:
+        idle(drv)
+        drv.quit()
+    except Exception as e:
+        check("the browser quits", False, f"{type(e).__name__}: {e}")
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if drv.spanserve_profile.encode() in f.read():
+                        os.kill(int(pid), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        try:
+            drv.service.stop()
+        except Exception:
+            pass
+    shutil.rmtree(drv.spanserve_profile, ignore_errors=True)
 
 
 def wait(fn, timeout=20, step=0.05):
@@ -636,7 +670,9 @@ def par_checks(S, drv):
 
 def live_checks(S, drv):
     """A long job followed while it runs: the curves and the slider grow
-    with its train lines; cancelled from its row."""
+    with its train lines; past 1,200 lines the log keeps its newest 500,
+    and again when the job is followed anew (its history at once);
+    cancelled from its row."""
     from selenium.webdriver.common.by import By
     T.CURRENT = "jobs-live"
     fid = ((call(S.jport, "GET", "/v1/files", key=ADMIN).json or {}).get("files") or [{}])[0].get("id")
@@ -664,6 +700,22 @@ def live_checks(S, drv):
     sl = drv.find_element(By.ID, "anim-step")
     check("the slider follows the last line", wait(lambda: int(sl.get_attribute("value")) == int(sl.get_attribute("max")) >= 1),
           f"{sl.get_attribute('value')} / {sl.get_attribute('max')}")
+    # a long stream (a line every 20 steps): the page keeps the log's newest 500 lines and counts the earlier ones,
+    # and answers (each line appended to the whole log and laid out again froze it: the cancel below never came)
+    many = wait(lambda: ((call(S.jport, "GET", "/v1/jobs/dash-live", key=ADMIN).json or {}).get("step") or 0) >= 20 * 1200, 120, 0.5)
+    check("the job is past 1,200 lines", many)
+    kept = wait(lambda: drv.execute_script(
+        "const l = document.getElementById('follow-log').textContent.split('\\n'); return l.length > 500 && l.slice(0, 2)"), 30)
+    check("the log: its newest 500 lines, the earlier ones counted", kept and kept[0].startswith("(") and
+          " earlier lines: GET /v1/jobs/dash-live/events)" in kept[0] and kept[1].startswith("{") and
+          drv.execute_script("return document.getElementById('follow-log').textContent.split('\\n').length") == 502, f"{kept}")
+    # followed again while it runs: its history (past 1,200 lines) comes at once, and the same newest 500 are kept
+    check("followed again", wait(lambda: drv.find_element(By.CSS_SELECTOR, "button[aria-label='follow job dash-live']").click()
+                                 or True))
+    again = wait(lambda: drv.execute_script(
+        "const l = document.getElementById('follow-log').textContent.split('\\n');"
+        "return l.length === 502 && l[0].startsWith('(') && Number(l[0].slice(1).split(' ')[0]) >= 700 && l[0]"), 30)
+    check("its replayed history: the newest 500 lines, the earlier ones counted", again, f"{again}")
     drv.find_element(By.CSS_SELECTOR, "button[aria-label='cancel job dash-live']").click()
     ended = wait(lambda: drv.execute_script("return document.getElementById('follow-log').dataset.ended === '1'"), 60, 0.2)
     check("cancelled from its row, the stream ends", ended and drv.find_element(By.ID, "follow-status").text.startswith("cancelled"),
@@ -703,8 +755,7 @@ def main():
             check("exception", False, f"{type(e).__name__}: {e} {traceback.format_exc(limit=4)!r}")
         finally:
             if drv is not None:
-                idle(drv)
-                drv.quit()
+                close_browser(drv)
             T.finish(S)
     return summary()
 

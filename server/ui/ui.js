@@ -692,8 +692,12 @@ function togglePlay() {
   }, 350);
 }
 
-/* Redraws at most every 100 ms: a long job's replayed history is drawn
- * once, not once per line. */
+/* The followed job on the page at most every 100 ms: its new log lines and
+ * status (followFlush, set by follow), the curves and the bars. A long
+ * job's replayed history is drawn once, not once per line: a stream of a
+ * line every few steps, each line appended to the log and the log laid out
+ * again, froze the page. */
+let followFlush = null;
 function scheduleDraw() {
   if (hist.timer) return;
   hist.timer = setTimeout(drawNow, 100);
@@ -701,6 +705,7 @@ function scheduleDraw() {
 function drawNow() {
   if (hist.timer) clearTimeout(hist.timer);
   hist.timer = null;
+  if (followFlush) followFlush();
   if (!hist.train.length && !hist.vals.length) return;
   drawCurves();
   updateAnim(true);
@@ -735,6 +740,10 @@ function record(d) {
   return true;
 }
 
+/* The newest lines of the followed job's log the page keeps (the whole log:
+ * GET /v1/jobs/ID/events) */
+const FOLLOW_LOG_LINES = 500;
+
 /* Follows job ID through its event stream (GET /v1/jobs/ID/events?stream=true). */
 async function follow(id) {
   if (followAbort) followAbort.abort();
@@ -768,15 +777,37 @@ async function follow(id) {
       (typeof job.val_bpc === "number" ? ", val bpc " + job.val_bpc.toFixed(3) : "") + (job.error ? ": " + job.error : "") +
       (job.model ? ", model " + job.model.name + (job.model.deployed ? " (deployed)" : "") : "");
   };
+  /* the lines since the last flush, the newest FOLLOW_LOG_LINES shown, the older ones counted; the step of the
+   * newest line (null: the last job event's own) */
+  let pending = [], lines = [], dropped = 0, step = null;
+  followFlush = () => {
+    if (ctl.signal.aborted) return;
+    if (pending.length) {
+      lines = lines.concat(pending);
+      pending = [];
+      if (lines.length > FOLLOW_LOG_LINES) {
+        dropped += lines.length - FOLLOW_LOG_LINES;
+        lines = lines.slice(-FOLLOW_LOG_LINES);
+      }
+      log.textContent = (dropped ? "(" + dropped + " earlier lines: GET /v1/jobs/" + id + "/events)\n" : "") + lines.join("\n") + "\n";
+      log.scrollTop = log.scrollHeight;
+    }
+    if (last && step !== null) show(Object.assign({}, last, { step }));
+  };
   const r = await api("/v1/jobs/" + encodeURIComponent(id) + "/events?stream=true", { signal: ctl.signal });
   await readSse(r, (ev, data) => {
     if (ctl.signal.aborted) return;   /* (a job followed before this one: its last buffered events) */
     const d = JSON.parse(data);
-    if (ev === "job") { show(d); return; }
-    log.textContent += data + "\n";
-    log.scrollTop = log.scrollHeight;
-    if (record(d)) scheduleDraw();
-    if (last && typeof d.step === "number") show(Object.assign({}, last, { step: d.step }));
+    if (ev === "job") { show(d); step = null; return; }
+    pending.push(data);
+    if (pending.length >= 2 * FOLLOW_LOG_LINES) {   /* (a burst between two flushes: only its newest lines can be shown) */
+      dropped += lines.length + pending.length - FOLLOW_LOG_LINES;
+      lines = [];
+      pending = pending.slice(-FOLLOW_LOG_LINES);
+    }
+    record(d);
+    if (typeof d.step === "number") step = d.step;
+    scheduleDraw();
   });
   if (ctl.signal.aborted) return;
   drawNow();
