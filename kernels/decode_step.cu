@@ -124,6 +124,7 @@
 #define MK_ACC_LEN(D) ((size_t)MK_FUSE_MAX_B * (D))   /* FFN: the numbers of one of its three buffers of sums */
 #define MK_FUSE_ROWS 16          /* FFN: fc1 rows a block (two a warp), fc2's columns of them */
 #define MK_FIX 0x1p30f           /* FFN: fc2's partial sums in fixed point, units of 2^-30 (sums up to 2^33) */
+#define MK_LL_EPOCHS (1u << 25)  /* LL: a tag is a step's epoch (1 .. this - 1) x 128 + its sublayer (< MK_MAX_SUBS) */
 #define MK_AUTO_ROUNDS 6        /* GPU_DECODE_AUTO: a step's widest attention takes at most this many rounds of the grid
                                   * (B x its items <= this x blocks); past it the graphs are faster, their attention
                                   * (aspan_decode.cu, rel_decode.cu) spread over more blocks. (H200, aspan-enwik8 in
@@ -176,6 +177,12 @@ typedef struct {
     unsigned long long *flag;    /* WO1: each stream's and head's output written, by the attention phase's epoch */
     int fuse, wo1, acc0;         /* whether this step's feed-forwards take one phase each (FFN), its attentions'
                                   * Wo none of its own (WO1); the first sums' buffer */
+    unsigned ll;                 /* LL: this step's epoch (0: none), the tags' high 25 bits */
+    int llq, llw;                /* LL: QKV's outputs as tagged words (no barrier between QKV and the attention); WO1:
+                                  * the heads' outputs too (no flag) */
+    int pad_ll;
+    unsigned long long *qll;     /* LL: QKV's outputs as tagged words (ll_put), MK_MAX_B x 3A */
+    unsigned long long *all;     /* LL, WO1: the heads' outputs as tagged words, MK_MAX_B x A */
     unsigned long long *bar;     /* the grid barrier: arrivals since the plan (never reset) */
     unsigned long long bar_base; /* its count when the step starts: steps x barriers a step x blocks */
     unsigned long long *trace;   /* NULL, or gpu_decode_trace's times (mk_trace_at) */
@@ -214,7 +221,9 @@ struct gpu_mk {
     char wo_why[128];            /* and why not */
     int natt;                    /* its attention sublayers */
     char kind[MK_MAX_BARRIERS];  /* what each barrier ends: Q(KV), A(ttention), W(o), 1 (fc1), 2 (fc2), O(ut) */
-    int nbar_mode[4];            /* a step's barriers by mode (mk_mode: FFN, WO1), counted at the plan */
+    int nbar_mode[8];            /* a step's barriers by mode (mk_mode: FFN, WO1, LL), counted at the plan */
+    unsigned long long *d_qll;   /* LL: the words of QKV's outputs (a.qll), then of the heads' (a.all) */
+    unsigned ll_epoch;           /* LL: the last step's epoch (1 .. MK_LL_EPOCHS - 1; the words zeroed at the wrap) */
     unsigned long long *d_trace; /* gpu_decode_trace's buffer (NULL until asked) */
 };
 
@@ -277,6 +286,18 @@ static __device__ __forceinline__ int atom_add_acq_rel(int *p, int v)
     return old;
 }
 
+/* Thread 0's wait until the count at P reaches TARGET (EQ: until the flag
+ * at P equals it): relaxed polls (an acquiring load would invalidate the
+ * SM's L1 at every poll, the working warps' data with it), then one
+ * acquiring load of P. (The session of 2026-12-08 measured acquiring polls
+ * and a fence after the polls: no faster, and 6% slower; README.) */
+template <bool EQ>
+static __device__ __forceinline__ void poll_until(const unsigned long long *p, unsigned long long target)
+{
+    while (EQ ? ld_relaxed(p) != target : ld_relaxed(p) < target) {}
+    ld_acquire(p);
+}
+
 /* Thread 0's time at point K of phase PH, when tracing */
 static __device__ __forceinline__ void mk_point(const mk_args &a, int k, int ph)
 {
@@ -298,10 +319,8 @@ static __device__ __forceinline__ int lin_warp() { return (threadIdx.x >> 5) * g
  * next LayerNorm's), so that work stands in the barrier's shadow instead of
  * before it. Thread 0 of each block adds
  * its arrival (after the block's writes: __syncthreads, then a releasing
- * add) to a count that only grows, and polls it with relaxed loads (an
- * acquiring load would invalidate the SM's L1 at every poll, the working
- * warps' data with it) until every block's arrival at this barrier is in,
- * then reads it once with an acquiring load: nothing is reset between
+ * add) to a count that only grows, and polls it until every block's
+ * arrival at this barrier is in (poll_until): nothing is reset between
  * barriers or steps, and no arrival waits for an answer. Between the
  * halves a block may only read what no block writes in the step (weights,
  * the plan, the streams' positions) and write its own shared memory: the
@@ -321,9 +340,7 @@ static __device__ __noinline__ void grid_arrive(const mk_args &a, int ph)
 static __device__ __noinline__ int grid_wait(const mk_args &a, int ph)
 {
     if (threadIdx.x == 0) {
-        const unsigned long long target = a.bar_base + (unsigned long long)(ph + 1) * gridDim.x;
-        while (ld_relaxed(a.bar) < target) {}
-        ld_acquire(a.bar);
+        poll_until<false>(a.bar, a.bar_base + (unsigned long long)(ph + 1) * gridDim.x);
         if (a.trace) {
             const unsigned long long t = globaltimer();
             if (blockIdx.x == 0) a.trace[(size_t)(ph + 1) * (gridDim.x + 1) + gridDim.x] = t;
@@ -479,12 +496,60 @@ static __device__ __noinline__ void wbuf_issue(const mk_lin *lp, int have, uint4
     cp_commit();
 }
 
-enum { EPI_BF16, EPI_BIAS_RELU, EPI_FLOAT };
+/* gemv's epilogues: bf16(y) into Y, bf16(max(y + bias, 0)) into Y, y in
+ * float into YF, or (EPI_LL, QKV in a step whose attention reads its
+ * outputs as they land: LL) bf16(y) with a tag in one 64-bit word (ll_put)
+ * into the words at YF, the tag's bits passed as BIAS */
+enum { EPI_BF16, EPI_BIAS_RELU, EPI_FLOAT, EPI_LL };
+
+/* LL: one number in the low 16 bits (bf16) of a 64-bit word whose high 32
+ * are the tag of the phase that wrote it, stored at once (a relaxed
+ * 64-bit store is single-copy atomic): a reader that sees its phase's tag
+ * has the number, with no fence on either side and no barrier between */
+static __device__ __forceinline__ void ll_put(unsigned long long *p, float v, unsigned tag)
+{
+    const unsigned long long w = (unsigned long long)tag << 32 | __bfloat16_as_ushort(__float2bfloat16(v));
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+
+/* LL: the numbers of the 8 words at P (16-byte aligned) as 8 bf16s, once
+ * every word holds TAG (polled with relaxed loads: each word is its own
+ * number and tag, so nothing else need be ordered) */
+static __device__ __forceinline__ uint4 ll_get8(const unsigned long long *p, unsigned tag)
+{
+    unsigned long long w[8];
+    for (;;) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                         : "=l"(w[2 * k]), "=l"(w[2 * k + 1])
+                         : "l"(p + 2 * k)
+                         : "memory");
+        bool ok = true;
+#pragma unroll
+        for (int k = 0; k < 8; k++) ok &= (unsigned)(w[k] >> 32) == tag;
+        if (ok) break;
+    }
+    return make_uint4((unsigned)(w[0] & 0xffffu) | (unsigned)(w[1] & 0xffffu) << 16,
+                      (unsigned)(w[2] & 0xffffu) | (unsigned)(w[3] & 0xffffu) << 16,
+                      (unsigned)(w[4] & 0xffffu) | (unsigned)(w[5] & 0xffffu) << 16,
+                      (unsigned)(w[6] & 0xffffu) | (unsigned)(w[7] & 0xffffu) << 16);
+}
+
+/* LL: the number of the word at P, once it holds TAG */
+static __device__ __forceinline__ bf16 ll_get1(const unsigned long long *p, unsigned tag)
+{
+    unsigned long long w;
+    do w = ld_relaxed(p);
+    while ((unsigned)(w >> 32) != tag);
+    return __ushort_as_bfloat16((unsigned short)(w & 0xffffu));
+}
 
 static __device__ __forceinline__ void gemv_out(int epi, float v, int b, int o, int out, bf16 *y, float *yf, float bias)
 {
     if (epi == EPI_BF16) y[(size_t)b * out + o] = __float2bfloat16(v);
     else if (epi == EPI_BIAS_RELU) y[(size_t)b * out + o] = __float2bfloat16(fmaxf(v + bias, 0.0f));
+    else if (epi == EPI_LL) ll_put((unsigned long long *)yf + (size_t)b * out + o, v, __float_as_uint(bias));
     else yf[(size_t)b * out + o] = v;
 }
 
@@ -549,7 +614,7 @@ static __device__ __forceinline__ void gemv_rows(int epi, const uint4 (&w)[2][MK
  * for the instruction caches.) */
 template <int NC>
 static __device__ __forceinline__ void gemv_t(int epi, const mk_lin *lp, const float *xs, int ld, int B, bf16 *y, float *yf,
-                                           const float *bias, const uint4 *buf)
+                                           const float *bias, const uint4 *buf, unsigned tag)
 {
     constexpr int NCH = NC ? NC : MK_NCH;
     const mk_lin L = *lp;
@@ -561,8 +626,8 @@ static __device__ __forceinline__ void gemv_t(int epi, const mk_lin *lp, const f
     for (int o = gw; o < out; o += 2 * nw) {
         const int o2 = o + nw;
         const bool two = o2 < out;
-        const float bo = epi == EPI_BIAS_RELU && lane == 0 ? __ldg(bias + o) : 0.0f,
-                    bo2 = epi == EPI_BIAS_RELU && lane == 0 && two ? __ldg(bias + o2) : 0.0f;
+        const float bo = epi == EPI_LL ? __uint_as_float(tag) : epi == EPI_BIAS_RELU && lane == 0 ? __ldg(bias + o) : 0.0f,
+                    bo2 = epi == EPI_LL ? bo : epi == EPI_BIAS_RELU && lane == 0 && two ? __ldg(bias + o2) : 0.0f;
         uint4 w[2][MK_NCH];
         if (o == gw) {
 #pragma unroll
@@ -622,13 +687,13 @@ static __device__ __noinline__ void gemv_first8(const mk_lin *lp, const float *x
  * takes the tested loop (and gemv_first8, called by the kernel for fc2 of
  * one stream) */
 static __device__ __noinline__ void gemv(int epi, const mk_lin *lp, const float *xs, int ld, int B, bf16 *y, float *yf,
-                                            const float *bias, const uint4 *buf)
+                                            const float *bias, const uint4 *buf, unsigned tag = 0)
 {
     switch (lp->in % 256 ? 0 : lp->in / 256) {
-    case 1: gemv_t<1>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
-    case 2: gemv_t<2>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
-    case 4: gemv_t<4>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
-    default: gemv_t<0>(epi, lp, xs, ld, B, y, yf, bias, buf); break;
+    case 1: gemv_t<1>(epi, lp, xs, ld, B, y, yf, bias, buf, tag); break;
+    case 2: gemv_t<2>(epi, lp, xs, ld, B, y, yf, bias, buf, tag); break;
+    case 4: gemv_t<4>(epi, lp, xs, ld, B, y, yf, bias, buf, tag); break;
+    default: gemv_t<0>(epi, lp, xs, ld, B, y, yf, bias, buf, tag); break;
     }
 }
 
@@ -758,7 +823,8 @@ static __device__ __noinline__ void ffn_fused(const mk_args &a, const mk_lin *l1
  * + row) in fixed point, as ffn_fused's. Waiting cannot deadlock: every
  * block does its attention items, which never wait, before its piece. */
 template <int DH>
-static __device__ __noinline__ void wo_piece(const mk_args &a, const uint4 *buf, long long *acc, unsigned long long epoch)
+static __device__ __noinline__ void wo_piece(const mk_args &a, const uint4 *buf, long long *acc, unsigned long long epoch,
+                                             unsigned wtag)
 {
     constexpr int LPR = wo_geom<DH>::LPR, RP = wo_geom<DH>::RP;
     const int D = a.D, per = D / RP, p = blockIdx.x, t = threadIdx.x;
@@ -767,14 +833,14 @@ static __device__ __noinline__ void wo_piece(const mk_args &a, const uint4 *buf,
     float w[8];
     bf8(buf[t], w);
     for (int b = 0; b < a.B; b++) {
-        if (t == 0) {
-            const unsigned long long *fp = a.flag + b * a.K + h;
-            while (ld_relaxed(fp) != epoch) {}
-            ld_acquire(fp);
-        }
-        __syncthreads();
         float x[8];
-        bf8(__ldcg((const uint4 *)(a.att + (size_t)b * a.A + h * DH) + c), x);
+        if (wtag)   /* LL: each thread's 8 numbers of the head's output, as they land */
+            bf8(ll_get8(a.all + (size_t)b * a.A + h * DH + 8 * c, wtag), x);
+        else {
+            if (t == 0) poll_until<true>(a.flag + b * a.K + h, epoch);
+            __syncthreads();
+            bf8(__ldcg((const uint4 *)(a.att + (size_t)b * a.A + h * DH) + c), x);
+        }
         float sum = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; e++) sum = fmaf(w[e], x[e], sum);
@@ -1082,7 +1148,7 @@ static __device__ __forceinline__ void att_done(const mk_args &a, int b, int h, 
  * head's output. */
 template <int DH, bool REL>
 static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, const mk_geo *gp, int b, mk_att_sm *sm,
-                                             float *O, int ph)
+                                             float *O, int ph, unsigned tag, unsigned wtag)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     constexpr bool rel = REL;
@@ -1095,35 +1161,55 @@ static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, 
     mk_head H;
     att_head(a, u, g, b, H, DH, REL);
     bf16 *out = a.att + (size_t)b * a.A + (size_t)H.h * DH;
+    /* LL (TAG): the stream's query, key and value of the head as QKV's tagged words, read as they land */
+    const unsigned long long *ql = a.qll + (size_t)b * 3 * a.A + (size_t)H.h * DH;
     if (H.zero) {   /* a zero mask: zeros; the key is still the window's */
         if (tid < DH) {
-            if (H.sp == 0) out[tid] = __float2bfloat16(0.0f);
-            if (H.kd) H.kd[tid] = __ldcg(H.nk + tid);
+            if (H.sp == 0 && wtag) ll_put(a.all + (size_t)b * a.A + (size_t)H.h * DH + tid, 0.0f, wtag);
+            else if (H.sp == 0) out[tid] = __float2bfloat16(0.0f);
+            if (H.kd) H.kd[tid] = tag ? ll_get1(ql + a.A + tid, tag) : __ldcg(H.nk + tid);
         }
-        if (a.wo1 && H.sp == 0) att_done(a, b, H.h, ph);
+        if (a.wo1 && H.sp == 0 && !wtag) att_done(a, b, H.h, ph);
         return;
     }
     /* every load at once: the lane's dims of the query, the step's key and value where this item writes them,
-     * the rows of its keys, their masks (relative attention: v . r) */
+     * the rows of its keys, their masks (relative attention: v . r); with LL the rows of the ring first, then
+     * QKV's words, polled */
     bf16 nkd = __float2bfloat16(0.0f), nvd = nkd;
-    if (tid < DH) {
-        if (H.kd) nkd = __ldcg(H.nk + tid);
-        if (H.vd) nvd = __ldcg(H.nv + tid);
+    uint4 qraw = make_uint4(0, 0, 0, 0);
+    if (!tag) {
+        if (tid < DH) {
+            if (H.kd) nkd = __ldcg(H.nk + tid);
+            if (H.vd) nvd = __ldcg(H.nv + tid);
+        }
+        qraw = __ldcg((const uint4 *)(H.nk - a.A) + c);
     }
-    const uint4 qraw = __ldcg((const uint4 *)(H.nk - a.A) + c);
     const uint4 z4 = make_uint4(0, 0, 0, 0);
     uint4 kk[R], vv[R], pp[R];   /* (a lane's 8 dims of a key, value and position row: bf16, bf16, bf16 or fp16) */
     float mw[R];                 /* adaptive-span: the mask; relative attention: v . r (scaled) */
-    unsigned okm = 0;
+    unsigned okm = 0, own = 0;   /* (own: LL, relative attention: the step's own key, from QKV's words) */
 #pragma unroll
     for (int r = 0; r < R; r++) {
         mk_key K;
         att_key(a, H, 32 * warp + KPI * r + grp, K, DH, REL);
         okm |= K.ok ? 1u << r : 0u;
-        kk[r] = K.ok ? __ldcg((const uint4 *)K.k + c) : z4;
-        vv[r] = K.vok ? __ldcg((const uint4 *)K.v + c) : z4;
+        const bool mine = REL && tag && K.ok && K.k == H.nk;
+        own |= mine ? 1u << r : 0u;
+        kk[r] = K.ok && !mine ? __ldcg((const uint4 *)K.k + c) : z4;
+        vv[r] = K.vok && !mine ? __ldcg((const uint4 *)K.v + c) : z4;
         pp[r] = K.ok ? __ldg((const uint4 *)(REL ? (const void *)K.ph : (const void *)K.pb) + c) : z4;
         mw[r] = rel ? (K.ok ? __ldg(H.vrh + (size_t)K.md * a.K) : 0.0f) : K.vok ? __ldg(a.derived + i1.y + K.md - 1) : 0.0f;
+    }
+    if (tag) {
+        qraw = ll_get8(ql + 8 * c, tag);
+        if (tid < DH) {
+            if (H.kd) nkd = ll_get1(ql + a.A + tid, tag);
+            if (H.vd) nvd = ll_get1(ql + 2 * a.A + tid, tag);
+        }
+        if (REL && own)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (own >> r & 1u) kk[r] = ll_get8(ql + a.A + 8 * c, tag), vv[r] = ll_get8(ql + 2 * a.A + 8 * c, tag);
     }
     mk_point(a, 5, ph);
     float q[8], qr[8];
@@ -1279,9 +1365,10 @@ static __device__ __noinline__ void att_item(const mk_args &a, const mk_sub *u, 
     }
     if (tid < DH) {
         const float v = rel ? O[tid] / Z : O[tid] / Z / (W / Z + 1e-8f);
-        out[tid] = __float2bfloat16(v);
+        if (wtag) ll_put(a.all + (size_t)b * a.A + (size_t)H.h * DH + tid, v, wtag);   /* (LL, WO1: for wo_piece) */
+        else out[tid] = __float2bfloat16(v);
     }
-    if (a.wo1) att_done(a, b, H.h, ph);
+    if (a.wo1 && !wtag) att_done(a, b, H.h, ph);
 }
 
 /* Item IT of sublayer U's attention (stream it / nitems) into G, loaded
@@ -1323,7 +1410,7 @@ static __device__ __noinline__ void geo_cache(const mk_args &a, mk_geo *G0)
 /* The attention phase of sublayer U: its items over the grid, the first's
  * inputs in G0 (geo_cache's), the others' loaded into G by thread 0 */
 static __device__ void att_phase(const mk_args &a, const mk_sub *u, mk_att_sm *sm, float *O, const mk_geo *g0, mk_geo *gl,
-                                 int ph)
+                                 int ph, unsigned tag, unsigned wtag)
 {
     for (int it = blockIdx.x; it < a.B * u->nitems; it += gridDim.x) {
         const mk_geo *g = g0;
@@ -1334,11 +1421,11 @@ static __device__ void att_phase(const mk_args &a, const mk_sub *u, mk_att_sm *s
         }
         const int b = it / u->nitems;
         if (u->kind == MK_REL) {
-            if (a.dh == 64) att_item<64, true>(a, u, g, b, sm, O, ph);
-            else att_item<32, true>(a, u, g, b, sm, O, ph);
+            if (a.dh == 64) att_item<64, true>(a, u, g, b, sm, O, ph, tag, wtag);
+            else att_item<32, true>(a, u, g, b, sm, O, ph, tag, wtag);
         } else {
-            if (a.dh == 64) att_item<64, false>(a, u, g, b, sm, O, ph);
-            else att_item<32, false>(a, u, g, b, sm, O, ph);
+            if (a.dh == 64) att_item<64, false>(a, u, g, b, sm, O, ph, tag, wtag);
+            else att_item<32, false>(a, u, g, b, sm, O, ph, tag, wtag);
         }
         __syncthreads();
     }
@@ -1433,19 +1520,27 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
             } else
                 gemv(EPI_BF16, &Ls[j], xs, I, B, a.r, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
         } else {
-            gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
-            mk_point(a, 2, ph);
-            grid_arrive(a, ph);
+            /* LL: QKV's outputs as tagged words, and the block on to its attention items with no barrier */
+            const unsigned tag = a.llq ? a.ll << 7 | (unsigned)s : 0u, wtag = a.llw ? a.ll << 7 | (unsigned)s : 0u;
+            if (tag) gemv(EPI_LL, &Ls[j], xs, D, B, NULL, (float *)a.qll, NULL, buf0 + (j & 1) * MK_BUF_VECS, tag);
+            else {
+                gemv(EPI_BF16, &Ls[j], xs, D, B, a.qkv, NULL, NULL, buf0 + (j & 1) * MK_BUF_VECS);
+                mk_point(a, 2, ph);
+                grid_arrive(a, ph);
+            }
             wbuf_issue(&Ls[j + 2], j + 2 < a.nlin, buf0 + (j & 1) * MK_BUF_VECS, lin_role(a, S, j + 2));
             j++;
-            ph = grid_wait(a, ph);
-            mk_point(a, 1, ph);
-            att_phase(a, u, &asm_, O, G0 + s, &geo, ph);
+            if (!tag) {
+                ph = grid_wait(a, ph);
+                mk_point(a, 1, ph);
+            } else
+                __syncthreads();   /* (the block's copies of G0, waited for by each thread in gemv: seen by all) */
+            att_phase(a, u, &asm_, O, G0 + s, &geo, ph, tag, wtag);
             if (a.wo1) {   /* WO1: the block's piece of Wo (wo_piece) in the attention's phase */
                 long long *acc = a.acc + (size_t)f * MK_ACC_LEN(D);
                 cp_wait_but_last();   /* (its weights: the group before the newest) */
-                if (a.dh == 64) wo_piece<64>(a, buf0 + (j & 1) * MK_BUF_VECS, acc, a.bar_base + (unsigned long long)ph + 1);
-                else wo_piece<32>(a, buf0 + (j & 1) * MK_BUF_VECS, acc, a.bar_base + (unsigned long long)ph + 1);
+                if (a.dh == 64) wo_piece<64>(a, buf0 + (j & 1) * MK_BUF_VECS, acc, a.bar_base + (unsigned long long)ph + 1, wtag);
+                else wo_piece<32>(a, buf0 + (j & 1) * MK_BUF_VECS, acc, a.bar_base + (unsigned long long)ph + 1, wtag);
                 acc_zero(a.acc + (size_t)(f == 2 ? 0 : f + 1) * MK_ACC_LEN(D), D);
                 mk_point(a, 2, ph);
                 grid_arrive(a, ph);
@@ -1506,6 +1601,7 @@ void gpu_mk_free(gpu_mk *k)
     cudaFree(k->d_lin);
     cudaFree(k->d_part);
     cudaFree(k->d_trace);
+    cudaFree(k->d_qll);
     free(k);
 }
 
@@ -1574,8 +1670,11 @@ static void lin_init(mk_lin *L, const bf16 *W, int out, int in)
 
 /* A step's mode: whether its feed-forwards take one phase (FFN), its
  * attentions' Wo none of its own (WO1) */
-enum { MK_MODE_FFN = 1, MK_MODE_WO1 = 2 };
-static int mk_mode(const mk_args *a) { return (a->fuse ? MK_MODE_FFN : 0) | (a->wo1 ? MK_MODE_WO1 : 0); }
+enum { MK_MODE_FFN = 1, MK_MODE_WO1 = 2, MK_MODE_LL = 4 };
+static int mk_mode(const mk_args *a)
+{
+    return (a->fuse ? MK_MODE_FFN : 0) | (a->wo1 ? MK_MODE_WO1 : 0) | (a->llq ? MK_MODE_LL : 0);
+}
 
 /* The kinds of a step's barriers in MODE into OUT (NULL: none), their
  * count returned: the plan's, with FFN each feed-forward's fc1 and fc2 one
@@ -1585,7 +1684,8 @@ static int mk_kinds(const gpu_mk *k, int mode, char *out)
     int n = 0;
     for (int p = 0; p < k->nbar; p++) {
         const char c = k->kind[p];
-        if ((c == 'W' && (mode & MK_MODE_WO1)) || (c == '2' && (mode & MK_MODE_FFN))) continue;
+        if ((c == 'W' && (mode & MK_MODE_WO1)) || (c == '2' && (mode & MK_MODE_FFN)) || (c == 'Q' && (mode & MK_MODE_LL)))
+            continue;
         if (out) out[n] = c == '1' && (mode & MK_MODE_FFN) ? 'F' : c;
         n++;
     }
@@ -1639,7 +1739,9 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
                     cudaMalloc(&k->d_items, (size_t)(nit ? nit : 1) * sizeof *items) != cudaSuccess ||
                     cudaMalloc(&k->d_lin, (size_t)nlin * sizeof *lin) != cudaSuccess ||
                     cudaMalloc(&k->d_part, (nrec + ncnt + 4 + nacc + nflag) * sizeof(float)) != cudaSuccess ||
-                    cudaMemset(k->d_part, 0, (nrec + ncnt + 4 + nacc + nflag) * sizeof(float)) != cudaSuccess))
+                    cudaMemset(k->d_part, 0, (nrec + ncnt + 4 + nacc + nflag) * sizeof(float)) != cudaSuccess ||
+                    cudaMalloc(&k->d_qll, (size_t)MK_MAX_B * 4 * A * sizeof *k->d_qll) != cudaSuccess ||
+                    cudaMemset(k->d_qll, 0, (size_t)MK_MAX_B * 4 * A * sizeof *k->d_qll) != cudaSuccess))
         rc = err_set(err, "out of device memory for the decode kernel's plan");
     int s = 0, it = 0, nbar = 0, nffn = 0;
     for (int l = 0; rc == 0 && l < nl; l++) {
@@ -1737,6 +1839,8 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->bar = (unsigned long long *)(k->d_part + nrec + ncnt);   /* (nrec and ncnt are even: 8-byte aligned) */
         a->acc = (long long *)(k->d_part + nrec + ncnt + 4);   /* (16-byte aligned: mk_input reads longlong2s) */
         a->flag = (unsigned long long *)(k->d_part + nrec + ncnt + 4 + nacc);
+        a->qll = k->d_qll;
+        a->all = k->d_qll + (size_t)MK_MAX_B * 3 * A;
         a->tok = stage_tok(g, g->d_stage);
         a->pos = stage_pos(g, g->d_stage);
         a->ring = (bf16 *const *)stage_ring(g, g->d_stage);
@@ -1766,7 +1870,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         if (!k->wo_ok)
             snprintf(k->wo_why, sizeof k->wo_why, "%d pieces of Wo (%d heads x a model of %d / %d rows) for %d SMs", K * (D / rp),
                      K, D, rp, k->grid);
-        for (int mode = 0; mode < 4; mode++) k->nbar_mode[mode] = mk_kinds(k, mode, NULL);
+        for (int mode = 0; mode < 8; mode++) k->nbar_mode[mode] = mk_kinds(k, mode, NULL);
         int maxit = 1;
         for (int i = 0; i < nsub; i++)
             if (sub_items[i] > maxit) maxit = sub_items[i];
@@ -1787,6 +1891,19 @@ int gpu_mk_step(gpu_model *g, int B, char *err)
     k->a.B = B;
     k->a.fuse = k->ffn_ok && B <= g->mk_fuse;
     k->a.wo1 = k->wo_ok && B <= MK_WO_MAX_B && g->mk_wo;
+    k->a.ll = 0;
+    k->a.llq = (g->mk_ll & GPU_LL_QKV) != 0;
+    k->a.llw = (g->mk_ll & GPU_LL_WO) != 0 && k->a.wo1;
+    if (k->a.llq || k->a.llw) {   /* LL: a new epoch; at the wrap every word's tag back to 0, below any epoch's */
+        if (++k->ll_epoch >= MK_LL_EPOCHS) {
+            if (cudaMemsetAsync(k->d_qll, 0, (size_t)MK_MAX_B * 4 * k->a.A * sizeof *k->d_qll, g->stream) != cudaSuccess) {
+                k->ll_epoch--;   /* (the next step tries the wrap again) */
+                return err_set(err, "decode kernel: zeroing the LL words failed: %s", cudaGetErrorString(cudaGetLastError()));
+            }
+            k->ll_epoch = 1;
+        }
+        k->a.ll = k->ll_epoch;
+    }
     k->a.nbar = k->nbar_mode[mk_mode(&k->a)];
     k->a.bar_base = k->arrivals;
     if (k->a.trace)   /* (a block records only the points it passes: none left from an earlier step) */
@@ -1938,6 +2055,18 @@ void gpu_decode_ffn(gpu_model *g, int max_b) { g->mk_fuse = max_b < 0 ? 0 : max_
 int gpu_decode_ffn_default(void) { return MK_FUSE_DEFAULT_B; }
 
 int gpu_decode_ffn_max(const gpu_model *g) { return g->mk_fuse; }
+
+void gpu_decode_ll(gpu_model *g, int mode) { g->mk_ll = mode & (GPU_LL_QKV | GPU_LL_WO); }
+
+int gpu_decode_ll_mode(const gpu_model *g) { return g->mk_ll; }
+
+int gpu_decode_ll_wrap_in(gpu_model *g, long n)
+{
+    if (!g->mk) return -1;
+    n = n < 0 ? 0 : n > (long)MK_LL_EPOCHS - 2 ? (long)MK_LL_EPOCHS - 2 : n;
+    g->mk->ll_epoch = MK_LL_EPOCHS - 1 - (unsigned)n;
+    return 0;
+}
 
 void gpu_decode_wo(gpu_model *g, int on) { g->mk_wo = on != 0; }
 

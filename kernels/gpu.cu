@@ -651,6 +651,8 @@ gpu_model *gpu_model_new(const model_t *m, int max_batch, int max_block, int pre
     gpu_decode_ffn(g, ffn && ffn[0] >= '0' && ffn[0] <= '8' && !ffn[1] ? ffn[0] - '0' : gpu_decode_ffn_default());
     const char *wo = getenv("SPANSERVE_GPU_DECODE_WO");
     g->mk_wo = !(wo && strcmp(wo, "0") == 0);
+    const char *ll = getenv("SPANSERVE_GPU_DECODE_LL");
+    gpu_decode_ll(g, ll && ll[0] >= '0' && ll[0] <= '3' && !ll[1] ? ll[0] - '0' : GPU_DECODE_LL_DEFAULT);
     if (rc == 0) rc = gpu_mk_plan(g, g->mk_why, sizeof g->mk_why, err);
     if (rc == 0) rc = gpu_ln_carry_plan(g, err);
     if (rc == 0 && cudaDeviceSynchronize() != cudaSuccess) rc = err_set(err, "loading on the device failed");

@@ -217,6 +217,23 @@ int gpu_decode_ffn_status(const gpu_model *g, long *steps, const char **why);
 void gpu_decode_wo(gpu_model *g, int on);
 int gpu_decode_wo_on(const gpu_model *g);
 int gpu_decode_wo_status(const gpu_model *g, long *steps, const char **why);
+/* What the decode kernel's phases read as it lands (decode_step.cu: LL),
+ * MODE's bits: GPU_LL_QKV, the attention reads QKV's outputs so (no grid
+ * barrier between QKV and the attention: one fewer a layer); GPU_LL_WO, in
+ * steps whose attention takes its Wo (gpu_decode_wo), Wo reads the heads'
+ * outputs so (no flag a head). The writer puts each number with its
+ * phase's tag in one 64-bit word; the reader, its other loads issued,
+ * polls the words it needs until they hold its tag. The steps give the
+ * same bits either way. GPU_DECODE_LL_DEFAULT unless SPANSERVE_GPU_DECODE_LL
+ * (a digit, 0 to 3) at load says otherwise; 0 keeps the barrier and the
+ * flags. */
+enum { GPU_LL_QKV = 1, GPU_LL_WO = 2 };
+#define GPU_DECODE_LL_DEFAULT 0   /* (off until a device has measured it: README) */
+void gpu_decode_ll(gpu_model *g, int mode);
+int gpu_decode_ll_mode(const gpu_model *g);
+/* For tests: the LL epoch set so that the step after N more steps of LL
+ * wraps it (the words zeroed; -1 without a decode kernel) */
+int gpu_decode_ll_wrap_in(gpu_model *g, long n);
 /* With ON, the decode kernel's steps record when each block reaches each
  * of its grid barriers (-1 without a decode kernel); after a step,
  * gpu_decode_trace_report writes that step's time by phase (the slowest

@@ -339,6 +339,7 @@ struct gpu_model {
     int mk_fuse;                  /* the most streams a step whose feed-forwards take one phase (gpu.h) */
     long mk_ffn_steps;            /* steps that did */
     int mk_wo;                    /* whether such steps take their attentions' Wo into the attention's phase */
+    int mk_ll;                    /* what its phases read as it lands (gpu_decode_ll) */
     long mk_wo_steps;             /* steps that did */
     char mk_why[160];
     /* aspan decode: the partial results of a query's key splits

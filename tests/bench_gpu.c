@@ -577,6 +577,35 @@ static void bench_replay(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng
            (with[0] + with[1] - dev[0] - dev[1]) / 2);
 }
 
+/* What the decode kernel's phases read as they land (gpu_decode_ll: the
+ * steps' bits are the same), alternated twice in this process; tok/s at 1
+ * session, 1 session sampled on the device (SP), 2 and 8 sessions; the
+ * default left set */
+static void bench_ways(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, const sample_params *sp)
+{
+    enum { NW = 4 };
+    static const int way[NW] = {0, GPU_LL_QKV | GPU_LL_WO, GPU_LL_QKV, GPU_LL_WO};
+    static const char *const names[NW] = {"LL 0 (QKV's barrier, Wo's flags)", "LL 3", "LL 1 (QKV's words)",
+                                          "LL 2 (the heads' words)"};
+    const int def_ll = gpu_decode_ll_mode(g);
+    double r[NW][4][2];   /* way, what, run */
+    for (int k = 0; k < 2; k++)
+        for (int w = 0; w < NW; w++) {
+            gpu_decode_ll(g, way[w]);
+            r[w][0][k] = rate(g, t, mems, 1, 1, 200, 20, NULL, NULL, rng, NULL);
+            r[w][1][k] = rate(g, t, mems, 1, 1, 200, 20, NULL, sp, rng, NULL);
+            r[w][2][k] = rate(g, t, mems, 2, 1, 100, 10, NULL, NULL, rng, NULL);
+            r[w][3][k] = rate(g, t, mems, 8, 1, 100, 10, NULL, NULL, rng, NULL);
+        }
+    gpu_decode_ll(g, def_ll);
+    printf("  decode kernel's LL (SPANSERVE_GPU_DECODE_LL; the default %d), tok/s, 1 session / sampled / 2 / 8 sessions, "
+           "alternated twice:", def_ll);
+    for (int w = 0; w < NW; w++)
+        printf("%s %s: %.0f / %.0f, %.0f / %.0f, %.0f / %.0f, %.0f / %.0f", w ? ";" : "", names[w], r[w][0][0], r[w][0][1],
+               r[w][1][0], r[w][1][1], r[w][2][0], r[w][2][1], r[w][3][0], r[w][3][1]);
+    printf("\n");
+}
+
 static void bench_toggle(gpu_model *g, gpu_timer *t, gpu_mem **mems, rm_rng *rng, void (*set)(gpu_model *, int),
                          int on, const char *off_what, const char *env, const char *on_what)
 {
@@ -711,6 +740,7 @@ static int bench_model(const model_t *m, const char *name, const char *mode, int
     row->dec1_pick = mk ? rate(g, t, mems, 1, 1, 200, 20, NULL, &top_p, &rng, NULL) : 0;
     row->dec8 = mk ? rate(g, t, mems, 8, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
     if (mk) bench_replay(g, t, mems, &rng, 1, "one kernel a step");
+    if (mk) bench_ways(g, t, mems, &rng, &top_p);
     row->dec4 = mk ? rate(g, t, mems, 4, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
     const double dec2 = mk ? rate(g, t, mems, 2, 1, 100, 10, NULL, NULL, &rng, NULL) : 0;
     const char *ffn_why = "";

@@ -721,19 +721,21 @@ static gpu_model *kernel_model(const char *path, mem_mode mode, int NS, const ch
     return g;
 }
 
-/* gpu_decode_trace on aspan-small (NS streams): a traced step gives the
- * bits of the same step untraced (on copies of the same memories), and
- * its report lists every phase in order, as many as the step's barriers,
- * of the kinds the step's mode makes (QKV, the attention, Wo unless it
- * goes into the attention's phase, the feed-forward in one phase or two,
- * the output), each a positive time; with the trace turned off again the
- * two copies still step alike. */
-static void check_decode_trace(mem_mode mode, int NS)
+/* gpu_decode_trace on aspan-small (NS streams, gpu_decode_ll's mode LL:
+ * QKV's barrier kept unless GPU_LL_QKV): a traced step gives the bits of the same step
+ * untraced (on copies of the same memories), and its report lists every
+ * phase in order, as many as the step's barriers, of the kinds the step's
+ * mode makes (QKV unless LL, the attention, Wo unless it goes into the
+ * attention's phase, the feed-forward in one phase or two, the output),
+ * each a positive time; with the trace turned off again the two copies
+ * still step alike. */
+static void check_decode_trace(mem_mode mode, int NS, int ll)
 {
     char err[ERR_LEN];
     model_t *m = NULL;
     gpu_model *g = kernel_model(fx("aspan-small", "model.safetensors"), mode, NS, "aspan-small", &m);
     if (!g) return;
+    gpu_decode_ll(g, ll);
     const int V = m->V;
     gpu_mem *a[8] = {0}, *b[8] = {0};
     int32_t tok[8 * 40];
@@ -762,7 +764,8 @@ static void check_decode_trace(mem_mode mode, int NS)
     char want[1024];
     int n = 0;
     for (int l = 0; l < m->n_layers && n < (int)sizeof want - 8; l++) {
-        want[n++] = 'Q', want[n++] = 'A';
+        if (!(gpu_decode_ll_mode(g) & GPU_LL_QKV)) want[n++] = 'Q';
+        want[n++] = 'A';
         if (!wo1) want[n++] = 'W';
         if (fused) want[n++] = 'F';
         else want[n++] = '1', want[n++] = '2';
@@ -782,8 +785,8 @@ static void check_decode_trace(mem_mode mode, int NS)
         p = q ? q + 1 : e;
     }
     got[ng] = 0;
-    printf("aspan-small (%s memory), %d streams: one traced step, the same bits as untraced; its phases %s (%s)\n",
-           mode == MEM_SPAN ? "span" : "exact", NS, got, want);
+    printf("aspan-small (%s memory), %d streams, LL %d: one traced step, the same bits as untraced; its phases %s (%s)\n",
+           mode == MEM_SPAN ? "span" : "exact", NS, ll, got, want);
     CHECK(strcmp(got, want) == 0, "aspan-small, %d streams: the trace's phases %s, the step's %s", NS, got, want);
     CHECK(bad == 0, "aspan-small, %d streams: %d phases without a time: %s", NS, bad, rep);
     CHECK(gpu_decode_trace(g, 0, err) == 0, "%s", err);
@@ -793,6 +796,61 @@ static void check_decode_trace(mem_mode mode, int NS)
     for (int s = 0; s < NS; s++) gpu_mem_free(a[s]), gpu_mem_free(b[s]);
     free(la);
     free(lb);
+    gpu_model_free(g);
+    model_free(m);
+}
+
+/* What the decode kernel's phases read as they land (gpu_decode_ll) must
+ * not change a step's bits, on NAME: 40 decode steps of 1, 2, 4 and 8
+ * streams in turn (Wo in the attention's phase at 1 and 2, where the
+ * heads' outputs may be read as they land), run in each of NC ways on its
+ * own set of memories: LL 0 (QKV's barrier, the heads' flags), 3, 1 and 2.
+ * Halfway the LL epoch wraps (gpu_decode_ll_wrap_in), so that the second
+ * half's steps take the first half's epochs again. Every row of every step
+ * the same bits as LL 0's, and the memories after them too (a last step of
+ * 8 streams). */
+static void check_decode_ways(const char *name, mem_mode mode)
+{
+    char err[ERR_LEN];
+    model_t *m = NULL;
+    enum { NS = 8, STEPS = 40, NC = 4 };
+    static const int way[NC] = {0, GPU_LL_QKV | GPU_LL_WO, GPU_LL_QKV, GPU_LL_WO};
+    gpu_model *g = kernel_model(fx(name, "model.safetensors"), mode, NS, name, &m);
+    if (!g) return;
+    static const int widths[] = {1, 2, 4, 8, 1, 1, 2, 8};
+    const int V = m->V, def_ll = gpu_decode_ll_mode(g);
+    gpu_mem *mem[NC][NS] = {{0}};
+    for (int k = 0; k < NC; k++)
+        for (int s = 0; s < NS; s++) CHECK((mem[k][s] = gpu_mem_new(g, err)) != NULL, "%s", err);
+    float *lp[NC];
+    for (int k = 0; k < NC; k++) lp[k] = malloc(sizeof(float) * NS * V);
+    int32_t tok[NS];
+    rm_rng rng = {29};
+    int bad[NC] = {0}, first[NC] = {0};
+    for (int k = 0; k <= STEPS; k++) {
+        const int B = k == STEPS ? NS : widths[k % 8];
+        for (int b = 0; b < B; b++) tok[b] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        /* halfway, the epoch wraps: the steps after take the epochs of the first half again, whose words are
+         * still there unless the wrap zeroed them */
+        if (k == STEPS / 2) CHECK(gpu_decode_ll_wrap_in(g, 0) == 0, "%s: no decode kernel", name);
+        for (int w = 0; w < NC; w++) {
+            gpu_decode_ll(g, way[w]);
+            CHECK(gpu_decode_ll_mode(g) == way[w], "%s: LL %d did not hold", name, way[w]);
+            CHECK(gpu_forward(g, mem[w], B, tok, 1, lp[w], err) == 0, "%s", err);
+            if (w && memcmp(lp[0], lp[w], sizeof(float) * B * V) && bad[w]++ == 0) first[w] = k;
+        }
+    }
+    for (int w = 1; w < NC; w++)
+        CHECK(bad[w] == 0, "%s: %d steps with LL %d differ from LL 0's; the first at step %d", name, bad[w], way[w], first[w]);
+    gpu_decode_ll(g, 7);
+    CHECK(gpu_decode_ll_mode(g) == (GPU_LL_QKV | GPU_LL_WO), "%s: gpu_decode_ll(7) left mode %d", name, gpu_decode_ll_mode(g));
+    gpu_decode_ll(g, def_ll);
+    printf("%s (%s memory): %d steps of 1 to 8 streams, the same bits with LL 3, 1 and 2 as with LL 0 (the default: LL %d)\n",
+           name, mode == MEM_SPAN ? "span" : "exact", STEPS + 1, def_ll);
+    for (int k = 0; k < NC; k++) {
+        for (int s = 0; s < NS; s++) gpu_mem_free(mem[k][s]);
+        free(lp[k]);
+    }
     gpu_model_free(g);
     model_free(m);
 }
@@ -2613,12 +2671,17 @@ int main(void)
         check_decode_kernel_mixed("par-small");
         check_decode_kernel_mixed("aspan-small");
         check_decode_kernel_widths();
-        check_decode_trace(MEM_SPAN, 1);
-        check_decode_trace(MEM_EXACT, 4);
+        check_decode_trace(MEM_SPAN, 1, 0);
+        check_decode_trace(MEM_EXACT, 4, 0);
+        check_decode_trace(MEM_SPAN, 1, GPU_LL_QKV | GPU_LL_WO);
+        check_decode_trace(MEM_EXACT, 4, GPU_LL_QKV);
         check_decode_picks("aspan-small", MEM_SPAN, 1);
         check_decode_picks("aspan-small", MEM_EXACT, 8);
         check_decode_picks("par-small", MEM_EXACT, 3);
         check_decode_picks_vocab();
+        check_decode_ways("aspan-small", MEM_SPAN);
+        check_decode_ways("aspan-small", MEM_EXACT);
+        check_decode_ways("par-small", MEM_EXACT);
         return test_summary("test_gpu");
     }
     if (!gpt_only && !tf_only) {   /* the families with a memory */
@@ -2655,12 +2718,17 @@ int main(void)
         check_decode_kernel_mixed("par-small");
         check_decode_kernel_mixed("aspan-small");
         check_decode_kernel_widths();
-        check_decode_trace(MEM_SPAN, 1);
-        check_decode_trace(MEM_EXACT, 4);
+        check_decode_trace(MEM_SPAN, 1, 0);
+        check_decode_trace(MEM_EXACT, 4, 0);
+        check_decode_trace(MEM_SPAN, 1, GPU_LL_QKV | GPU_LL_WO);
+        check_decode_trace(MEM_EXACT, 4, GPU_LL_QKV);
         check_decode_picks("aspan-small", MEM_SPAN, 1);
         check_decode_picks("aspan-small", MEM_EXACT, 8);
         check_decode_picks("par-small", MEM_EXACT, 3);
         check_decode_picks_vocab();
+        check_decode_ways("aspan-small", MEM_SPAN);
+        check_decode_ways("aspan-small", MEM_EXACT);
+        check_decode_ways("par-small", MEM_EXACT);
         check_fixture_random("aspan-small", MEM_EXACT, "aspan-small (exact memory)");
         check_fixture_random("aspan-small", MEM_SPAN, "aspan-small (span memory)");
         check_fixture_random("par-small", MEM_EXACT, "par-small");
