@@ -4,9 +4,12 @@
  * whole step, layer after layer, with a barrier across the grid where
  * kernel boundaries were (issue 17). GPU_BF16 only (fp32 keeps its exact
  * launches): adaptive-span (span or exact memory, no persistent memory) and
- * PAR (relative attention), post-LN, heads of 32 or 64 dims, a model of a
- * multiple of 128 up to 512, an output layer with its log-softmax (no
- * adaptive softmax). Everything else, and a step of more streams, takes
+ * PAR and the word-level Transformer-XL (relative attention), post-LN, heads
+ * of 32 or 64 dims, a model of a multiple of 128 up to 512; an output layer
+ * with its log-softmax, or an adaptive input and softmax (ADA: adaptive.cu's
+ * launches around the kernel, gpu_ada_embed into X0 before it and, from the
+ * x and bf16(x) its last phase leaves, gpu_ada_logprobs after it:
+ * forward.cu). Everything else, and a step of more streams, takes
  * forward.cu's graphs (gpu_decode_kernel_status says why), and so, by
  * default (GPU_DECODE_AUTO), do steps of more streams than gpu_mk_limit
  * (MK_AUTO_ROUNDS). README "Decode as one kernel" has the figures and the
@@ -44,8 +47,11 @@
  *                      phase's input reads (ffn_fused)
  *   output:       OUT  the input x Wout^T into the logits (float)
  *                 LSM  a block a row: log_softmax(logits + b) in place
+ *             or  (ADA) block 0 alone: the input into X0, bf16 into xb, and
+ *                      the kernel ends (no barrier)
  *
- * The input of QKV, FC1 and OUT: the embedding (the first sublayer), else
+ * The input of QKV, FC1 and OUT: the embedding (the first sublayer; ADA's
+ * adaptive input from X0), else
  * the residual's LayerNorm of the sublayer before, x = LN(x + r + rb),
  * which every block computes for itself (a warp a row, sums in float, as
  * layernorm.cu's warp kernel), rounded to bf16 in shared memory; block 0
@@ -167,11 +173,13 @@ typedef struct {
     const mk_lin *lin;           /* the step's linear layers in order: each sublayer's two, then the output */
     int nsub, nlin, nbar, B, D, A, I, K, dh, V, ML, nl, same_len, nsmax;
     float emb_scale, eps, rel_scale;
-    const float *emb, *out_b, *derived;
+    const float *emb, *out_b, *derived;   /* (emb NULL: an adaptive input, which gpu_ada_embed wrote into X0) */
     const bf16 *pe_h;            /* adaptive-span's key_pe by distance in bf16 (attn_mma.cu's table) */
     float *X0, *X1;              /* the residual stream, two buffers */
     bf16 *qkv, *att, *r, *ff;
     float *logits, *part;
+    bf16 *xb;                    /* ADA: an adaptive softmax's launches (forward.cu) take the output layer's input,
+                                  * x in X0 and bf16(x) here, and make the logits (NULL: the kernel's OUT and LSM) */
     int *cnt;                    /* the splits finished, per stream and head */
     long long *acc;              /* FFN, WO1: the sums in fixed point, three buffers of MK_FUSE_MAX_B x D */
     unsigned long long *flag;    /* WO1: each stream's and head's output written, by the attention phase's epoch */
@@ -898,7 +906,7 @@ static __device__ __noinline__ void ln_issue(const mk_sub *u, float *lnp, int D)
  * any arithmetic. */
 template <int NV>
 static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, const float *xi, float *xo, float *xs,
-                                               const float *lnp, const long long *racc, int ph)
+                                               const float *lnp, const long long *racc, int ph, bf16 *xbo)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, D = 128 * NV;
     if (!first) {
@@ -908,7 +916,10 @@ static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, con
     }
     for (int b = warp; b < a.B; b += MK_WARPS) {
         float4 u[NV];
-        if (first) {
+        if (first && !a.emb) {   /* an adaptive input: gpu_ada_embed's rows (scaled) in XI */
+#pragma unroll
+            for (int k = 0; k < NV; k++) u[k] = __ldcg((const float4 *)(xi + (size_t)b * D + 4 * (lane + 32 * k)));
+        } else if (first) {
             const float *e = a.emb + (size_t)__ldg(a.tok + b) * D;
 #pragma unroll
             for (int k = 0; k < NV; k++) {
@@ -976,9 +987,10 @@ static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, con
         for (int k = 0; k < NV; k++) {
             const int c = 4 * (lane + 32 * k);
             if (blockIdx.x == 0) *(float4 *)(xo + (size_t)b * D + c) = u[k];
-            *(float4 *)(xs + b * D + c) =
-                make_float4(__bfloat162float(__float2bfloat16(u[k].x)), __bfloat162float(__float2bfloat16(u[k].y)),
-                            __bfloat162float(__float2bfloat16(u[k].z)), __bfloat162float(__float2bfloat16(u[k].w)));
+            const __nv_bfloat162 h0 = __floats2bfloat162_rn(u[k].x, u[k].y), h1 = __floats2bfloat162_rn(u[k].z, u[k].w);
+            if (xbo) *(uint2 *)(xbo + (size_t)b * D + c) = make_uint2(*(const unsigned *)&h0, *(const unsigned *)&h1);
+            const float2 f0 = __bfloat1622float2(h0), f1 = __bfloat1622float2(h1);
+            *(float4 *)(xs + b * D + c) = make_float4(f0.x, f0.y, f1.x, f1.y);
         }
     }
     if (!first) mk_point(a, 7, ph);
@@ -987,13 +999,13 @@ static __device__ __noinline__ void mk_input_t(const mk_args &a, bool first, con
 
 /* mk_input_t for the model's width (D = 128 NV) */
 static __device__ __forceinline__ void mk_input(const mk_args &a, bool first, const float *xi, float *xo, float *xs,
-                                                const float *lnp, const long long *racc, int ph)
+                                                const float *lnp, const long long *racc, int ph, bf16 *xbo = NULL)
 {
     switch (a.D / 128) {
-    case 1: mk_input_t<1>(a, first, xi, xo, xs, lnp, racc, ph); break;
-    case 2: mk_input_t<2>(a, first, xi, xo, xs, lnp, racc, ph); break;
-    case 3: mk_input_t<3>(a, first, xi, xo, xs, lnp, racc, ph); break;
-    default: mk_input_t<MK_MAX_D / 128>(a, first, xi, xo, xs, lnp, racc, ph); break;
+    case 1: mk_input_t<1>(a, first, xi, xo, xs, lnp, racc, ph, xbo); break;
+    case 2: mk_input_t<2>(a, first, xi, xo, xs, lnp, racc, ph, xbo); break;
+    case 3: mk_input_t<3>(a, first, xi, xo, xs, lnp, racc, ph, xbo); break;
+    default: mk_input_t<MK_MAX_D / 128>(a, first, xi, xo, xs, lnp, racc, ph, xbo); break;
     }
 }
 
@@ -1567,6 +1579,12 @@ __global__ static void __launch_bounds__(MK_THREADS, 1) mk_kernel(const __grid_c
         ph = grid_wait(a, ph);
         prev = u;
     }
+    if (a.xb) {
+        /* ADA: the output layer's input, x and bf16(x), for the adaptive softmax's launches after the kernel: block
+         * 0 alone, into X0 (its rows' loads come before its stores, a warp a row, and no other block reads them) */
+        if (blockIdx.x == 0) mk_input(a, prev == NULL, xi, a.X0, xs, lnp, racc, ph, a.xb);
+        return;
+    }
     mk_input(a, prev == NULL, xi, xo, xs, lnp, racc, ph);
     mk_point(a, 1, ph);
     gemv(EPI_FLOAT, &Ls[j], xs, D, B, NULL, a.logits, NULL, buf0 + (j & 1) * MK_BUF_VECS);
@@ -1624,7 +1642,7 @@ static void mk_why(const gpu_model *g, char *why, size_t cap)
     else if (g->fam != &gpu_family_aspan && g->fam != &gpu_family_rel) snprintf(why, cap, "a family it does not cover");
     else if (m->pers) snprintf(why, cap, "persistent memory");
     else if (m->tf_attn) snprintf(why, cap, "the TensorFlow PAR's attention");
-    else if (g->ada || !g->emb || !g->out_h) snprintf(why, cap, "an adaptive input or softmax");
+    else if (!g->ada && (!g->emb || !g->out_h)) snprintf(why, cap, "no bf16 output layer");
     else if (m->pre_lnorm) snprintf(why, cap, "pre-LN");
     else if (m->d_head != 32 && m->d_head != 64)
         snprintf(why, cap, "heads of %d dims (it takes 32 or 64)", m->d_head);
@@ -1721,7 +1739,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         snprintf(why, cap, "%d sublayers (it takes up to %d)", nsub, MK_MAX_SUBS);
         return 0;
     }
-    const int nlin = 2 * nsub + 1;
+    const int nlin = 2 * nsub + (g->ada ? 0 : 1);   /* (ADA: the output layer is the adaptive softmax's launches) */
     int sub_items[MK_MAX_SUBS] = {0};   /* each sublayer's attention items a stream */
     mk_sub *subs = (mk_sub *)calloc((size_t)(nsub ? nsub : 1), sizeof *subs);
     mk_item *items = (mk_item *)calloc((size_t)(nit ? nit : 1), sizeof *items);
@@ -1789,7 +1807,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
             if (!u->w1 || !u->w2) rc = err_set(err, "layer %d: no bf16 weights for the decode kernel", l);
         }
     }
-    if (rc == 0) {
+    if (rc == 0 && !g->ada) {
         k->kind[nbar++] = 'O';
         lin_init(&lin[2 * nsub], g->out_h, m->V, D);
     }
@@ -1834,6 +1852,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
         a->r = g->tmpb;
         a->ff = g->ffb;
         a->logits = g->logits;
+        a->xb = g->ada ? g->xb : NULL;
         a->part = k->d_part;
         a->cnt = (int *)(k->d_part + nrec);
         a->bar = (unsigned long long *)(k->d_part + nrec + ncnt);   /* (nrec and ncnt are even: 8-byte aligned) */
@@ -1908,6 +1927,8 @@ int gpu_mk_step(gpu_model *g, int B, char *err)
     k->a.bar_base = k->arrivals;
     if (k->a.trace)   /* (a block records only the points it passes: none left from an earlier step) */
         cudaMemsetAsync(k->d_trace, 0, mk_trace_at(k->nbar, k->grid, MK_POINTS, 0, 0) * sizeof *k->d_trace, g->stream);
+    /* an adaptive input: its rows into X0 first (adaptive.cu), where the first sublayer's input reads them */
+    if (!k->a.emb && gpu_ada_embed(g, k->a.X0, NULL, k->a.tok, B, err)) return -1;
     void *args[] = {&k->a};
     cudaError_t e = cudaLaunchCooperativeKernel((const void *)mk_kernel, dim3((unsigned)k->grid), dim3(MK_THREADS), args,
                                                 k->smem, g->stream);

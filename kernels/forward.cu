@@ -414,7 +414,7 @@ int gpu_decode_replay(gpu_model *g, int B, int k, char *err)
     if (B < 1 || B > g->max_batch || k < 1) return err_set(err, "replaying %d decode steps of %d streams", k, B);
     for (int i = 0; i < k; i++) {
         if (gpu_mk_takes(g, B, 1) && !g->prof_on) {
-            if (gpu_mk_step(g, B, err)) return -1;
+            if (gpu_mk_step(g, B, err) || (g->ada && launch_out(g, B, 0, err))) return -1;
             continue;
         }
         cudaGraphExec_t gr = g->graphs_on && !g->prof_on && !g->fam->step ? decode_graph(g, B) : NULL;
@@ -495,7 +495,8 @@ static int step_launch(gpu_model *g, gpu_mem **mems, int B, const int32_t *token
     if (gpu_mk_takes(g, B, M) && !g->prof_on) {
         if (gpu_mk_step(g, B, err)) return -1;
         g->mk_steps++;
-        return 0;
+        /* an adaptive softmax: the kernel left the output layer's input in g->x and g->xb, as launch_layers does */
+        return g->ada ? launch_out(g, B, want_lp && *any_tg && !*any_rows, err) : 0;
     }
     if (ln_carried(g, B, M)) g->lnf_steps++;
     /* (a family's own step plans its launches from the memories every time: no graph) */

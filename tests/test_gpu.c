@@ -622,6 +622,112 @@ static void check_decode_kernel(const char *name, mem_mode mode, const char *lab
     }
 }
 
+/* Steps of targets only through the decode kernel of a model with an
+ * adaptive softmax (its targets' path: no logits) against the graphs' (whole
+ * rows, the targets gathered): NS streams, 30 steps on copies of the same
+ * memories, every target's logprob within 0.2 (the targets' path rounds
+ * its bf16 logits once more: adaptive.cu) and finite. */
+static void check_decode_kernel_targets(const char *path, const char *label, int NS)
+{
+    char err[ERR_LEN];
+    model_t *m = model_load(path, err);
+    CHECK(m != NULL, "%s", err);
+    if (!m) return;
+    const int V = m->V, STEPS = 30;
+    gpu_model *g = gpu_model_new(m, NS, m->block_len, GPU_BF16, err);
+    CHECK(g != NULL, "%s", err);
+    gpu_mem *a[8] = {0}, *b[8] = {0};
+    for (int s = 0; g && s < NS; s++) {
+        a[s] = gpu_mem_new(g, err);
+        b[s] = gpu_mem_new(g, err);
+        CHECK(a[s] && b[s], "%s", err);
+    }
+    float *la = malloc(sizeof(float) * NS * V), *lb = malloc(sizeof(float) * NS * V);
+    int32_t tok[8], tg[8];
+    rm_rng rng = {91};
+    double worst = 0;
+    long before = 0, after = 0;
+    if (g) gpu_decode_kernel_status(g, &before, NULL);
+    for (int k = 0; g && k < STEPS; k++) {
+        for (int s = 0; s < NS; s++) {
+            tok[s] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+            tg[s] = (int32_t)(rm_next(&rng) % (uint64_t)V);
+        }
+        gpu_decode_kernel(g, GPU_DECODE_KERNEL);
+        CHECK(gpu_forward_targets(g, a, NS, tok, 1, tg, la, err) == 0, "%s", err);
+        gpu_decode_kernel(g, GPU_DECODE_GRAPHS);
+        CHECK(gpu_forward_targets(g, b, NS, tok, 1, tg, lb, err) == 0, "%s", err);
+        for (int s = 0; s < NS; s++) {
+            const double d = fabs((double)la[(size_t)s * V + tg[s]] - (double)lb[(size_t)s * V + tg[s]]);
+            if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+        }
+    }
+    if (g) gpu_decode_kernel_status(g, &after, NULL);
+    gpu_decode_kernel(g, GPU_DECODE_AUTO);
+    printf("%s: %d streams, %d steps of targets only as one kernel (%ld ran): the targets' logprobs within %.3g of the "
+           "graphs'\n", label, NS, STEPS, after - before, worst);
+    CHECK(after - before == STEPS, "%s: %ld of %d steps of targets only ran as the decode kernel", label, after - before,
+          STEPS);
+    CHECK(worst < 0.2, "%s: steps of targets only: the kernel's targets' logprobs %.3g from the graphs'", label, worst);
+    for (int s = 0; s < NS; s++) {
+        gpu_mem_free(a[s]);
+        gpu_mem_free(b[s]);
+    }
+    free(la);
+    free(lb);
+    gpu_model_free(g);
+    model_free(m);
+}
+
+/* The decode kernel of a word-level Transformer-XL, its adaptive input
+ * and softmax launched around it (gpu_ada_embed before, gpu_ada_logprobs
+ * after): check_decode_kernel_at's checks at 1, 2 and 8 streams (and with
+ * every phase its own), then steps of targets only, on random models (an
+ * adaptive input and softmax of div_val 2, tied, heads of 32 dims; one
+ * table of d_model without a projection and an untied softmax, heads of
+ * 64, clamp_len, r biases each layer's own) and on the txl-word fixture
+ * where ../shared has it. */
+static void check_decode_kernel_ada(void)
+{
+    char err[ERR_LEN], p[] = "/tmp/spanserve-gpu-XXXXXX";
+    int fd = mkstemp(p);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    /* V, D, heads, dh, inner, layers, d_embed, div_val, cutoffs, tie_weight, tie_projs, pre_lnorm, untie_r,
+     * tgt_len, mem_len, clamp_len, same_length, words */
+    const rm_txl shapes[2] = {{3000, 128, 4, 32, 512, 2, 128, 2, 2, {500, 1500}, 1, 1, 0, 0, 32, 64, -1, 1, 1},
+                              {2000, 256, 4, 64, 1024, 2, 256, 1, 1, {700}, 0, 0, 0, 1, 32, 96, 40, 0, 1}};
+    char label[160];
+    for (int i = 0; i < 2; i++) {
+        CHECK(rm_write_txl(p, &shapes[i], 41 + (uint64_t)i, err) == 0, "%s", err);
+        for (int x = 0; x < 3; x++) {
+            const int ns = x == 0 ? 1 : x == 1 ? 2 : 8;
+            snprintf(label, sizeof label, "random word-level TXL of %d, heads of %d, div_val %d", shapes[i].D, shapes[i].dh,
+                     shapes[i].div_val);
+            check_decode_kernel_at(p, MEM_EXACT, label, ns, gpu_decode_ffn_default(), 1);
+            if (ns != 2) {
+                snprintf(label, sizeof label, "random word-level TXL of %d, heads of %d, div_val %d, every phase its own",
+                         shapes[i].D, shapes[i].dh, shapes[i].div_val);
+                check_decode_kernel_at(p, MEM_EXACT, label, ns, 0, 0);
+            }
+        }
+        snprintf(label, sizeof label, "random word-level TXL of %d, div_val %d", shapes[i].D, shapes[i].div_val);
+        check_decode_kernel_targets(p, label, 2);
+    }
+    unlink(p);
+    const char *sp = shared_path("fixtures/txl-word/model.safetensors");
+    if (!sp) {
+        printf("SKIP test_gpu txl-word decode kernel: ../shared/fixtures/txl-word is not here\n");
+        return;
+    }
+    char fp[1024];
+    snprintf(fp, sizeof fp, "%s", sp);
+    check_decode_kernel_at(fp, MEM_EXACT, "txl-word", 1, gpu_decode_ffn_default(), 1);
+    check_decode_kernel_at(fp, MEM_EXACT, "txl-word", 4, gpu_decode_ffn_default(), 1);
+    check_decode_kernel_targets(fp, "txl-word", 3);
+}
+
 /* Decode-kernel steps of 1, 2 and 4 streams in turn (a feed-forward a
  * phase and Wo in the attention's for 1 and 2, their own phases for 4:
  * the fixed-point buffers rotate across steps of both kinds and must come
@@ -2671,6 +2777,7 @@ int main(void)
         check_decode_kernel_mixed("par-small");
         check_decode_kernel_mixed("aspan-small");
         check_decode_kernel_widths();
+        check_decode_kernel_ada();
         check_decode_trace(MEM_SPAN, 1, 0);
         check_decode_trace(MEM_EXACT, 4, 0);
         check_decode_trace(MEM_SPAN, 1, GPU_LL_QKV | GPU_LL_WO);
@@ -2718,6 +2825,7 @@ int main(void)
         check_decode_kernel_mixed("par-small");
         check_decode_kernel_mixed("aspan-small");
         check_decode_kernel_widths();
+        check_decode_kernel_ada();
         check_decode_trace(MEM_SPAN, 1, 0);
         check_decode_trace(MEM_EXACT, 4, 0);
         check_decode_trace(MEM_SPAN, 1, GPU_LL_QKV | GPU_LL_WO);
