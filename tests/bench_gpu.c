@@ -396,19 +396,20 @@ static int bench_txl(const model_t *m, int prec, char *line, size_t cap)
     /* bf16 decode as one kernel with the adaptive input and softmax launched around it, against the graphs, each
      * sampled on the device, alternated twice (the default, GPU_DECODE_AUTO, set again after) */
     if (prec == GPU_BF16 && gpu_decode_kernel_status(g, NULL, &why)) {
-        double r[2][2][2];   /* kernel or graphs, 1 or 8 sessions, run */
+        static const int bs[4] = {1, 2, 4, 8};
+        double r[2][4][2];   /* kernel or graphs, sessions, run */
         for (int k = 0; k < 2; k++)
             for (int w = 0; w < 2; w++) {
                 gpu_decode_kernel(g, w ? GPU_DECODE_GRAPHS : GPU_DECODE_KERNEL);
-                r[w][0][k] = rate(g, t, mems, 1, 1, 100, 10, NULL, &nucleus, &rng, NULL);
-                r[w][1][k] = rate(g, t, mems, 8, 1, 50, 5, NULL, &nucleus, &rng, NULL);
+                for (int i = 0; i < 4; i++) r[w][i][k] = rate(g, t, mems, bs[i], 1, bs[i] == 1 ? 100 : 50, 5, NULL, &nucleus, &rng, NULL);
             }
         gpu_decode_kernel(g, GPU_DECODE_AUTO);
-        printf("  txl-wt103 bf16 decode, sampled on the device, alternated twice: one kernel (the adaptive input and "
-               "softmax launched around it) 1 session %.0f / %.0f tok/s, 8 sessions %.0f / %.0f; the graphs %.0f / %.0f, "
-               "%.0f / %.0f; the kernel takes steps of up to %d sessions by default\n",
-               r[0][0][0], r[0][0][1], r[0][1][0], r[0][1][1], r[1][0][0], r[1][0][1], r[1][1][0], r[1][1][1],
-               gpu_decode_kernel_limit(g));
+        printf("  txl-wt103 bf16 decode, sampled on the device, alternated twice, tok/s, one kernel (the adaptive input and "
+               "softmax launched around it) against the graphs:");
+        for (int i = 0; i < 4; i++)
+            printf("%s %d session%s %.0f / %.0f against %.0f / %.0f", i ? ";" : "", bs[i], bs[i] > 1 ? "s" : "", r[0][i][0],
+                   r[0][i][1], r[1][i][0], r[1][i][1]);
+        printf("; the kernel takes steps of up to %d sessions by default\n", gpu_decode_kernel_limit(g));
     } else if (prec == GPU_BF16)
         printf("  txl-wt103 bf16: no decode kernel: %s\n", why);
     int32_t *tz = draw_targets(m->V, 32 * Q, &rng, 1);
