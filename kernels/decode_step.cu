@@ -131,6 +131,9 @@
 #define MK_FUSE_ROWS 16          /* FFN: fc1 rows a block (two a warp), fc2's columns of them */
 #define MK_FIX 0x1p30f           /* FFN: fc2's partial sums in fixed point, units of 2^-30 (sums up to 2^33) */
 #define MK_LL_EPOCHS (1u << 25)  /* LL: a tag is a step's epoch (1 .. this - 1) x 128 + its sublayer (< MK_MAX_SUBS) */
+#define MK_ADA_AUTO_B 1          /* GPU_DECODE_AUTO, an adaptive softmax (ADA): the most streams a step may have to take
+                                  * the kernel (H100, txl-wt103 sampled on the device, alternated: 1 session 1,341-1,342
+                                  * tokens/s against the graphs' 1,223, 8 sessions 7,397-7,399 against 7,551-7,552) */
 #define MK_AUTO_ROUNDS 6        /* GPU_DECODE_AUTO: a step's widest attention takes at most this many rounds of the grid
                                   * (B x its items <= this x blocks); past it the graphs are faster, their attention
                                   * (aspan_decode.cu, rel_decode.cu) spread over more blocks. (H200, aspan-enwik8 in
@@ -1895,6 +1898,7 @@ int gpu_mk_plan(gpu_model *g, char *why, size_t cap, char *err)
             if (sub_items[i] > maxit) maxit = sub_items[i];
         k->auto_b = MK_AUTO_ROUNDS * k->grid / maxit;
         if (k->auto_b > MK_MAX_B) k->auto_b = MK_MAX_B;
+        if (g->ada && k->auto_b > MK_ADA_AUTO_B) k->auto_b = MK_ADA_AUTO_B;
     }
     if (rc || why[0]) {
         gpu_mk_free(k);
